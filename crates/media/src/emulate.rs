@@ -1,0 +1,269 @@
+//! `Emulated<M>`: the shared machinery of every emulated medium.
+//!
+//! A `MediaModel` owns a medium's rules and costs: it validates a request
+//! against the medium's state (a ZNS write pointer, say), updates that state,
+//! charges media counters and returns the time the request completes. This
+//! wrapper owns everything else, once for all media: range checks, the queue
+//! depth bound, the backend that actually holds the bytes, host counters, busy
+//! time, and completion ordering on the injected clock.
+//!
+//! Invariants: completions are reaped in (completion time, submission order);
+//! time never runs backwards; a rejected request changes neither the model
+//! nor the backend. Under a `VirtualClock`, reaping jumps time forward to the
+//! completion, so runs are deterministic and as fast as the CPU allows.
+
+use crate::clock::ClockRef;
+use crate::device::{
+    check_range, sync_io, BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoRequest, ZoneDesc,
+    ZoneLimits, ZonedDevice,
+};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Mutex;
+
+/// What the backend must do for a request the model accepted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BackendAction {
+    /// Perform the (possibly rewritten) request on the backend.
+    Forward,
+    /// Discard a byte range on the backend (zone reset).
+    Discard { offset: u64, len: u64 },
+    /// Nothing to store (flush, zone open/close/finish).
+    Nothing,
+}
+
+/// The model's verdict on one request.
+#[derive(Debug)]
+pub struct Service {
+    /// Completion time on the device clock.
+    pub done_ns: u64,
+    /// Overrides the completion value (zone append returns the offset written).
+    pub value: Option<u64>,
+    pub backend: BackendAction,
+}
+
+/// A medium's rules and costs.
+pub trait MediaModel: Send {
+    /// Accept or reject `req` submitted at `now_ns`. On acceptance update the
+    /// medium's state and `media` counters (program/read bytes, erases). It may
+    /// rewrite `req` (zone append becomes a write at the write pointer). On
+    /// rejection nothing may change.
+    fn service(&mut self, req: &mut IoRequest, now_ns: u64, media: &mut DeviceStats) -> Result<Service, DeviceError>;
+
+    /// Zone geometry and limits, for zoned media.
+    fn zone_limits(&self) -> Option<ZoneLimits> {
+        None
+    }
+
+    /// Report zones, for zoned media.
+    fn report_zones(&self, _from: u64, _max: usize) -> Vec<ZoneDesc> {
+        Vec::new()
+    }
+}
+
+struct Pending(IoCompletion, u64);
+
+impl PartialEq for Pending {
+    fn eq(&self, o: &Self) -> bool {
+        (self.0.completed_ns, self.1) == (o.0.completed_ns, o.1)
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.0.completed_ns, self.1).cmp(&(o.0.completed_ns, o.1))
+    }
+}
+
+struct State<M> {
+    model: M,
+    pending: BinaryHeap<Reverse<Pending>>,
+    seq: u64,
+    stats: DeviceStats,
+    busy_until_ns: u64,
+}
+
+pub struct Emulated<M: MediaModel> {
+    info: DeviceInfo,
+    clock: ClockRef,
+    backend: Box<dyn BlockDevice>,
+    state: Mutex<State<M>>,
+}
+
+impl<M: MediaModel> Emulated<M> {
+    /// Wrap `backend` (an untimed device of at least `info.capacity_bytes`).
+    pub fn new(info: DeviceInfo, model: M, backend: Box<dyn BlockDevice>, clock: ClockRef) -> Emulated<M> {
+        assert!(backend.info().capacity_bytes >= info.capacity_bytes, "backend smaller than the emulated device");
+        assert_eq!(info.block_bytes % backend.info().block_bytes, 0, "backend block size must divide the device's");
+        Emulated {
+            info,
+            clock,
+            backend,
+            state: Mutex::new(State { model, pending: BinaryHeap::new(), seq: 0, stats: DeviceStats::default(), busy_until_ns: 0 }),
+        }
+    }
+
+    /// Run `f` on the model (for inspection in tests and reports).
+    pub fn with_model<R>(&self, f: impl FnOnce(&M) -> R) -> R {
+        f(&self.state.lock().expect("emulator lock").model)
+    }
+
+    pub fn clock(&self) -> &ClockRef {
+        &self.clock
+    }
+}
+
+impl<M: MediaModel> BlockDevice for Emulated<M> {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn submit(&self, mut req: IoRequest) {
+        let now = self.clock.now_ns();
+        let mut st = self.state.lock().expect("emulator lock");
+        let st = &mut *st;
+        let mut done_ns = now;
+        let result = if st.pending.len() >= self.info.queue_depth_max {
+            Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
+        } else {
+            check_range(&self.info, &req)
+                .and_then(|_| st.model.service(&mut req, now, &mut st.stats))
+                .and_then(|svc| {
+                    debug_assert!(svc.done_ns >= now, "completion before submission");
+                    done_ns = svc.done_ns;
+                    let len = req.len;
+                    match svc.backend {
+                        BackendAction::Forward => {
+                            let fwd = IoRequest {
+                                op: req.op,
+                                offset: req.offset,
+                                len,
+                                buf: std::mem::take(&mut req.buf),
+                                fua: req.fua,
+                                user_data: 0,
+                            };
+                            let c = sync_io(&*self.backend, fwd);
+                            req.buf = c.buf;
+                            c.result?;
+                        }
+                        BackendAction::Discard { offset, len } => {
+                            sync_io(&*self.backend, IoRequest::discard(offset, len, 0)).result?;
+                        }
+                        BackendAction::Nothing => {}
+                    }
+                    Ok(svc.value.unwrap_or(len))
+                })
+        };
+        st.stats.count_host(req.op, req.len, result.is_ok());
+        if result.is_ok() {
+            let start = now.max(st.busy_until_ns);
+            if done_ns > start {
+                st.stats.busy_ns += done_ns - start;
+            }
+            st.busy_until_ns = st.busy_until_ns.max(done_ns);
+        }
+        st.seq += 1;
+        let c = IoCompletion { user_data: req.user_data, op: req.op, result, buf: req.buf, submitted_ns: now, completed_ns: done_ns };
+        st.pending.push(Reverse(Pending(c, st.seq)));
+    }
+
+    fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
+        let mut n = 0;
+        loop {
+            let mut st = self.state.lock().expect("emulator lock");
+            let Some(Reverse(head)) = st.pending.peek() else { return n };
+            let due = head.0.completed_ns;
+            if due > self.clock.now_ns() {
+                if n >= min {
+                    return n;
+                }
+                // Wait without the lock, so a live device keeps accepting work.
+                drop(st);
+                self.clock.wait_until(due);
+                continue;
+            }
+            let Reverse(Pending(c, _)) = st.pending.pop().expect("peeked");
+            out.push(c);
+            n += 1;
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.state.lock().expect("emulator lock").pending.len()
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.state.lock().expect("emulator lock").stats
+    }
+
+    fn as_zoned(&self) -> Option<&dyn ZonedDevice> {
+        if self.info.zoned {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl<M: MediaModel> ZonedDevice for Emulated<M> {
+    fn zone_limits(&self) -> ZoneLimits {
+        self.state.lock().expect("emulator lock").model.zone_limits().expect("zoned model reports limits")
+    }
+    fn report_zones(&self, from: u64, max: usize) -> Vec<ZoneDesc> {
+        self.state.lock().expect("emulator lock").model.report_zones(from, max)
+    }
+}
+
+/// Per-resource busy timelines (dies, channels, actuators): a request that needs
+/// a resource starts when both it and the resource are free.
+#[derive(Clone, Debug)]
+pub struct Timelines {
+    free_at_ns: Vec<u64>,
+}
+
+impl Timelines {
+    pub fn new(n: usize) -> Timelines {
+        assert!(n > 0);
+        Timelines { free_at_ns: vec![0; n] }
+    }
+
+    pub fn len(&self) -> usize {
+        self.free_at_ns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.free_at_ns.is_empty()
+    }
+
+    /// Occupy resource `i` for `dur_ns` from `max(ready_ns, free)`; returns the end.
+    pub fn occupy(&mut self, i: usize, ready_ns: u64, dur_ns: u64) -> u64 {
+        let start = ready_ns.max(self.free_at_ns[i]);
+        self.free_at_ns[i] = start + dur_ns;
+        start + dur_ns
+    }
+
+    /// The resource that frees first (ties: lowest index).
+    pub fn earliest(&self) -> usize {
+        let mut best = 0;
+        for (i, &t) in self.free_at_ns.iter().enumerate() {
+            if t < self.free_at_ns[best] {
+                best = i;
+            }
+        }
+        best
+    }
+
+    pub fn free_at(&self, i: usize) -> u64 {
+        self.free_at_ns[i]
+    }
+}
+
+/// Time to move `bytes` at `bytes_per_s`, in ns (rounded up).
+pub fn transfer_ns(bytes: u64, bytes_per_s: u64) -> u64 {
+    ((bytes as u128 * 1_000_000_000).div_ceil(bytes_per_s as u128)) as u64
+}

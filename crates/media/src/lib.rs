@@ -1,0 +1,21 @@
+//! Sluice's media layer: the one narrow device interface (`BlockDevice`,
+//! `ZonedDevice`), real backends (memory, null, io_uring files and raw
+//! devices) and faithful emulators of the media Sluice targets (SCM, QLC/TLC
+//! SSDs with indirection units and internal GC, ZNS SSDs, HDDs), timed by an
+//! injected clock. It knows nothing of caching: emulators enforce a medium's
+//! rules and account its costs, nothing more.
+
+pub mod buf;
+pub mod clock;
+pub mod device;
+pub mod emulate;
+pub mod memory;
+
+pub use buf::IoBuf;
+pub use clock::{Clock, ClockRef, RealClock, VirtualClock};
+pub use device::{
+    BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoOp, IoRequest, ZoneAction, ZoneDesc, ZoneError,
+    ZoneLimits, ZoneState, ZonedDevice,
+};
+pub use emulate::{BackendAction, Emulated, MediaModel, Service, Timelines};
+pub use memory::MemoryDevice;

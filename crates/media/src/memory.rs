@@ -1,0 +1,182 @@
+//! Memory and null backends: untimed devices that complete every request at
+//! submission.
+//!
+//! `MemoryDevice::new` keeps data in lazily allocated 64 KiB pages, so a large
+//! sparse device costs only what was written; discard frees fully covered
+//! pages. `MemoryDevice::null` keeps no data at all (reads return zeros), like
+//! Linux null_blk: emulators use it to model a 16 TB drive's timing and wear
+//! without holding its bytes.
+
+use crate::buf::IoBuf;
+use crate::device::{check_range, BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoOp, IoRequest};
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+const PAGE_BYTES: u64 = 64 * 1024;
+
+struct State {
+    /// `None` for a null device; otherwise one slot per page.
+    pages: Option<Vec<Option<Box<[u8]>>>>,
+    done: VecDeque<IoCompletion>,
+    stats: DeviceStats,
+}
+
+pub struct MemoryDevice {
+    info: DeviceInfo,
+    state: Mutex<State>,
+}
+
+impl MemoryDevice {
+    /// A device of `capacity_bytes` with `block_bytes` blocks that stores data.
+    pub fn new(capacity_bytes: u64, block_bytes: u64) -> MemoryDevice {
+        let pages = capacity_bytes.div_ceil(PAGE_BYTES) as usize;
+        Self::build("memory", capacity_bytes, block_bytes, Some((0..pages).map(|_| None).collect()))
+    }
+
+    /// A device that stores nothing: writes vanish, reads return zeros.
+    pub fn null(capacity_bytes: u64, block_bytes: u64) -> MemoryDevice {
+        Self::build("null", capacity_bytes, block_bytes, None)
+    }
+
+    fn build(name: &str, capacity_bytes: u64, block_bytes: u64, pages: Option<Vec<Option<Box<[u8]>>>>) -> MemoryDevice {
+        assert!(block_bytes.is_power_of_two() && block_bytes <= PAGE_BYTES, "block size must be a power of two ≤ 64 KiB");
+        assert_eq!(capacity_bytes % block_bytes, 0, "capacity must be whole blocks");
+        MemoryDevice {
+            info: DeviceInfo {
+                name: name.to_string(),
+                capacity_bytes,
+                block_bytes,
+                queue_depth_max: 1024,
+                optimal_write_bytes: block_bytes,
+                zoned: false,
+            },
+            state: Mutex::new(State { pages, done: VecDeque::new(), stats: DeviceStats::default() }),
+        }
+    }
+}
+
+/// Visit the page pieces of [offset, offset+len): (page index, offset in page, length).
+fn for_pieces(offset: u64, len: u64, mut f: impl FnMut(usize, usize, usize)) {
+    let mut pos = offset;
+    let end = offset + len;
+    while pos < end {
+        let page = pos / PAGE_BYTES;
+        let in_page = pos % PAGE_BYTES;
+        let n = (PAGE_BYTES - in_page).min(end - pos);
+        f(page as usize, in_page as usize, n as usize);
+        pos += n;
+    }
+}
+
+impl State {
+    fn execute(&mut self, req: &mut IoRequest) -> Result<u64, DeviceError> {
+        let Some(pages) = self.pages.as_mut() else {
+            if req.op == IoOp::Read {
+                req.buf.fill(0);
+            }
+            return Ok(req.len);
+        };
+        let base = req.offset;
+        match req.op {
+            IoOp::Read => for_pieces(req.offset, req.len, |p, o, n| {
+                let dst = &mut req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
+                match &pages[p] {
+                    Some(page) => dst.copy_from_slice(&page[o..o + n]),
+                    None => dst.fill(0),
+                }
+            }),
+            IoOp::Write => for_pieces(req.offset, req.len, |p, o, n| {
+                let src = &req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
+                let page = pages[p].get_or_insert_with(|| vec![0u8; PAGE_BYTES as usize].into_boxed_slice());
+                page[o..o + n].copy_from_slice(src);
+            }),
+            IoOp::Discard => for_pieces(req.offset, req.len, |p, o, n| {
+                if n as u64 == PAGE_BYTES {
+                    pages[p] = None;
+                } else if let Some(page) = &mut pages[p] {
+                    page[o..o + n].fill(0);
+                }
+            }),
+            IoOp::Flush => {}
+            op @ (IoOp::ZoneAppend | IoOp::Zone(_)) => return Err(DeviceError::Unsupported(op)),
+        }
+        Ok(req.len)
+    }
+}
+
+impl BlockDevice for MemoryDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn submit(&self, mut req: IoRequest) {
+        let mut st = self.state.lock().expect("memory device lock");
+        let result = if st.done.len() >= self.info.queue_depth_max {
+            Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
+        } else {
+            check_range(&self.info, &req).and_then(|_| st.execute(&mut req))
+        };
+        st.stats.count_host(req.op, req.len, result.is_ok());
+        st.done.push_back(IoCompletion { user_data: req.user_data, op: req.op, result, buf: req.buf, submitted_ns: 0, completed_ns: 0 });
+    }
+
+    fn reap(&self, _min: usize, out: &mut Vec<IoCompletion>) -> usize {
+        let mut st = self.state.lock().expect("memory device lock");
+        let n = st.done.len();
+        out.extend(st.done.drain(..));
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.state.lock().expect("memory device lock").done.len()
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.state.lock().expect("memory device lock").stats
+    }
+}
+
+/// Convenience: a zeroed buffer of `len` bytes filled with `byte`.
+pub fn pattern(len: usize, byte: u8) -> IoBuf {
+    let mut b = IoBuf::zeroed(len);
+    b.fill(byte);
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{discard, read_at, write_at};
+
+    #[test]
+    fn reads_back_what_was_written_across_pages() {
+        let d = MemoryDevice::new(1 << 20, 4096);
+        let data: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
+        write_at(&d, 61440, &data).unwrap(); // straddles a 64 KiB page boundary
+        assert_eq!(&read_at(&d, 61440, data.len()).unwrap()[..], &data[..]);
+        assert!(read_at(&d, 0, 4096).unwrap().iter().all(|&b| b == 0));
+        discard(&d, 61440, 4096).unwrap();
+        assert!(read_at(&d, 61440, 4096).unwrap().iter().all(|&b| b == 0));
+        assert_eq!(&read_at(&d, 65536, 4096).unwrap()[..], &data[4096..8192]);
+        let s = d.stats();
+        assert_eq!(s.host_write_bytes, 3 * 4096);
+        assert_eq!(s.discards, 1);
+    }
+
+    #[test]
+    fn rejects_bad_requests_and_changes_nothing() {
+        let d = MemoryDevice::new(1 << 20, 4096);
+        assert!(matches!(write_at(&d, 100, &[0; 4096]), Err(DeviceError::Misaligned { .. })));
+        assert!(matches!(write_at(&d, 1 << 20, &[0; 4096]), Err(DeviceError::OutOfRange { .. })));
+        assert!(matches!(read_at(&d, u64::MAX - 4095, 4096), Err(DeviceError::OutOfRange { .. })));
+        assert_eq!(d.stats().host_write_bytes, 0);
+        assert_eq!(d.stats().errors, 3);
+    }
+
+    #[test]
+    fn null_device_stores_nothing() {
+        let d = MemoryDevice::null(1 << 30, 4096);
+        write_at(&d, 0, &pattern(4096, 7)).unwrap();
+        assert!(read_at(&d, 0, 4096).unwrap().iter().all(|&b| b == 0));
+    }
+}
