@@ -10,6 +10,7 @@ pub mod clock;
 pub mod device;
 pub mod emulate;
 pub mod memory;
+pub mod ssd;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, ClockRef, RealClock, VirtualClock};
