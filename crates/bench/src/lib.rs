@@ -1,1 +1,4 @@
-//! placeholder
+//! Sluice's reproducible experiments: fio-style jobs driven against emulated
+//! media in virtual time, turned into tables and JSON.
+
+pub mod runner;
