@@ -1,4 +1,6 @@
 //! Sluice's reproducible experiments: fio-style jobs driven against emulated
 //! media in virtual time, turned into tables and JSON.
 
+pub mod job;
 pub mod runner;
+pub mod uring;

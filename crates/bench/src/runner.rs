@@ -93,6 +93,14 @@ impl Histogram {
         self.total
     }
 
+    /// Add another histogram's samples to this one.
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.total += other.total;
+    }
+
     /// Value at quantile `q` in [0, 1] (lower bound of its bucket); 0 if empty.
     pub fn quantile(&self, q: f64) -> u64 {
         if self.total == 0 {
@@ -181,11 +189,11 @@ pub fn run(
     let mut next_report = 0u64;
 
     let submit_one = |ji: usize,
-                          jobs: &mut [Job],
-                          free_bufs: &mut [Vec<IoBuf>],
-                          exhausted: &mut [bool],
-                          in_flight: &mut [usize],
-                          host_bytes: &mut u64|
+                      jobs: &mut [Job],
+                      free_bufs: &mut [Vec<IoBuf>],
+                      exhausted: &mut [bool],
+                      in_flight: &mut [usize],
+                      host_bytes: &mut u64|
      -> bool {
         let Some(io) = jobs[ji].source.next_io() else {
             exhausted[ji] = true;
@@ -284,7 +292,11 @@ pub fn run(
         }
     }
     progress(1.0);
-    Ok(RunResult { jobs: results, elapsed_ns: last_ns - first_ns.unwrap_or(0), device: dev.stats().since(&start_stats) })
+    Ok(RunResult {
+        jobs: results,
+        elapsed_ns: last_ns - first_ns.unwrap_or(0),
+        device: dev.stats().since(&start_stats),
+    })
 }
 
 #[cfg(test)]
@@ -326,7 +338,11 @@ mod tests {
     fn runs_jobs_to_exhaustion_and_counts_bytes() {
         let dev = MemoryDevice::new(8 << 20, 4096);
         let mut jobs = vec![
-            Job { name: "a".into(), source: Box::new(Seq { next: 0, end: 4 << 20, bs: 65536, dir: Dir::Write }), iodepth: 4 },
+            Job {
+                name: "a".into(),
+                source: Box::new(Seq { next: 0, end: 4 << 20, bs: 65536, dir: Dir::Write }),
+                iodepth: 4,
+            },
             Job {
                 name: "b".into(),
                 source: Box::new(Seq { next: 4 << 20, end: 8 << 20, bs: 4096, dir: Dir::Read }),
@@ -344,8 +360,11 @@ mod tests {
     #[test]
     fn stops_at_limit_and_reports_errors() {
         let dev = MemoryDevice::new(8 << 20, 4096);
-        let mut jobs =
-            vec![Job { name: "a".into(), source: Box::new(Seq { next: 0, end: 8 << 20, bs: 4096, dir: Dir::Write }), iodepth: 8 }];
+        let mut jobs = vec![Job {
+            name: "a".into(),
+            source: Box::new(Seq { next: 0, end: 8 << 20, bs: 4096, dir: Dir::Write }),
+            iodepth: 8,
+        }];
         let r = run(&dev, &mut jobs, Limits { ios_max: Some(100), ..Default::default() }, &mut |_| {}).unwrap();
         assert!(r.jobs[0].writes >= 100 && r.jobs[0].writes < 110, "{}", r.jobs[0].writes);
 

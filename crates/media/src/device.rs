@@ -298,11 +298,15 @@ pub fn check_range(info: &DeviceInfo, req: &IoRequest) -> Result<(), DeviceError
     match req.op {
         IoOp::Flush => return Ok(()),
         IoOp::Zone(_) => {
-            if req.offset % bs != 0 {
+            if !req.offset.is_multiple_of(bs) {
                 return Err(DeviceError::Misaligned { offset: req.offset, len: 0, block_bytes: bs });
             }
             if req.offset >= info.capacity_bytes {
-                return Err(DeviceError::OutOfRange { offset: req.offset, len: 0, capacity_bytes: info.capacity_bytes });
+                return Err(DeviceError::OutOfRange {
+                    offset: req.offset,
+                    len: 0,
+                    capacity_bytes: info.capacity_bytes,
+                });
             }
             return Ok(());
         }
@@ -313,7 +317,7 @@ pub fn check_range(info: &DeviceInfo, req: &IoRequest) -> Result<(), DeviceError
         }
         IoOp::Discard => {}
     }
-    if req.offset % bs != 0 || req.len % bs != 0 || req.len == 0 {
+    if !req.offset.is_multiple_of(bs) || !req.len.is_multiple_of(bs) || req.len == 0 {
         return Err(DeviceError::Misaligned { offset: req.offset, len: req.len, block_bytes: bs });
     }
     match req.offset.checked_add(req.len) {

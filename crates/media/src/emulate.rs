@@ -104,7 +104,13 @@ impl<M: MediaModel> Emulated<M> {
             info,
             clock,
             backend,
-            state: Mutex::new(State { model, pending: BinaryHeap::new(), seq: 0, stats: DeviceStats::default(), busy_until_ns: 0 }),
+            state: Mutex::new(State {
+                model,
+                pending: BinaryHeap::new(),
+                seq: 0,
+                stats: DeviceStats::default(),
+                busy_until_ns: 0,
+            }),
         }
     }
 
@@ -131,33 +137,31 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
         let result = if st.pending.len() >= self.info.queue_depth_max {
             Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
         } else {
-            check_range(&self.info, &req)
-                .and_then(|_| st.model.service(&mut req, now, &mut st.stats))
-                .and_then(|svc| {
-                    debug_assert!(svc.done_ns >= now, "completion before submission");
-                    done_ns = svc.done_ns;
-                    let len = req.len;
-                    match svc.backend {
-                        BackendAction::Forward => {
-                            let fwd = IoRequest {
-                                op: req.op,
-                                offset: req.offset,
-                                len,
-                                buf: std::mem::take(&mut req.buf),
-                                fua: req.fua,
-                                user_data: 0,
-                            };
-                            let c = sync_io(&*self.backend, fwd);
-                            req.buf = c.buf;
-                            c.result?;
-                        }
-                        BackendAction::Discard { offset, len } => {
-                            sync_io(&*self.backend, IoRequest::discard(offset, len, 0)).result?;
-                        }
-                        BackendAction::Nothing => {}
+            check_range(&self.info, &req).and_then(|_| st.model.service(&mut req, now, &mut st.stats)).and_then(|svc| {
+                debug_assert!(svc.done_ns >= now, "completion before submission");
+                done_ns = svc.done_ns;
+                let len = req.len;
+                match svc.backend {
+                    BackendAction::Forward => {
+                        let fwd = IoRequest {
+                            op: req.op,
+                            offset: req.offset,
+                            len,
+                            buf: std::mem::take(&mut req.buf),
+                            fua: req.fua,
+                            user_data: 0,
+                        };
+                        let c = sync_io(&*self.backend, fwd);
+                        req.buf = c.buf;
+                        c.result?;
                     }
-                    Ok(svc.value.unwrap_or(len))
-                })
+                    BackendAction::Discard { offset, len } => {
+                        sync_io(&*self.backend, IoRequest::discard(offset, len, 0)).result?;
+                    }
+                    BackendAction::Nothing => {}
+                }
+                Ok(svc.value.unwrap_or(len))
+            })
         };
         st.stats.count_host(req.op, req.len, result.is_ok());
         if result.is_ok() {
@@ -168,7 +172,14 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
             st.busy_until_ns = st.busy_until_ns.max(done_ns);
         }
         st.seq += 1;
-        let c = IoCompletion { user_data: req.user_data, op: req.op, result, buf: req.buf, submitted_ns: now, completed_ns: done_ns };
+        let c = IoCompletion {
+            user_data: req.user_data,
+            op: req.op,
+            result,
+            buf: req.buf,
+            submitted_ns: now,
+            completed_ns: done_ns,
+        };
         st.pending.push(Reverse(Pending(c, st.seq)));
     }
 

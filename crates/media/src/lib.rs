@@ -9,8 +9,12 @@ pub mod buf;
 pub mod clock;
 pub mod device;
 pub mod emulate;
+pub mod file;
+pub mod hdd;
 pub mod memory;
+pub mod scm;
 pub mod ssd;
+pub mod zns;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, ClockRef, RealClock, VirtualClock};
@@ -19,4 +23,8 @@ pub use device::{
     ZoneLimits, ZoneState, ZonedDevice,
 };
 pub use emulate::{BackendAction, Emulated, MediaModel, Service, Timelines};
+pub use file::{CacheMode, FileDevice, FileError, FileOptions};
+pub use hdd::{hdd_device, HddModel, HddProfile};
 pub use memory::MemoryDevice;
+pub use scm::{scm_device, ScmModel, ScmProfile};
+pub use zns::{zns_device, ZnsModel, ZnsProfile};

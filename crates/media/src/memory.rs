@@ -39,7 +39,10 @@ impl MemoryDevice {
     }
 
     fn build(name: &str, capacity_bytes: u64, block_bytes: u64, pages: Option<Vec<Option<Box<[u8]>>>>) -> MemoryDevice {
-        assert!(block_bytes.is_power_of_two() && block_bytes <= PAGE_BYTES, "block size must be a power of two ≤ 64 KiB");
+        assert!(
+            block_bytes.is_power_of_two() && block_bytes <= PAGE_BYTES,
+            "block size must be a power of two ≤ 64 KiB"
+        );
         assert_eq!(capacity_bytes % block_bytes, 0, "capacity must be whole blocks");
         MemoryDevice {
             info: DeviceInfo {
@@ -117,7 +120,14 @@ impl BlockDevice for MemoryDevice {
             check_range(&self.info, &req).and_then(|_| st.execute(&mut req))
         };
         st.stats.count_host(req.op, req.len, result.is_ok());
-        st.done.push_back(IoCompletion { user_data: req.user_data, op: req.op, result, buf: req.buf, submitted_ns: 0, completed_ns: 0 });
+        st.done.push_back(IoCompletion {
+            user_data: req.user_data,
+            op: req.op,
+            result,
+            buf: req.buf,
+            submitted_ns: 0,
+            completed_ns: 0,
+        });
     }
 
     fn reap(&self, _min: usize, out: &mut Vec<IoCompletion>) -> usize {
