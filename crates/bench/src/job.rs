@@ -5,11 +5,12 @@
 //! resolve the job file against its capacity, precondition, then measure.
 //!
 //! Preconditioning follows the job's `precondition=` option (none, seq,
-//! seq+rand). On a device that reports NAND programming, the random part also
-//! stops once the medium has programmed `steady_state_drive_writes` × its
-//! physical capacity since the fill: steady state is a property of the NAND
-//! (every block rewritten by GC at least once), and a 4 KiB random write on a
-//! 64 KiB IU reaches it 16× sooner than host bytes suggest.
+//! seq+rand). On a device that reports NAND programming, the random part of
+//! seq+rand runs until the medium has programmed `steady_state_drive_writes`
+//! × its physical capacity beyond the fill, however many host bytes that
+//! takes: steady state is a property of the NAND (every block rewritten by GC
+//! at least once). A 4 KiB write on a 64 KiB IU gets there 16× sooner than
+//! host bytes suggest; a skewed workload the buffer absorbs, much later.
 //!
 //! The measured phase honours `io_size`/`size` (per instance) and `runtime`
 //! (virtual seconds, `time_based`). Reported bandwidth is per job instance,
@@ -23,7 +24,8 @@ use sluice_media::{
     VirtualClock, ZnsProfile,
 };
 use sluice_workload::job::{parse_job_file, JobError, ResolveError, ResolvedJob};
-use sluice_workload::{GenError, Op};
+use sluice_workload::rng::mix_seed;
+use sluice_workload::{GenError, GenParams, IoGen, Op, Precondition, PreconditionGen, RwKind};
 use std::str::FromStr;
 
 /// An emulated system a job can run on.
@@ -178,19 +180,41 @@ pub struct JobReport {
     pub warnings: Vec<String>,
 }
 
-fn jobs_of(resolved: &[ResolvedJob], precondition: bool) -> Result<Vec<Job>, BenchError> {
+/// Which phase to build sources for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Preconditioning; `until_nand_steady` makes the random part endless, to
+    /// be ended by the NAND-programmed limit instead of by host bytes.
+    Precondition {
+        until_nand_steady: bool,
+    },
+    Measure,
+}
+
+fn jobs_of(resolved: &[ResolvedJob], phase: Phase) -> Result<Vec<Job>, BenchError> {
     let mut jobs = Vec::new();
     for r in resolved {
         for i in 0..r.instances.len() {
             let name = format!("{}.{}", r.spec.name, i);
             let iodepth = r.spec.iodepth.max(1) as usize;
-            let source: Box<dyn IoSource> = if precondition {
-                match r.precondition(i)? {
+            let source: Box<dyn IoSource> = match phase {
+                Phase::Measure => Box::new(Source(r.generator(i)?)),
+                Phase::Precondition { until_nand_steady: true } if r.spec.precondition == Precondition::SeqRand => {
+                    let params = r.params(i)?;
+                    let fill = PreconditionGen::new(&params, Precondition::Seq)?.expect("seq precondition");
+                    let random = IoGen::new(GenParams {
+                        rw: RwKind::RandWrite,
+                        io_limit: None,
+                        reshuffle_each_pass: true,
+                        seed: mix_seed(&[params.seed, 0x005e_ed57_ead7]),
+                        ..params
+                    })?;
+                    Box::new(Source(fill.chain(random)))
+                }
+                Phase::Precondition { .. } => match r.precondition(i)? {
                     Some(p) => Box::new(Source(p)),
                     None => continue,
-                }
-            } else {
-                Box::new(Source(r.generator(i)?))
+                },
             };
             jobs.push(Job { name, source, iodepth });
         }
@@ -209,7 +233,7 @@ pub fn run_job_text(
     let (dev, physical_bytes) = opts.system.build(opts.capacity_bytes)?;
     let resolved = file.jobs.iter().map(|j| j.resolve(opts.capacity_bytes)).collect::<Result<Vec<_>, _>>()?;
 
-    let mut pre = jobs_of(&resolved, true)?;
+    let mut pre = jobs_of(&resolved, Phase::Precondition { until_nand_steady: physical_bytes.is_some() })?;
     let pre_result = if pre.is_empty() {
         None
     } else {
@@ -221,7 +245,7 @@ pub fn run_job_text(
         Some(runner::run(&*dev, &mut pre, limits, &mut |f| progress("precondition", f))?)
     };
 
-    let mut measured = jobs_of(&resolved, false)?;
+    let mut measured = jobs_of(&resolved, Phase::Measure)?;
     let runtime_ns = resolved.iter().filter_map(|r| r.spec.runtime).map(|d| d.as_nanos() as u64).max();
     let limits = Limits { device_ns_max: runtime_ns, ..Default::default() };
     let r = runner::run(&*dev, &mut measured, limits, &mut |f| progress("measure", f))?;

@@ -2,5 +2,6 @@
 //! media in virtual time, turned into tables and JSON.
 
 pub mod job;
+pub mod media;
 pub mod runner;
 pub mod uring;

@@ -131,6 +131,9 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
 
     fn submit(&self, mut req: IoRequest) {
         let now = self.clock.now_ns();
+        // The model may rewrite the request (zone append becomes a write at the
+        // write pointer); the completion still names what the caller submitted.
+        let op = req.op;
         let mut st = self.state.lock().expect("emulator lock");
         let st = &mut *st;
         let mut done_ns = now;
@@ -163,7 +166,7 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
                 Ok(svc.value.unwrap_or(len))
             })
         };
-        st.stats.count_host(req.op, req.len, result.is_ok());
+        st.stats.count_host(op, req.len, result.is_ok());
         if result.is_ok() {
             let start = now.max(st.busy_until_ns);
             if done_ns > start {
@@ -174,7 +177,7 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
         st.seq += 1;
         let c = IoCompletion {
             user_data: req.user_data,
-            op: req.op,
+            op,
             result,
             buf: req.buf,
             submitted_ns: now,

@@ -79,8 +79,8 @@ impl SsdProfile {
     /// a 32 MiB power-loss-protected buffer with second chance, 128 dies.
     /// Raw timing anchors are FEMU's QLC numbers (Micron FMS'19: program
     /// 0.86/2.45/6.88/9.17 ms by page type, read 59–170 µs, erase 3 ms); the
-    /// effective per-IU program time and the read-suspend deadline are fitted
-    /// to the CSAL white paper's QLC rows (docs/media.md has the fit).
+    /// effective per-IU program time and the buffer size are fitted to the
+    /// CSAL white paper's QLC rows (docs/media.md has the fit).
     pub fn qlc(logical_bytes: u64) -> SsdProfile {
         SsdProfile {
             name: "qlc".into(),
@@ -92,7 +92,7 @@ impl SsdProfile {
             write_buffer_bytes: 32 << 20,
             buffer_second_chance: true,
             dies: 128,
-            host_read_suspend_after_ns: 12_000_000,
+            host_read_suspend_after_ns: 0,
             program_ns_per_iu: 4_170_000,
             read_ns_per_iu: 127_000,
             erase_ns: 3_000_000,

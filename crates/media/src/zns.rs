@@ -952,8 +952,8 @@ mod tests {
         assert_eq!(append(&d, z, 3, 2), Ok(z + 2 * BS));
         let c = sync_io(&d, IoRequest::zone_append(z, IoBuf::from_slice(&vec![3; BS as usize]), 0));
         assert_eq!(c.result, Ok(z + 5 * BS));
-        // emulate.rs reports the rewritten op; the value is the offset written.
-        assert_eq!(c.op, IoOp::Write);
+        // The completion names the op the caller submitted; its value is the offset written.
+        assert_eq!(c.op, IoOp::ZoneAppend);
         assert_eq!(zone(&d, 2).write_pointer, z + 6 * BS);
         let got = read_at(&d, z, 6 * BS as usize).unwrap();
         let want: Vec<u8> = [1u8, 1, 2, 2, 2, 3].iter().flat_map(|&b| vec![b; BS as usize]).collect();

@@ -1,1 +1,224 @@
-fn main() {}
+//! The `sluice` command: Sluice's experiments and tools.
+//!
+//! `sluice bench media` regenerates the CSAL paper's QLC/TLC rows on the
+//! emulators; `sluice bench job FILE.fio --system …` runs any fio-style job
+//! file on an emulated device; `sluice bench uring` measures the io_uring file
+//! backend. Every command writes JSON beside its human table so results can be
+//! compared run to run. Errors are typed below and print as one clear line.
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use sluice_bench::job::{run_job_text, RunOptions, System};
+use sluice_bench::media::{self, MediaRow, Scale, PAPER_ROWS};
+use sluice_bench::uring::{self, UringBenchOpts};
+use sluice_workload::parse_bytes;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Sluice: a media-aware storage acceleration layer")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Reproducible experiments.
+    Bench {
+        #[command(subcommand)]
+        what: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// The CSAL white paper's QLC-only and TLC-only rows on the emulators.
+    Media {
+        /// Same rows at a smaller scale (under a minute).
+        #[arg(long)]
+        quick: bool,
+        /// Where to write the JSON rows.
+        #[arg(long, default_value = "target/bench/media.json")]
+        json: PathBuf,
+        /// Only rows whose workload or device contains this text.
+        #[arg(long)]
+        only: Option<String>,
+    },
+    /// Run a fio-style job file on an emulated device in virtual time.
+    Job {
+        /// The job file ([global] and job sections; see docs/workloads.md).
+        file: PathBuf,
+        /// qlc, tlc, scm, zns or hdd.
+        #[arg(long)]
+        system: String,
+        /// Emulated capacity (fio size syntax, e.g. 64g); default per system.
+        #[arg(long)]
+        capacity: Option<String>,
+        /// NAND drive writes that end preconditioning (on NAND devices).
+        #[arg(long, default_value_t = 2.0)]
+        steady_state_drive_writes: f64,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// 4 KiB random writes through the io_uring file backend.
+    Uring {
+        #[arg(long)]
+        path: PathBuf,
+        #[arg(long, default_value = "1g")]
+        file_bytes: String,
+        #[arg(long, default_value_t = 32)]
+        iodepth: usize,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug)]
+struct CliError(String);
+
+impl<E: std::fmt::Display> From<E> for CliError {
+    fn from(e: E) -> CliError {
+        CliError(e.to_string())
+    }
+}
+
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), CliError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")?;
+    Ok(())
+}
+
+fn progress_bar(label: &str) -> ProgressBar {
+    let pb = ProgressBar::new(1000);
+    pb.set_style(
+        ProgressStyle::with_template("{prefix:>22} {msg:<13} [{bar:30}] {elapsed}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(label.to_string());
+    pb
+}
+
+fn bench_media(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliError> {
+    let scale = if quick { Scale::quick() } else { Scale::full() };
+    let jobs_dir = json.parent().unwrap_or(Path::new(".")).join("jobs");
+    std::fs::create_dir_all(&jobs_dir)?;
+    let t0 = Instant::now();
+    let mut rows: Vec<MediaRow> = Vec::new();
+    for row in PAPER_ROWS.iter().filter(|r| only.is_none_or(|o| r.workload.contains(o) || r.system.name() == o)) {
+        let label = format!("{} {}", row.system.name(), row.workload);
+        let (cap, rt) = match row.system {
+            System::Qlc => (scale.qlc_bytes, scale.qlc_runtime_s),
+            _ => (scale.tlc_bytes, scale.tlc_runtime_s),
+        };
+        std::fs::write(
+            jobs_dir.join(format!("{}-{}.fio", row.system.name(), row.workload)),
+            media::job_text(row.workload, cap, rt),
+        )?;
+        let pb = progress_bar(&label);
+        let r = media::run_row(row, &scale, &mut |phase, f| {
+            pb.set_message(phase.to_string());
+            pb.set_position((f.clamp(0.0, 1.0) * 1000.0) as u64);
+        })?;
+        pb.finish_and_clear();
+        eprintln!("{label:>22}: {:.2} MiB/s/job, WAF {:.3} ({:.1} s)", r.mib_per_s, r.waf, r.wall_seconds);
+        rows.push(r);
+    }
+    println!(
+        "\nsluice bench media ({}): QLC {} GiB, TLC {} GiB emulated; paper: 16 TB QLC, 8 jobs x iodepth 32\n",
+        if quick { "quick" } else { "full" },
+        scale.qlc_bytes >> 30,
+        scale.tlc_bytes >> 30
+    );
+    print!("{}", media::table(&rows));
+    write_json(json, &rows)?;
+    println!("wrote {} and job files in {} ({:.1} s)", json.display(), jobs_dir.display(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn bench_job(
+    file: &Path,
+    system: &str,
+    capacity: Option<&str>,
+    steady: f64,
+    json: Option<&Path>,
+) -> Result<(), CliError> {
+    let system: System = system.parse()?;
+    let capacity_bytes = match capacity {
+        Some(c) => parse_bytes(c)?,
+        None => system.default_capacity_bytes(),
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
+    let pb = progress_bar(&format!("{} on {}", file.display(), system.name()));
+    let opts = RunOptions { system, capacity_bytes, steady_state_drive_writes: steady };
+    let r = run_job_text(&text, &opts, &mut |phase, f| {
+        pb.set_message(phase.to_string());
+        pb.set_position((f.clamp(0.0, 1.0) * 1000.0) as u64);
+    })?;
+    pb.finish_and_clear();
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+    println!(
+        "system {} ({} GiB emulated), {} jobs, {:.2} s of device time",
+        system.name(),
+        capacity_bytes >> 30,
+        r.jobs,
+        r.device_seconds
+    );
+    println!(
+        "write: {:>10.2} MiB/s/job {:>10.0} IOPS  p50 {:>9.1} us  p99 {:>9.1} us",
+        r.write_mib_per_s, r.write_iops, r.write_lat_p50_us, r.write_lat_p99_us
+    );
+    println!(
+        "read:  {:>10.2} MiB/s/job {:>10.0} IOPS  p50 {:>9.1} us  p99 {:>9.1} us",
+        r.read_mib_per_s, r.read_iops, r.read_lat_p50_us, r.read_lat_p99_us
+    );
+    println!("device WAF {:.3} (NAND programmed / host written)", r.waf);
+    if let Some(path) = json {
+        write_json(path, &r)?;
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.cmd {
+        Cmd::Bench { what } => match what {
+            Bench::Media { quick, json, only } => bench_media(quick, &json, only.as_deref()),
+            Bench::Job { file, system, capacity, steady_state_drive_writes, json } => {
+                bench_job(&file, &system, capacity.as_deref(), steady_state_drive_writes, json.as_deref())
+            }
+            Bench::Uring { path, file_bytes, iodepth, seconds, json } => {
+                let opts = UringBenchOpts {
+                    path,
+                    file_bytes: parse_bytes(&file_bytes)?,
+                    iodepth,
+                    seconds,
+                    ..Default::default()
+                };
+                let r = uring::run(&opts)?;
+                println!("io_uring 4 KiB randwrite QD{}: {:.0} IOPS, {:.1} MiB/s", r.iodepth, r.iops, r.mib_per_s);
+                if let Some(p) = json {
+                    write_json(&p, &r)?;
+                }
+                Ok(())
+            }
+        },
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError(msg)) => {
+            eprintln!("sluice: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

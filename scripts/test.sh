@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite: installs the peers the tests compare against (fio),
+# then runs every crate's unit and integration tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+# Two cores: two test threads, release-like opt-level from [profile.test].
+cargo test --workspace -- --test-threads=2
