@@ -240,8 +240,9 @@ mod tests {
     use super::*;
     use crate::buf::IoBuf;
     use crate::clock::VirtualClock;
-    use crate::device::{read_at, sync_io, write_at, IoCompletion};
+    use crate::device::{read_at, sync_io, write_at};
     use crate::memory::MemoryDevice;
+    use crate::testutil::{run_queue, span_ns};
 
     const BS: u64 = 4096;
     const MIB: u64 = 1 << 20;
@@ -259,30 +260,6 @@ mod tests {
     fn null_disk(p: HddProfile) -> Emulated<HddModel> {
         let cap = p.capacity_bytes;
         hdd_device(p, Box::new(MemoryDevice::null(cap, BS)), VirtualClock::new())
-    }
-
-    /// Keep `qd` requests in flight until `next` runs dry; returns every completion.
-    fn run_queue(dev: &dyn BlockDevice, qd: usize, mut next: impl FnMut() -> Option<IoRequest>) -> Vec<IoCompletion> {
-        let mut out = Vec::new();
-        let mut more = true;
-        loop {
-            while more && dev.in_flight() < qd {
-                match next() {
-                    Some(r) => dev.submit(r),
-                    None => more = false,
-                }
-            }
-            if dev.in_flight() == 0 {
-                break;
-            }
-            dev.reap(1, &mut out);
-        }
-        assert!(out.iter().all(|c| c.result.is_ok()));
-        out
-    }
-
-    fn span_ns(out: &[IoCompletion]) -> u64 {
-        out.iter().map(|c| c.completed_ns).max().unwrap() - out.iter().map(|c| c.submitted_ns).min().unwrap()
     }
 
     fn sequential_mb_per_s(d: &Emulated<HddModel>, start: u64, qd: usize) -> f64 {

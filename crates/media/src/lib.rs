@@ -14,6 +14,8 @@ pub mod hdd;
 pub mod memory;
 pub mod scm;
 pub mod ssd;
+#[cfg(test)]
+mod testutil;
 pub mod zns;
 
 pub use buf::IoBuf;

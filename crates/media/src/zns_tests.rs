@@ -5,6 +5,7 @@ use crate::buf::IoBuf;
 use crate::clock::VirtualClock;
 use crate::device::{read_at, sync_io, IoCompletion};
 use crate::memory::MemoryDevice;
+use crate::testutil::{run_queue, span_ns};
 
 const BS: u64 = 4096;
 
@@ -588,30 +589,8 @@ fn randomized_commands_match_the_reference_state_machine() {
 
 // ---- timing ----
 
-/// Keep `qd` requests in flight until `next` runs dry; returns every completion.
-fn run_queue(dev: &dyn BlockDevice, qd: usize, mut next: impl FnMut() -> Option<IoRequest>) -> Vec<IoCompletion> {
-    let mut out = Vec::new();
-    let mut more = true;
-    loop {
-        while more && dev.in_flight() < qd {
-            match next() {
-                Some(r) => dev.submit(r),
-                None => more = false,
-            }
-        }
-        if dev.in_flight() == 0 {
-            break;
-        }
-        dev.reap(1, &mut out);
-    }
-    assert!(out.iter().all(|c| c.result.is_ok()), "{:?}", out.iter().find(|c| c.result.is_err()));
-    out
-}
-
 fn gb_per_s(bytes: u64, out: &[IoCompletion]) -> f64 {
-    let t0 = out.iter().map(|c| c.submitted_ns).min().unwrap();
-    let t1 = out.iter().map(|c| c.completed_ns).max().unwrap();
-    bytes as f64 / (t1 - t0) as f64
+    bytes as f64 / span_ns(out) as f64
 }
 
 fn zn540_null(zones: u64) -> Emulated<ZnsModel> {
