@@ -70,13 +70,17 @@ pub struct SsdProfile {
     pub link_bytes_per_s: u64,
     /// Per-command controller overhead.
     pub command_ns: u64,
+    /// Firmware time per random (non-sequential) write command, serialized
+    /// on the controller: the drive's random-write IOPS ceiling. Writes that
+    /// continue one of the recent sequential streams do not pay it.
+    pub random_write_command_ns: u64,
     pub queue_depth_max: usize,
 }
 
 impl SsdProfile {
     /// 16 TB-class QLC (Solidigm D5-P5316 class): 64 KiB IU, 20 % spare (SPDK
     /// FTL reserves 20 %; 10 % cannot give the published 4 KiB WAF of 43.3),
-    /// a 32 MiB power-loss-protected buffer with second chance, 128 dies.
+    /// a 40 MiB power-loss-protected buffer with second chance, 128 dies.
     /// Raw timing anchors are FEMU's QLC numbers (Micron FMS'19: program
     /// 0.86/2.45/6.88/9.17 ms by page type, read 59–170 µs, erase 3 ms); the
     /// effective per-IU program time and the buffer size are fitted to the
@@ -89,7 +93,7 @@ impl SsdProfile {
             iu_bytes: 64 * 1024,
             spare_factor: 0.20,
             erase_block_ius: 256,
-            write_buffer_bytes: 32 << 20,
+            write_buffer_bytes: 40 << 20,
             buffer_second_chance: true,
             dies: 128,
             host_read_suspend_after_ns: 0,
@@ -98,6 +102,7 @@ impl SsdProfile {
             erase_ns: 3_000_000,
             link_bytes_per_s: 3_200_000_000,
             command_ns: 2_000,
+            random_write_command_ns: 128_000,
             queue_depth_max: 1024,
         }
     }
@@ -123,6 +128,7 @@ impl SsdProfile {
             erase_ns: 2_270_000,
             link_bytes_per_s: 3_200_000_000,
             command_ns: 2_000,
+            random_write_command_ns: 0,
             queue_depth_max: 1024,
         }
     }
@@ -187,6 +193,12 @@ pub struct SsdModel {
     /// writes overlapping one IU are serialized, as drive controllers do.
     iu_write_done: HashMap<u32, u64>,
     iu_write_done_prune_at: usize,
+    /// The controller's firmware timeline (random-write command processing).
+    firmware: Timelines,
+    /// End offsets of the most recent writes: a write starting at one of them
+    /// continues a sequential stream.
+    recent_write_ends: [u64; 16],
+    recent_write_next: usize,
 }
 
 impl SsdModel {
@@ -229,6 +241,9 @@ impl SsdModel {
             gc_relocated_ius: 0,
             iu_write_done: HashMap::new(),
             iu_write_done_prune_at: 4096,
+            firmware: Timelines::new(1),
+            recent_write_ends: [u64::MAX; 16],
+            recent_write_next: 0,
             p,
         }
     }
@@ -398,7 +413,18 @@ impl SsdModel {
     }
 
     fn write(&mut self, offset: u64, len: u64, now_ns: u64, media: &mut DeviceStats) -> u64 {
-        let xfer_done = self.link.occupy(0, now_ns + self.p.command_ns, transfer_ns(len, self.p.link_bytes_per_s));
+        let sequential = self.recent_write_ends.contains(&offset);
+        let slot = self.recent_write_ends.iter().position(|&e| e == offset).unwrap_or(self.recent_write_next);
+        if slot == self.recent_write_next {
+            self.recent_write_next = (self.recent_write_next + 1) % self.recent_write_ends.len();
+        }
+        self.recent_write_ends[slot] = offset + len;
+        let accepted = if sequential || self.p.random_write_command_ns == 0 {
+            now_ns + self.p.command_ns
+        } else {
+            self.firmware.occupy(0, now_ns + self.p.command_ns, self.p.random_write_command_ns)
+        };
+        let xfer_done = self.link.occupy(0, accepted, transfer_ns(len, self.p.link_bytes_per_s));
         let mut done = xfer_done;
         let (first_iu, last_iu) = (offset / self.p.iu_bytes, (offset + len - 1) / self.p.iu_bytes);
         for iu in first_iu..=last_iu {
@@ -693,6 +719,26 @@ mod tests {
             crate::device::sync_io(&dev, IoRequest::zone_append(0, crate::IoBuf::zeroed(4096), 0)).result,
             Err(DeviceError::Unsupported(IoOp::ZoneAppend))
         ));
+    }
+
+    #[test]
+    fn random_writes_pay_the_firmware_ceiling_and_sequential_streams_do_not() {
+        let mut p = small(64, 0.2, 64);
+        p.random_write_command_ns = 100_000;
+        let mut m = SsdModel::new(p);
+        let mut media = DeviceStats::default();
+        // 100 sequential 4 KiB writes submitted at once: no firmware queueing.
+        let mut last = 0;
+        for i in 0..100u64 {
+            last = last.max(m.write(i * 4096, 4096, 0, &mut media));
+        }
+        assert!(last < 1_000_000, "sequential stream finished at {last} ns");
+        // 100 scattered writes submitted at once queue on the firmware: ≥ 100 × 100 µs.
+        let mut last = 0;
+        for i in 0..100u64 {
+            last = last.max(m.write((i * 37 % 100 + 200) * 65536 + 8192, 4096, 0, &mut media));
+        }
+        assert!(last >= 100 * 100_000, "random writes finished at {last} ns");
     }
 
     #[test]
