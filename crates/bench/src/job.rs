@@ -75,10 +75,11 @@ impl System {
     }
 
     /// Build the device on a fresh virtual clock; data is not stored (null
-    /// backend), only timing and wear are modelled. Returns the device and
-    /// its physical (NAND) capacity if it has one.
-    pub fn build(self, capacity_bytes: u64) -> Result<(Box<dyn BlockDevice>, Option<u64>), BenchError> {
+    /// backend), only timing and wear are modelled. Returns the device, its
+    /// physical (NAND) capacity if it has one, and its clock.
+    pub fn build(self, capacity_bytes: u64) -> Result<(Box<dyn BlockDevice>, Option<u64>, ClockRef), BenchError> {
         let clock: ClockRef = VirtualClock::new();
+        let c = clock.clone();
         let null = || Box::new(MemoryDevice::null(capacity_bytes, 4096));
         Ok(match self {
             System::Qlc | System::Tlc => {
@@ -90,17 +91,17 @@ impl System {
                     return Err(BenchError::BadCapacity { system: self.name(), capacity_bytes });
                 }
                 let phys = p.physical_blocks() as u64 * p.erase_block_ius as u64 * p.iu_bytes;
-                (Box::new(ssd_device(p, null(), clock)), Some(phys))
+                (Box::new(ssd_device(p, null(), c)), Some(phys), clock)
             }
             System::Scm => {
                 let mut p = ScmProfile::p5800x();
                 p.capacity_bytes = capacity_bytes;
-                (Box::new(scm_device(p, null(), clock)), None)
+                (Box::new(scm_device(p, null(), c)), None, clock)
             }
             System::Hdd => {
                 let mut p = HddProfile::hdd_7200();
                 p.capacity_bytes = capacity_bytes;
-                (Box::new(hdd_device(p, null(), clock)), None)
+                (Box::new(hdd_device(p, null(), c)), None, clock)
             }
             System::Zns => {
                 let zone = ZnsProfile::zn540_scaled(1).zone_size_bytes;
@@ -108,7 +109,7 @@ impl System {
                     return Err(BenchError::BadCapacity { system: self.name(), capacity_bytes });
                 }
                 let p = ZnsProfile::zn540_scaled(capacity_bytes / zone);
-                (Box::new(zns_device(p, null(), clock)), None)
+                (Box::new(zns_device(p, null(), c)), None, clock)
             }
         })
     }
@@ -130,6 +131,8 @@ pub enum BenchError {
     Run(#[from] RunError),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    #[error("replay: {0}")]
+    Replay(#[from] crate::trace::ReplayError),
 }
 
 /// Adapts a workload generator (an iterator of workload `Io`) to the runner.
@@ -230,7 +233,7 @@ pub fn run_job_text(
     progress: &mut dyn FnMut(&str, f64),
 ) -> Result<JobReport, BenchError> {
     let file = parse_job_file(text)?;
-    let (dev, physical_bytes) = opts.system.build(opts.capacity_bytes)?;
+    let (dev, physical_bytes, _clock) = opts.system.build(opts.capacity_bytes)?;
     let resolved = file.jobs.iter().map(|j| j.resolve(opts.capacity_bytes)).collect::<Result<Vec<_>, _>>()?;
 
     let mut pre = jobs_of(&resolved, Phase::Precondition { until_nand_steady: physical_bytes.is_some() })?;

@@ -4,4 +4,5 @@
 pub mod job;
 pub mod media;
 pub mod runner;
+pub mod trace;
 pub mod uring;

@@ -2,16 +2,17 @@
 //!
 //! `sluice bench media` regenerates the CSAL paper's QLC/TLC rows on the
 //! emulators; `sluice bench job FILE.fio --system …` runs any fio-style job
-//! file on an emulated device; `sluice bench uring` measures the io_uring file
-//! backend. Every command writes JSON beside its human table so results can be
+//! file on an emulated device; `sluice bench trace` replays a CSV block trace
+//! on one; `sluice bench uring` measures the io_uring file backend. Every command writes JSON beside its human table so results can be
 //! compared run to run. Errors are typed below and print as one clear line.
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_bench::job::{run_job_text, RunOptions, System};
 use sluice_bench::media::{self, MediaRow, Scale, PAPER_ROWS};
+use sluice_bench::trace;
 use sluice_bench::uring::{self, UringBenchOpts};
-use sluice_workload::parse_bytes;
+use sluice_workload::{parse_bytes, TraceReader};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -59,6 +60,21 @@ enum Bench {
         /// NAND drive writes that end preconditioning (on NAND devices).
         #[arg(long, default_value_t = 2.0)]
         steady_state_drive_writes: f64,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Replay a CSV block trace (timestamp_us,op,offset,size) open loop on an emulated device.
+    Trace {
+        file: PathBuf,
+        /// qlc, tlc, scm, zns or hdd.
+        #[arg(long)]
+        system: String,
+        /// Emulated capacity (fio size syntax); default per system.
+        #[arg(long)]
+        capacity: Option<String>,
+        /// Most requests in flight; the replay stalls beyond it.
+        #[arg(long, default_value_t = 256)]
+        inflight_max: usize,
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -187,12 +203,49 @@ fn bench_job(
     Ok(())
 }
 
+fn bench_trace(
+    file: &Path,
+    system: &str,
+    capacity: Option<&str>,
+    inflight_max: usize,
+    json: Option<&Path>,
+) -> Result<(), CliError> {
+    let system: System = system.parse()?;
+    let capacity_bytes = match capacity {
+        Some(c) => parse_bytes(c)?,
+        None => system.default_capacity_bytes(),
+    };
+    let f = std::fs::File::open(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
+    let (dev, _, clock) = system.build(capacity_bytes)?;
+    let r = trace::replay(&*dev, &*clock, TraceReader::new(std::io::BufReader::new(f)), inflight_max)?;
+    println!(
+        "{} records ({} reads, {} writes, {} trims, {} flushes) on {} in {:.3} s of device time",
+        r.records,
+        r.reads,
+        r.writes,
+        r.trims,
+        r.flushes,
+        system.name(),
+        r.device_seconds
+    );
+    println!("read  latency p50 {:>9.1} us  p99 {:>9.1} us", r.read_lat_p50_us, r.read_lat_p99_us);
+    println!("write latency p50 {:>9.1} us  p99 {:>9.1} us", r.write_lat_p50_us, r.write_lat_p99_us);
+    println!("device WAF {:.3}", r.waf);
+    if let Some(path) = json {
+        write_json(path, &r)?;
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Bench { what } => match what {
             Bench::Media { quick, json, only } => bench_media(quick, &json, only.as_deref()),
             Bench::Job { file, system, capacity, steady_state_drive_writes, json } => {
                 bench_job(&file, &system, capacity.as_deref(), steady_state_drive_writes, json.as_deref())
+            }
+            Bench::Trace { file, system, capacity, inflight_max, json } => {
+                bench_trace(&file, &system, capacity.as_deref(), inflight_max, json.as_deref())
             }
             Bench::Uring { path, file_bytes, iodepth, seconds, json } => {
                 let opts = UringBenchOpts {
