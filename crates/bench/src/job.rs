@@ -28,6 +28,15 @@ use sluice_workload::rng::mix_seed;
 use sluice_workload::{GenError, GenParams, IoGen, Op, Precondition, PreconditionGen, RwKind};
 use std::str::FromStr;
 
+/// A system's device, ready to run on.
+pub struct Built {
+    pub dev: Box<dyn BlockDevice>,
+    /// NAND capacity, on devices that model NAND.
+    pub physical_bytes: Option<u64>,
+    /// The device's (virtual) clock.
+    pub clock: ClockRef,
+}
+
 /// An emulated system a job can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -75,9 +84,8 @@ impl System {
     }
 
     /// Build the device on a fresh virtual clock; data is not stored (null
-    /// backend), only timing and wear are modelled. Returns the device, its
-    /// physical (NAND) capacity if it has one, and its clock.
-    pub fn build(self, capacity_bytes: u64) -> Result<(Box<dyn BlockDevice>, Option<u64>, ClockRef), BenchError> {
+    /// backend), only timing and wear are modelled.
+    pub fn build(self, capacity_bytes: u64) -> Result<Built, BenchError> {
         let clock: ClockRef = VirtualClock::new();
         let c = clock.clone();
         let null = || Box::new(MemoryDevice::null(capacity_bytes, 4096));
@@ -91,17 +99,17 @@ impl System {
                     return Err(BenchError::BadCapacity { system: self.name(), capacity_bytes });
                 }
                 let phys = p.physical_blocks() as u64 * p.erase_block_ius as u64 * p.iu_bytes;
-                (Box::new(ssd_device(p, null(), c)), Some(phys), clock)
+                Built { dev: Box::new(ssd_device(p, null(), c)), physical_bytes: Some(phys), clock }
             }
             System::Scm => {
                 let mut p = ScmProfile::p5800x();
                 p.capacity_bytes = capacity_bytes;
-                (Box::new(scm_device(p, null(), c)), None, clock)
+                Built { dev: Box::new(scm_device(p, null(), c)), physical_bytes: None, clock }
             }
             System::Hdd => {
                 let mut p = HddProfile::hdd_7200();
                 p.capacity_bytes = capacity_bytes;
-                (Box::new(hdd_device(p, null(), c)), None, clock)
+                Built { dev: Box::new(hdd_device(p, null(), c)), physical_bytes: None, clock }
             }
             System::Zns => {
                 let zone = ZnsProfile::zn540_scaled(1).zone_size_bytes;
@@ -109,7 +117,7 @@ impl System {
                     return Err(BenchError::BadCapacity { system: self.name(), capacity_bytes });
                 }
                 let p = ZnsProfile::zn540_scaled(capacity_bytes / zone);
-                (Box::new(zns_device(p, null(), c)), None, clock)
+                Built { dev: Box::new(zns_device(p, null(), c)), physical_bytes: None, clock }
             }
         })
     }
@@ -233,7 +241,7 @@ pub fn run_job_text(
     progress: &mut dyn FnMut(&str, f64),
 ) -> Result<JobReport, BenchError> {
     let file = parse_job_file(text)?;
-    let (dev, physical_bytes, _clock) = opts.system.build(opts.capacity_bytes)?;
+    let Built { dev, physical_bytes, .. } = opts.system.build(opts.capacity_bytes)?;
     let resolved = file.jobs.iter().map(|j| j.resolve(opts.capacity_bytes)).collect::<Result<Vec<_>, _>>()?;
 
     let mut pre = jobs_of(&resolved, Phase::Precondition { until_nand_steady: physical_bytes.is_some() })?;

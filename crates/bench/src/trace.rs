@@ -158,7 +158,7 @@ mod tests {
 
     #[test]
     fn replays_every_record_at_its_time() {
-        let (dev, _, clock) = System::Scm.build(1 << 30).unwrap();
+        let crate::job::Built { dev, clock, .. } = System::Scm.build(1 << 30).unwrap();
         // Two reads 1 s apart: the replay takes ≥ 1 s of device time, and each
         // read is served alone (microseconds), not queued behind the other.
         let text = "timestamp_us,op,offset,size\n0,R,0,4096\n1000000,R,536870912,4096\n1000001,W,4096,8192\n1000002,T,0,4096\n1000003,F,0,0\n";
@@ -177,13 +177,13 @@ mod tests {
         // waits behind up to 3 others, at depth 1 behind none.
         let text: String = (0..200u64).map(|i| format!("0,R,{},4096\n", (i * 7919 % 250_000) * 4096)).collect();
         let p50 = |depth| {
-            let (dev, _, clock) = System::Hdd.build(1 << 30).unwrap();
+            let crate::job::Built { dev, clock, .. } = System::Hdd.build(1 << 30).unwrap();
             replay(&*dev, &*clock, parse_trace(&text).unwrap().into_iter().map(Ok), depth).unwrap().read_lat_p50_us
         };
         let (deep, shallow) = (p50(4), p50(1));
         assert!(deep > 2.0 * shallow, "depth 4 p50 {deep} us vs depth 1 {shallow} us");
 
-        let (dev, _, clock) = System::Hdd.build(1 << 30).unwrap();
+        let crate::job::Built { dev, clock, .. } = System::Hdd.build(1 << 30).unwrap();
         let bad = parse_trace("0,W,4097,4096\n").unwrap();
         assert!(matches!(
             replay(&*dev, &*clock, bad.into_iter().map(Ok), 4),

@@ -216,7 +216,8 @@ fn bench_trace(
         None => system.default_capacity_bytes(),
     };
     let f = std::fs::File::open(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
-    let (dev, _, clock) = system.build(capacity_bytes)?;
+    let built = system.build(capacity_bytes)?;
+    let (dev, clock) = (built.dev, built.clock);
     let r = trace::replay(&*dev, &*clock, TraceReader::new(std::io::BufReader::new(f)), inflight_max)?;
     println!(
         "{} records ({} reads, {} writes, {} trims, {} flushes) on {} in {:.3} s of device time",
