@@ -1,0 +1,663 @@
+//! The write-shaping engine: volumes over a cache-device write log and a
+//! capacity device written only in large sequential per-volume bands.
+//!
+//! Data path:
+//! - **Write**: appended to the open chunk of the log on the cache device as
+//!   one record (header + data, one device write); the L2P then points at the
+//!   cache. Acknowledged once the device write completes (FUA adds a flush).
+//! - **Compaction**: when free chunks fall below `log_free_chunks_min`, the
+//!   oldest full chunk is read in one I/O; blocks still current (the L2P still
+//!   points at them) go, grouped by volume, to that volume's open band on the
+//!   capacity device as one sequential write padded to `write_unit_bytes`
+//!   (the capacity SSD's IU, so it never read-modify-writes); the L2P moves
+//!   to the capacity only for those blocks. The chunk is then free.
+//! - **GC**: when free bands fall below `gc_free_bands_min`, the band with
+//!   the best cost-benefit score ((1 − u) · age / (1 + u)) is relocated into a
+//!   separate GC band (cold data stays with cold data) and discarded.
+//!
+//! States move Free → Open → Full → Free for chunks and bands, asserted.
+//! The L2P is 4 bytes per block (`Loc`); chunk P2L lives in memory for the
+//! small cache tier. Invariants (checked by `check_invariants` in tests): every
+//! mapped L2P entry points at a cache or capacity block whose P2L names it
+//! back, and valid counts equal the number of such blocks.
+//!
+//! This increment runs requests synchronously under one lock, which makes it
+//! deterministic on emulated devices. Not yet here (next increments): crash
+//! recovery (superblock, checkpoints, log replay — the record format already
+//! carries what replay needs), ZNS capacity devices, band P2L on media, group
+//! commit and background compaction threads with a rate controller.
+
+use crate::layout::{crc32c, encode_header, RecordKind, BLOCK_BYTES, RECORD_BLOCKS_MAX};
+use crate::volume::{check, Extent, Volume, VolumeError};
+use serde::Serialize;
+use sluice_media::device::{flush, read_at, write_at};
+use sluice_media::{BlockDevice, DeviceError, IoBuf};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+const BS: u64 = BLOCK_BYTES as u64;
+
+/// Where a block lives: 0 = nowhere (reads zeros); top bit set = capacity
+/// block index; otherwise cache block index + 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Loc(u32);
+
+const CAP_BIT: u32 = 1 << 31;
+
+impl Loc {
+    const NONE: Loc = Loc(0);
+    fn cache(block: u64) -> Loc {
+        assert!(block + 1 < CAP_BIT as u64);
+        Loc(block as u32 + 1)
+    }
+    fn capacity(block: u64) -> Loc {
+        assert!(block < CAP_BIT as u64);
+        Loc(block as u32 | CAP_BIT)
+    }
+    fn is_none(self) -> bool {
+        self.0 == 0
+    }
+    fn cache_block(self) -> Option<u64> {
+        (self.0 != 0 && self.0 & CAP_BIT == 0).then(|| (self.0 - 1) as u64)
+    }
+    fn capacity_block(self) -> Option<u64> {
+        (self.0 & CAP_BIT != 0).then_some((self.0 & !CAP_BIT) as u64)
+    }
+}
+
+/// Engine configuration.
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineConfig {
+    /// Size of one log chunk on the cache device.
+    pub chunk_bytes: u64,
+    /// Size of one band on the capacity device.
+    pub band_bytes: u64,
+    /// Capacity write unit (IU); compaction writes are padded to it.
+    pub write_unit_bytes: u64,
+    /// Compact when fewer free chunks remain.
+    pub log_free_chunks_min: usize,
+    /// Run GC when fewer free bands remain.
+    pub gc_free_bands_min: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            chunk_bytes: 16 << 20,
+            band_bytes: 256 << 20,
+            write_unit_bytes: 64 << 10,
+            log_free_chunks_min: 2,
+            gc_free_bands_min: 2,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("bad configuration: {0}")]
+    Config(&'static str),
+    #[error("volume {0:?} does not fit: capacity device too small for the volumes' total size")]
+    TooBig(String),
+    #[error("no volume named {0:?}")]
+    NoVolume(String),
+    #[error("device: {0}")]
+    Device(#[from] DeviceError),
+}
+
+impl From<DeviceError> for VolumeError {
+    fn from(e: DeviceError) -> VolumeError {
+        VolumeError::Io(e.to_string())
+    }
+}
+
+/// A volume to create.
+#[derive(Clone, Debug)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub size_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Free,
+    Open,
+    Full,
+}
+
+struct Chunk {
+    state: State,
+    /// (volume, lba) per cache block of the chunk; u32::MAX volume = header/pad.
+    p2l: Vec<(u32, u64)>,
+    valid: u32,
+}
+
+struct Band {
+    state: State,
+    p2l: Vec<(u32, u64)>,
+    valid: u32,
+    /// Blocks written so far (write pointer, relative).
+    written: u64,
+    /// Engine write sequence when the band was closed (for age).
+    closed_seq: u64,
+}
+
+struct Vol {
+    name: String,
+    l2p: Vec<Loc>,
+    open_band: Option<u32>,
+}
+
+/// Counters of the engine (bytes unless named otherwise).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct EngineStats {
+    pub user_write_bytes: u64,
+    pub user_read_bytes: u64,
+    pub user_trim_bytes: u64,
+    pub cache_write_bytes: u64,
+    pub cache_header_bytes: u64,
+    pub capacity_write_bytes: u64,
+    pub compaction_bytes: u64,
+    pub compaction_pad_bytes: u64,
+    pub gc_bytes: u64,
+    pub chunks_compacted: u64,
+    pub bands_reclaimed: u64,
+}
+
+impl EngineStats {
+    /// Bytes written to both devices / bytes the users wrote.
+    pub fn host_waf(&self) -> f64 {
+        if self.user_write_bytes == 0 {
+            0.0
+        } else {
+            (self.cache_write_bytes + self.capacity_write_bytes) as f64 / self.user_write_bytes as f64
+        }
+    }
+}
+
+struct Inner {
+    cfg: EngineConfig,
+    vols: Vec<Vol>,
+    chunks: Vec<Chunk>,
+    free_chunks: VecDeque<u32>,
+    full_chunks: VecDeque<u32>,
+    open_chunk: Option<(u32, u64)>,
+    bands: Vec<Band>,
+    free_bands: VecDeque<u32>,
+    gc_band: Option<u32>,
+    seq: u64,
+    stats: EngineStats,
+}
+
+/// The engine: owns the devices and every volume's map.
+pub struct Engine {
+    cache: Arc<dyn BlockDevice>,
+    capacity: Arc<dyn BlockDevice>,
+    inner: Mutex<Inner>,
+}
+
+impl Engine {
+    /// Create a fresh engine on the two devices with these volumes.
+    pub fn create(
+        cache: Arc<dyn BlockDevice>,
+        capacity: Arc<dyn BlockDevice>,
+        cfg: EngineConfig,
+        volumes: &[VolumeSpec],
+    ) -> Result<Arc<Engine>, EngineError> {
+        if !cfg.chunk_bytes.is_multiple_of(BS) || cfg.chunk_bytes < 2 * BS {
+            return Err(EngineError::Config("chunk_bytes must be ≥ 2 blocks and a multiple of 4 KiB"));
+        }
+        if !cfg.write_unit_bytes.is_multiple_of(BS)
+            || cfg.write_unit_bytes == 0
+            || !cfg.band_bytes.is_multiple_of(cfg.write_unit_bytes)
+        {
+            return Err(EngineError::Config("band_bytes must be a multiple of write_unit_bytes, itself of 4 KiB"));
+        }
+        let chunk_count = cache.info().capacity_bytes / cfg.chunk_bytes;
+        let band_count = capacity.info().capacity_bytes / cfg.band_bytes;
+        if chunk_count < cfg.log_free_chunks_min as u64 + 2 {
+            return Err(EngineError::Config("cache device too small for the log"));
+        }
+        let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
+        // Every volume may hold an open band, GC holds one, and GC needs its reserve.
+        let reserve = volumes.len() as u64 + 1 + cfg.gc_free_bands_min as u64;
+        let usable_blocks = band_count.saturating_sub(reserve) * (cfg.band_bytes / BS);
+        if let Some(v) = volumes.iter().find(|v| v.size_bytes % BS != 0 || v.size_bytes == 0) {
+            return Err(EngineError::TooBig(v.name.clone()));
+        }
+        if vols_blocks > usable_blocks {
+            return Err(EngineError::TooBig(volumes.last().map(|v| v.name.clone()).unwrap_or_default()));
+        }
+        let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
+        let blocks_per_band = (cfg.band_bytes / BS) as usize;
+        let inner = Inner {
+            vols: volumes
+                .iter()
+                .map(|v| Vol {
+                    name: v.name.clone(),
+                    l2p: vec![Loc::NONE; (v.size_bytes / BS) as usize],
+                    open_band: None,
+                })
+                .collect(),
+            chunks: (0..chunk_count)
+                .map(|_| Chunk { state: State::Free, p2l: vec![(u32::MAX, 0); blocks_per_chunk], valid: 0 })
+                .collect(),
+            free_chunks: (0..chunk_count as u32).collect(),
+            full_chunks: VecDeque::new(),
+            open_chunk: None,
+            bands: (0..band_count)
+                .map(|_| Band {
+                    state: State::Free,
+                    p2l: vec![(u32::MAX, 0); blocks_per_band],
+                    valid: 0,
+                    written: 0,
+                    closed_seq: 0,
+                })
+                .collect(),
+            free_bands: (0..band_count as u32).collect(),
+            gc_band: None,
+            seq: 0,
+            stats: EngineStats::default(),
+            cfg,
+        };
+        Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner) }))
+    }
+
+    /// A handle to a volume by name.
+    pub fn volume(self: &Arc<Engine>, name: &str) -> Result<EngineVolume, EngineError> {
+        let inner = self.lock();
+        let id = inner.vols.iter().position(|v| v.name == name).ok_or_else(|| EngineError::NoVolume(name.into()))?;
+        let size_bytes = inner.vols[id].l2p.len() as u64 * BS;
+        Ok(EngineVolume { engine: self.clone(), id: id as u32, name: name.to_string(), size_bytes })
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.lock().stats
+    }
+
+    /// DRAM the maps take per 4 KiB block of volume capacity (L2P only; chunk
+    /// P2L is per cache block and band P2L per capacity block — see docs).
+    pub fn l2p_bytes_per_block(&self) -> f64 {
+        std::mem::size_of::<Loc>() as f64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("engine lock poisoned")
+    }
+
+    /// Assert the map's invariants (O(blocks); for simulation and tests).
+    pub fn check_invariants(&self) {
+        self.lock().check_invariants();
+    }
+}
+
+impl Inner {
+    fn blocks_per_chunk(&self) -> u64 {
+        self.cfg.chunk_bytes / BS
+    }
+    fn blocks_per_band(&self) -> u64 {
+        self.cfg.band_bytes / BS
+    }
+
+    /// Forget where a block was (it was overwritten, trimmed or moved).
+    fn invalidate(&mut self, loc: Loc) {
+        if let Some(cb) = loc.cache_block() {
+            let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
+            debug_assert_ne!(self.chunks[c].p2l[i].0, u32::MAX);
+            self.chunks[c].p2l[i].0 = u32::MAX;
+            self.chunks[c].valid -= 1;
+        } else if let Some(pb) = loc.capacity_block() {
+            let (b, i) = ((pb / self.blocks_per_band()) as usize, (pb % self.blocks_per_band()) as usize);
+            debug_assert_ne!(self.bands[b].p2l[i].0, u32::MAX);
+            self.bands[b].p2l[i].0 = u32::MAX;
+            self.bands[b].valid -= 1;
+        }
+    }
+
+    fn check_invariants(&self) {
+        let mut chunk_valid = vec![0u32; self.chunks.len()];
+        let mut band_valid = vec![0u32; self.bands.len()];
+        for (vi, v) in self.vols.iter().enumerate() {
+            for (lba, &loc) in v.l2p.iter().enumerate() {
+                if let Some(cb) = loc.cache_block() {
+                    let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
+                    assert_eq!(self.chunks[c].p2l[i], (vi as u32, lba as u64), "chunk P2L names the block");
+                    assert_ne!(self.chunks[c].state, State::Free);
+                    chunk_valid[c] += 1;
+                } else if let Some(pb) = loc.capacity_block() {
+                    let (b, i) = ((pb / self.blocks_per_band()) as usize, (pb % self.blocks_per_band()) as usize);
+                    assert_eq!(self.bands[b].p2l[i], (vi as u32, lba as u64), "band P2L names the block");
+                    assert_ne!(self.bands[b].state, State::Free);
+                    band_valid[b] += 1;
+                }
+            }
+        }
+        for (c, ch) in self.chunks.iter().enumerate() {
+            assert_eq!(ch.valid, chunk_valid[c], "chunk {c} valid count");
+        }
+        for (b, band) in self.bands.iter().enumerate() {
+            assert_eq!(band.valid, band_valid[b], "band {b} valid count");
+        }
+    }
+}
+
+impl Engine {
+    /// Append one record (header + `data` blocks) for `lbas` of volume `vol`.
+    fn append(&self, inner: &mut Inner, vol: u32, lba0: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
+        let n = data.len() / BLOCK_BYTES;
+        debug_assert!((1..=RECORD_BLOCKS_MAX).contains(&n));
+        let need = n as u64 + 1;
+        let (chunk, off) = self.log_space(inner, need)?;
+        inner.seq += 1;
+        let entries: Vec<(u64, u32)> =
+            (0..n).map(|i| (lba0 + i as u64, crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]))).collect();
+        let mut rec = IoBuf::zeroed((n + 1) * BLOCK_BYTES);
+        encode_header(&mut rec[..BLOCK_BYTES], RecordKind::Write, inner.seq, vol, &entries);
+        rec[BLOCK_BYTES..].copy_from_slice(data);
+        let first_block = chunk as u64 * inner.blocks_per_chunk() + off;
+        write_at(&*self.cache, first_block * BS, &rec)?;
+        if fua {
+            flush(&*self.cache)?;
+        }
+        inner.stats.cache_write_bytes += need * BS;
+        inner.stats.cache_header_bytes += BS;
+        inner.open_chunk = Some((chunk, off + need));
+        for i in 0..n as u64 {
+            let lba = lba0 + i;
+            let old = inner.vols[vol as usize].l2p[lba as usize];
+            inner.invalidate(old);
+            let cb = first_block + 1 + i;
+            inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(cb);
+            let ch = &mut inner.chunks[chunk as usize];
+            ch.p2l[(off + 1 + i) as usize] = (vol, lba);
+            ch.valid += 1;
+        }
+        Ok(())
+    }
+
+    /// A place for `need` blocks in the log: the open chunk, or a fresh one
+    /// (compacting the oldest chunks when free chunks run low).
+    fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(u32, u64), VolumeError> {
+        if let Some((c, off)) = inner.open_chunk {
+            if off + need <= inner.blocks_per_chunk() {
+                return Ok((c, off));
+            }
+            assert_eq!(inner.chunks[c as usize].state, State::Open);
+            inner.chunks[c as usize].state = State::Full;
+            inner.full_chunks.push_back(c);
+            inner.open_chunk = None;
+        }
+        while inner.free_chunks.len() <= inner.cfg.log_free_chunks_min {
+            self.compact_oldest(inner)?;
+        }
+        let c = inner.free_chunks.pop_front().expect("compaction keeps free chunks");
+        assert_eq!(inner.chunks[c as usize].state, State::Free);
+        assert_eq!(inner.chunks[c as usize].valid, 0);
+        inner.chunks[c as usize].state = State::Open;
+        inner.chunks[c as usize].p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
+        inner.open_chunk = Some((c, 0));
+        Ok((c, 0))
+    }
+
+    /// Move the oldest full chunk's current blocks to the capacity device.
+    fn compact_oldest(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        let c = inner.full_chunks.pop_front().expect("a full chunk exists when the log is short of space");
+        assert_eq!(inner.chunks[c as usize].state, State::Full);
+        let bpc = inner.blocks_per_chunk();
+        let base = c as u64 * bpc;
+        let mut by_vol: Vec<Vec<(u64, u64)>> = vec![Vec::new(); inner.vols.len()];
+        for (i, &(vol, lba)) in inner.chunks[c as usize].p2l.iter().enumerate() {
+            if vol != u32::MAX {
+                by_vol[vol as usize].push((lba, base + i as u64));
+            }
+        }
+        if inner.chunks[c as usize].valid > 0 {
+            let data = read_at(&*self.cache, base * BS, (bpc * BS) as usize)?;
+            for (vol, blocks) in by_vol.iter().enumerate() {
+                if blocks.is_empty() {
+                    continue;
+                }
+                let payload: Vec<(u64, &[u8])> = blocks
+                    .iter()
+                    .map(|&(lba, cb)| {
+                        let at = ((cb - base) * BS) as usize;
+                        (lba, &data[at..at + BLOCK_BYTES])
+                    })
+                    .collect();
+                let moved = self.write_to_bands(inner, vol as u32, false, &payload)?;
+                inner.stats.compaction_bytes += moved * BS;
+            }
+        }
+        assert_eq!(inner.chunks[c as usize].valid, 0, "every current block moved");
+        inner.chunks[c as usize].state = State::Free;
+        inner.free_chunks.push_back(c);
+        inner.stats.chunks_compacted += 1;
+        Ok(())
+    }
+
+    /// Write `blocks` (lba, data) of `vol` sequentially into its open band (or
+    /// the GC band), padded to the write unit; remap them. Returns blocks moved.
+    fn write_to_bands(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        gc: bool,
+        blocks: &[(u64, &[u8])],
+    ) -> Result<u64, VolumeError> {
+        let unit = inner.cfg.write_unit_bytes / BS;
+        let bpb = inner.blocks_per_band();
+        let mut rest = blocks;
+        let mut moved = 0;
+        while !rest.is_empty() {
+            let band = self.open_band(inner, vol, gc)?;
+            let wp = inner.bands[band as usize].written;
+            let room = bpb - wp;
+            let take = (rest.len() as u64).min(room);
+            let padded = take.div_ceil(unit) * unit;
+            let padded = padded.min(room);
+            let mut buf = IoBuf::zeroed((padded * BS) as usize);
+            for (i, (_, d)) in rest[..take as usize].iter().enumerate() {
+                buf[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].copy_from_slice(d);
+            }
+            let first = band as u64 * bpb + wp;
+            write_at(&*self.capacity, first * BS, &buf)?;
+            inner.stats.capacity_write_bytes += padded * BS;
+            inner.stats.compaction_pad_bytes += (padded - take) * BS;
+            for (i, &(lba, _)) in rest[..take as usize].iter().enumerate() {
+                let loc = inner.vols[vol as usize].l2p[lba as usize];
+                inner.invalidate(loc);
+                inner.vols[vol as usize].l2p[lba as usize] = Loc::capacity(first + i as u64);
+                let b = &mut inner.bands[band as usize];
+                b.p2l[(wp + i as u64) as usize] = (vol, lba);
+                b.valid += 1;
+                moved += 1;
+            }
+            let b = &mut inner.bands[band as usize];
+            b.written += padded;
+            if b.written == bpb {
+                b.state = State::Full;
+                b.closed_seq = inner.seq;
+                if gc {
+                    inner.gc_band = None;
+                } else {
+                    inner.vols[vol as usize].open_band = None;
+                }
+            }
+            rest = &rest[take as usize..];
+        }
+        Ok(moved)
+    }
+
+    /// The open band of a stream, opening a free one (after GC if short).
+    fn open_band(&self, inner: &mut Inner, vol: u32, gc: bool) -> Result<u32, VolumeError> {
+        let cur = if gc { inner.gc_band } else { inner.vols[vol as usize].open_band };
+        if let Some(b) = cur {
+            return Ok(b);
+        }
+        if !gc {
+            while inner.free_bands.len() <= inner.cfg.gc_free_bands_min {
+                if !self.collect_one(inner)? {
+                    break;
+                }
+            }
+        }
+        let b = inner.free_bands.pop_front().ok_or(VolumeError::NoSpace)?;
+        let band = &mut inner.bands[b as usize];
+        assert_eq!(band.state, State::Free);
+        assert_eq!(band.valid, 0);
+        band.state = State::Open;
+        band.written = 0;
+        band.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
+        if gc {
+            inner.gc_band = Some(b);
+        } else {
+            inner.vols[vol as usize].open_band = Some(b);
+        }
+        Ok(b)
+    }
+
+    /// Reclaim one band by cost-benefit; false if nothing is reclaimable.
+    fn collect_one(&self, inner: &mut Inner) -> Result<bool, VolumeError> {
+        let bpb = inner.blocks_per_band() as f64;
+        let now = inner.seq;
+        let victim = inner
+            .bands
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.state == State::Full && (b.valid as f64) < bpb)
+            .map(|(i, b)| {
+                let u = b.valid as f64 / bpb;
+                let age = (now - b.closed_seq) as f64 + 1.0;
+                (i, (1.0 - u) * age / (1.0 + u))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i as u32);
+        let Some(v) = victim else { return Ok(false) };
+        let first = v as u64 * inner.blocks_per_band();
+        if inner.bands[v as usize].valid > 0 {
+            let data = read_at(&*self.capacity, first * BS, inner.cfg.band_bytes as usize)?;
+            let mut by_vol: Vec<Vec<(u64, usize)>> = vec![Vec::new(); inner.vols.len()];
+            for (i, &(vol, lba)) in inner.bands[v as usize].p2l.iter().enumerate() {
+                if vol != u32::MAX {
+                    by_vol[vol as usize].push((lba, i));
+                }
+            }
+            for (vol, blocks) in by_vol.iter().enumerate() {
+                let payload: Vec<(u64, &[u8])> =
+                    blocks.iter().map(|&(lba, i)| (lba, &data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES])).collect();
+                if !payload.is_empty() {
+                    let moved = self.write_to_bands(inner, vol as u32, true, &payload)?;
+                    inner.stats.gc_bytes += moved * BS;
+                }
+            }
+        }
+        assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
+        sluice_media::device::discard(&*self.capacity, first * BS, inner.cfg.band_bytes)?;
+        inner.bands[v as usize].state = State::Free;
+        inner.free_bands.push_back(v);
+        inner.stats.bands_reclaimed += 1;
+        Ok(true)
+    }
+
+    fn read_block(&self, loc: Loc, out: &mut [u8]) -> Result<(), VolumeError> {
+        let (dev, block) = if let Some(cb) = loc.cache_block() {
+            (&self.cache, cb)
+        } else if let Some(pb) = loc.capacity_block() {
+            (&self.capacity, pb)
+        } else {
+            out.fill(0);
+            return Ok(());
+        };
+        let b = read_at(&**dev, block * BS, BLOCK_BYTES)?;
+        out.copy_from_slice(&b);
+        Ok(())
+    }
+}
+
+/// A volume of an engine: what frontends serve.
+pub struct EngineVolume {
+    engine: Arc<Engine>,
+    id: u32,
+    name: String,
+    size_bytes: u64,
+}
+
+impl Volume for EngineVolume {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        check(self, offset, buf.len() as u64)?;
+        let e = &self.engine;
+        let mut inner = e.lock();
+        let lba0 = offset / BS;
+        for (i, out) in buf.chunks_mut(BLOCK_BYTES).enumerate() {
+            let loc = inner.vols[self.id as usize].l2p[(lba0 + i as u64) as usize];
+            e.read_block(loc, out)?;
+        }
+        inner.stats.user_read_bytes += buf.len() as u64;
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
+        check(self, offset, data.len() as u64)?;
+        let e = &self.engine;
+        let mut inner = e.lock();
+        let lba0 = offset / BS;
+        let per = RECORD_BLOCKS_MAX * BLOCK_BYTES;
+        let pieces = data.chunks(per).count();
+        for (i, piece) in data.chunks(per).enumerate() {
+            // FUA covers the whole request: flush once, after the last piece.
+            e.append(&mut inner, self.id, lba0 + (i * RECORD_BLOCKS_MAX) as u64, piece, fua && i + 1 == pieces)?;
+        }
+        inner.stats.user_write_bytes += data.len() as u64;
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
+        check(self, offset, len)?;
+        let mut inner = self.engine.lock();
+        for lba in offset / BS..(offset + len) / BS {
+            let old = inner.vols[self.id as usize].l2p[lba as usize];
+            inner.invalidate(old);
+            inner.vols[self.id as usize].l2p[lba as usize] = Loc::NONE;
+        }
+        inner.stats.user_trim_bytes += len;
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolumeError> {
+        // Unmapped blocks read as zeros, so zeroing is deallocation.
+        self.trim(offset, len)?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), VolumeError> {
+        let _inner = self.engine.lock();
+        flush(&*self.engine.cache)?;
+        flush(&*self.engine.capacity)?;
+        Ok(())
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {
+        check(self, offset, len)?;
+        let inner = self.engine.lock();
+        let l2p = &inner.vols[self.id as usize].l2p;
+        let mut out: Vec<Extent> = Vec::new();
+        for lba in offset / BS..(offset + len) / BS {
+            let allocated = !l2p[lba as usize].is_none();
+            match out.last_mut() {
+                Some(e) if e.allocated == allocated => e.len += BS,
+                _ => out.push(Extent { len: BS, allocated }),
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,10 @@
+//! Sluice's engine: volumes of 4 KiB blocks over a cache device (a FIFO write
+//! log) and a capacity device, written against the media traits only.
+
+pub mod engine;
+pub mod layout;
+pub mod sim;
+pub mod volume;
+
+pub use engine::{Engine, EngineConfig, EngineError, EngineStats, EngineVolume, VolumeSpec};
+pub use volume::{Extent, Volume, VolumeError};

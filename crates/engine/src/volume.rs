@@ -1,0 +1,81 @@
+//! `Volume`: what the frontends (NBD server, Rust API) see of Sluice — a block
+//! device of 4 KiB blocks with read, write (optionally FUA), trim, write
+//! zeroes, flush and allocation status.
+//!
+//! Invariants every implementation keeps: offsets and lengths are multiples
+//! of `block_bytes()` and inside `size_bytes()` or the call fails with a typed
+//! error and changes nothing; a read returns what the last completed write,
+//! trim or write-zeroes left there (zeros if never written); after `flush`
+//! returns, every write that completed before it survives a crash; a FUA
+//! write is durable when it returns.
+//!
+//! Calls are synchronous and `&self`: a frontend may call from many threads.
+
+use serde::Serialize;
+
+/// Errors a volume returns; each maps to one NBD/errno answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum VolumeError {
+    #[error("offset {offset} or length {len} not a multiple of the {block_bytes}-byte block")]
+    Misaligned { offset: u64, len: u64, block_bytes: u64 },
+    #[error("range {offset}+{len} beyond the volume size {size_bytes}")]
+    OutOfRange { offset: u64, len: u64, size_bytes: u64 },
+    #[error("no space left on the capacity device")]
+    NoSpace,
+    #[error("volume is read-only")]
+    ReadOnly,
+    #[error("device I/O error: {0}")]
+    Io(String),
+    #[error("data checksum mismatch at offset {offset}")]
+    Corrupt { offset: u64 },
+}
+
+impl VolumeError {
+    /// The errno an NBD server answers with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            VolumeError::Misaligned { .. } => 22,                  // EINVAL
+            VolumeError::OutOfRange { .. } => 22,                  // EINVAL (NBD: ENOSPC for writes past the end)
+            VolumeError::NoSpace => 28,                            // ENOSPC
+            VolumeError::ReadOnly => 1,                            // EPERM
+            VolumeError::Io(_) | VolumeError::Corrupt { .. } => 5, // EIO
+        }
+    }
+}
+
+/// A run of blocks with one allocation state (for NBD `base:allocation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Extent {
+    pub len: u64,
+    /// False for never-written or trimmed blocks (they read as zeros).
+    pub allocated: bool,
+}
+
+pub trait Volume: Send + Sync {
+    fn name(&self) -> &str;
+    fn size_bytes(&self) -> u64;
+    fn block_bytes(&self) -> u64 {
+        4096
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError>;
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError>;
+    /// Deallocate: later reads return zeros.
+    fn trim(&self, offset: u64, len: u64) -> Result<(), VolumeError>;
+    /// Make the range read as zeros (may deallocate).
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolumeError>;
+    fn flush(&self) -> Result<(), VolumeError>;
+    /// Allocation status of [offset, offset+len): consecutive extents covering it.
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError>;
+}
+
+/// The shared range check.
+pub fn check(v: &dyn Volume, offset: u64, len: u64) -> Result<(), VolumeError> {
+    let bs = v.block_bytes();
+    if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+        return Err(VolumeError::Misaligned { offset, len, block_bytes: bs });
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= v.size_bytes() => Ok(()),
+        _ => Err(VolumeError::OutOfRange { offset, len, size_bytes: v.size_bytes() }),
+    }
+}
