@@ -1,6 +1,7 @@
 //! Sluice's reproducible experiments: fio-style jobs driven against emulated
 //! media in virtual time, turned into tables and JSON.
 
+pub mod engine;
 pub mod job;
 pub mod media;
 pub mod runner;

@@ -30,8 +30,8 @@
 use crate::layout::{crc32c, encode_header, RecordKind, BLOCK_BYTES, RECORD_BLOCKS_MAX};
 use crate::volume::{check, Extent, Volume, VolumeError};
 use serde::Serialize;
-use sluice_media::device::{flush, read_at, write_at};
-use sluice_media::{BlockDevice, DeviceError, IoBuf};
+use sluice_media::device::{flush, read_at, sync_io};
+use sluice_media::{BlockDevice, DeviceError, IoBuf, IoOp, IoRequest};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
@@ -186,6 +186,9 @@ struct Inner {
     gc_band: Option<u32>,
     seq: u64,
     stats: EngineStats,
+    /// Reusable I/O buffers (compaction and GC move megabytes per call; fresh
+    /// allocations would cost a page fault per 4 KiB).
+    pool: Vec<IoBuf>,
 }
 
 /// The engine: owns the devices and every volume's map.
@@ -257,6 +260,7 @@ impl Engine {
             gc_band: None,
             seq: 0,
             stats: EngineStats::default(),
+            pool: Vec::new(),
             cfg,
         };
         Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner) }))
@@ -291,6 +295,20 @@ impl Engine {
 }
 
 impl Inner {
+    /// A buffer of exactly `len` bytes from the pool (contents undefined).
+    fn take_buf(&mut self, len: usize) -> IoBuf {
+        match self.pool.iter().position(|b| b.len() == len) {
+            Some(i) => self.pool.swap_remove(i),
+            None => IoBuf::zeroed(len),
+        }
+    }
+
+    fn give_buf(&mut self, b: IoBuf) {
+        if self.pool.len() < 8 {
+            self.pool.push(b);
+        }
+    }
+
     fn blocks_per_chunk(&self) -> u64 {
         self.cfg.chunk_bytes / BS
     }
@@ -340,6 +358,26 @@ impl Inner {
     }
 }
 
+/// Read `len` bytes at `offset` into a pooled buffer.
+fn read_pooled(dev: &dyn BlockDevice, inner: &mut Inner, offset: u64, len: usize) -> Result<IoBuf, VolumeError> {
+    let buf = inner.take_buf(len);
+    let c = sync_io(dev, IoRequest { op: IoOp::Read, offset, len: len as u64, buf, fua: false, user_data: 0 });
+    match c.result {
+        Ok(_) => Ok(c.buf),
+        Err(e) => {
+            inner.give_buf(c.buf);
+            Err(e.into())
+        }
+    }
+}
+
+/// Write a pooled buffer at `offset`, returning the buffer to the pool.
+fn write_pooled(dev: &dyn BlockDevice, inner: &mut Inner, offset: u64, buf: IoBuf) -> Result<(), VolumeError> {
+    let c = sync_io(dev, IoRequest::write(offset, buf, 0));
+    inner.give_buf(c.buf);
+    c.result.map(|_| ()).map_err(Into::into)
+}
+
 impl Engine {
     /// Append one record (header + `data` blocks) for `lbas` of volume `vol`.
     fn append(&self, inner: &mut Inner, vol: u32, lba0: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
@@ -350,11 +388,11 @@ impl Engine {
         inner.seq += 1;
         let entries: Vec<(u64, u32)> =
             (0..n).map(|i| (lba0 + i as u64, crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]))).collect();
-        let mut rec = IoBuf::zeroed((n + 1) * BLOCK_BYTES);
+        let mut rec = inner.take_buf((n + 1) * BLOCK_BYTES);
         encode_header(&mut rec[..BLOCK_BYTES], RecordKind::Write, inner.seq, vol, &entries);
         rec[BLOCK_BYTES..].copy_from_slice(data);
         let first_block = chunk as u64 * inner.blocks_per_chunk() + off;
-        write_at(&*self.cache, first_block * BS, &rec)?;
+        write_pooled(&*self.cache, inner, first_block * BS, rec)?;
         if fua {
             flush(&*self.cache)?;
         }
@@ -411,7 +449,7 @@ impl Engine {
             }
         }
         if inner.chunks[c as usize].valid > 0 {
-            let data = read_at(&*self.cache, base * BS, (bpc * BS) as usize)?;
+            let data = read_pooled(&*self.cache, inner, base * BS, (bpc * BS) as usize)?;
             for (vol, blocks) in by_vol.iter().enumerate() {
                 if blocks.is_empty() {
                     continue;
@@ -426,6 +464,7 @@ impl Engine {
                 let moved = self.write_to_bands(inner, vol as u32, false, &payload)?;
                 inner.stats.compaction_bytes += moved * BS;
             }
+            inner.give_buf(data);
         }
         assert_eq!(inner.chunks[c as usize].valid, 0, "every current block moved");
         inner.chunks[c as usize].state = State::Free;
@@ -454,12 +493,13 @@ impl Engine {
             let take = (rest.len() as u64).min(room);
             let padded = take.div_ceil(unit) * unit;
             let padded = padded.min(room);
-            let mut buf = IoBuf::zeroed((padded * BS) as usize);
+            let mut buf = inner.take_buf((padded * BS) as usize);
             for (i, (_, d)) in rest[..take as usize].iter().enumerate() {
                 buf[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].copy_from_slice(d);
             }
+            buf[(take * BS) as usize..].fill(0);
             let first = band as u64 * bpb + wp;
-            write_at(&*self.capacity, first * BS, &buf)?;
+            write_pooled(&*self.capacity, inner, first * BS, buf)?;
             inner.stats.capacity_write_bytes += padded * BS;
             inner.stats.compaction_pad_bytes += (padded - take) * BS;
             for (i, &(lba, _)) in rest[..take as usize].iter().enumerate() {
@@ -533,22 +573,31 @@ impl Engine {
             .map(|(i, _)| i as u32);
         let Some(v) = victim else { return Ok(false) };
         let first = v as u64 * inner.blocks_per_band();
-        if inner.bands[v as usize].valid > 0 {
-            let data = read_at(&*self.capacity, first * BS, inner.cfg.band_bytes as usize)?;
+        // Walk the victim in chunk-sized windows: GC memory stays bounded.
+        let window = inner.blocks_per_chunk().min(inner.blocks_per_band());
+        let mut w0 = 0;
+        while inner.bands[v as usize].valid > 0 && w0 < inner.blocks_per_band() {
+            let wn = window.min(inner.blocks_per_band() - w0);
             let mut by_vol: Vec<Vec<(u64, usize)>> = vec![Vec::new(); inner.vols.len()];
-            for (i, &(vol, lba)) in inner.bands[v as usize].p2l.iter().enumerate() {
+            for i in w0..w0 + wn {
+                let (vol, lba) = inner.bands[v as usize].p2l[i as usize];
                 if vol != u32::MAX {
-                    by_vol[vol as usize].push((lba, i));
+                    by_vol[vol as usize].push((lba, (i - w0) as usize));
                 }
             }
-            for (vol, blocks) in by_vol.iter().enumerate() {
-                let payload: Vec<(u64, &[u8])> =
-                    blocks.iter().map(|&(lba, i)| (lba, &data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES])).collect();
-                if !payload.is_empty() {
-                    let moved = self.write_to_bands(inner, vol as u32, true, &payload)?;
-                    inner.stats.gc_bytes += moved * BS;
+            if by_vol.iter().any(|b| !b.is_empty()) {
+                let data = read_pooled(&*self.capacity, inner, (first + w0) * BS, (wn * BS) as usize)?;
+                for (vol, blocks) in by_vol.iter().enumerate() {
+                    let payload: Vec<(u64, &[u8])> =
+                        blocks.iter().map(|&(lba, i)| (lba, &data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES])).collect();
+                    if !payload.is_empty() {
+                        let moved = self.write_to_bands(inner, vol as u32, true, &payload)?;
+                        inner.stats.gc_bytes += moved * BS;
+                    }
                 }
+                inner.give_buf(data);
             }
+            w0 += wn;
         }
         assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
         sluice_media::device::discard(&*self.capacity, first * BS, inner.cfg.band_bytes)?;

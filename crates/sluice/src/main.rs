@@ -8,6 +8,7 @@
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use sluice_bench::engine;
 use sluice_bench::job::{run_job_text, RunOptions, System};
 use sluice_bench::media::{self, MediaRow, Scale, PAPER_ROWS};
 use sluice_bench::trace;
@@ -77,6 +78,16 @@ enum Bench {
         inflight_max: usize,
         #[arg(long)]
         json: Option<PathBuf>,
+    },
+    /// The engine's own cost per 4 KiB I/O, in process on memory devices.
+    Engine {
+        #[arg(long, default_value_t = 1_000_000)]
+        ios: u64,
+        /// Volume size (fio size syntax).
+        #[arg(long, default_value = "4g")]
+        volume: String,
+        #[arg(long, default_value = "target/bench/engine.json")]
+        json: PathBuf,
     },
     /// 4 KiB random writes through the io_uring file backend.
     Uring {
@@ -247,6 +258,16 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
             Bench::Trace { file, system, capacity, inflight_max, json } => {
                 bench_trace(&file, &system, capacity.as_deref(), inflight_max, json.as_deref())
+            }
+            Bench::Engine { ios, volume, json } => {
+                let opts = engine::EngineBenchOpts { ios, volume_bytes: parse_bytes(&volume)?, ..Default::default() };
+                let r = engine::run(&opts)?;
+                println!(
+                    "engine, 4 KiB random, QD1 in process: write {:.0} IOPS/core, read {:.0} IOPS/core, \
+                     L2P {} bytes/block, host WAF {:.2}",
+                    r.write_iops_per_core, r.read_iops_per_core, r.dram_bytes_per_block, r.host_waf
+                );
+                write_json(&json, &r)
             }
             Bench::Uring { path, file_bytes, iodepth, seconds, json } => {
                 let opts = UringBenchOpts {
