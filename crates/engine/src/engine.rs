@@ -28,9 +28,10 @@
 //! commit and background compaction threads with a rate controller.
 
 use crate::layout::{crc32c, encode_header, RecordKind, BLOCK_BYTES, RECORD_BLOCKS_MAX};
+use crate::persist::{CheckpointError, Reader, Superblock, Writer};
 use crate::volume::{check, Extent, Volume, VolumeError};
 use serde::Serialize;
-use sluice_media::device::{flush, read_at, sync_io};
+use sluice_media::device::{flush, read_at, sync_io, write_at};
 use sluice_media::{BlockDevice, DeviceError, IoBuf, IoOp, IoRequest};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -102,6 +103,16 @@ pub enum EngineError {
     NoVolume(String),
     #[error("device: {0}")]
     Device(#[from] DeviceError),
+    #[error("superblock: {0}")]
+    Superblock(#[from] crate::persist::SuperblockError),
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::persist::CheckpointError),
+    #[error("checkpoint checksum mismatch")]
+    CheckpointChecksum,
+    #[error("the engine was not shut down cleanly; crash recovery is not implemented yet (docs/engine.md)")]
+    NeedsRecovery,
+    #[error("the on-media geometry does not match these devices")]
+    Geometry,
 }
 
 impl From<DeviceError> for VolumeError {
@@ -118,10 +129,11 @@ pub struct VolumeSpec {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum State {
-    Free,
-    Open,
-    Full,
+    Free = 0,
+    Open = 1,
+    Full = 2,
 }
 
 struct Chunk {
@@ -164,6 +176,38 @@ pub struct EngineStats {
 }
 
 impl EngineStats {
+    fn words(&self) -> [u64; 11] {
+        [
+            self.user_write_bytes,
+            self.user_read_bytes,
+            self.user_trim_bytes,
+            self.cache_write_bytes,
+            self.cache_header_bytes,
+            self.capacity_write_bytes,
+            self.compaction_bytes,
+            self.compaction_pad_bytes,
+            self.gc_bytes,
+            self.chunks_compacted,
+            self.bands_reclaimed,
+        ]
+    }
+
+    fn from_words(w: [u64; 11]) -> EngineStats {
+        EngineStats {
+            user_write_bytes: w[0],
+            user_read_bytes: w[1],
+            user_trim_bytes: w[2],
+            cache_write_bytes: w[3],
+            cache_header_bytes: w[4],
+            capacity_write_bytes: w[5],
+            compaction_bytes: w[6],
+            compaction_pad_bytes: w[7],
+            gc_bytes: w[8],
+            chunks_compacted: w[9],
+            bands_reclaimed: w[10],
+        }
+    }
+
     /// Bytes written to both devices / bytes the users wrote.
     pub fn host_waf(&self) -> f64 {
         if self.user_write_bytes == 0 {
@@ -189,6 +233,10 @@ struct Inner {
     /// Reusable I/O buffers (compaction and GC move megabytes per call; fresh
     /// allocations would cost a page fault per 4 KiB).
     pool: Vec<IoBuf>,
+    /// The superblock as last written.
+    sb: Superblock,
+    /// Set by `shutdown`: every later request fails.
+    closed: bool,
 }
 
 /// The engine: owns the devices and every volume's map.
@@ -216,11 +264,21 @@ impl Engine {
             return Err(EngineError::Config("band_bytes must be a multiple of write_unit_bytes, itself of 4 KiB"));
         }
         let chunk_count = cache.info().capacity_bytes / cfg.chunk_bytes;
-        let band_count = capacity.info().capacity_bytes / cfg.band_bytes;
-        if chunk_count < cfg.log_free_chunks_min as u64 + 2 {
+        // Chunk 0 holds the superblock; the log needs its reserve plus two.
+        if chunk_count < cfg.log_free_chunks_min as u64 + 3 {
             return Err(EngineError::Config("cache device too small for the log"));
         }
+        if volumes.len() > crate::persist::VOLUMES_MAX
+            || volumes.iter().any(|v| v.name.is_empty() || v.name.len() > crate::persist::NAME_BYTES_MAX)
+        {
+            return Err(EngineError::Config("too many volumes, or a name empty or over 63 bytes"));
+        }
+        let all_bands = capacity.info().capacity_bytes / cfg.band_bytes;
         let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
+        // The checkpoint region at the end of the capacity device, whole bands.
+        let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, all_bands, volumes.len() as u64, vols_blocks);
+        let ckpt_bands = ckpt_bytes.div_ceil(cfg.band_bytes);
+        let band_count = all_bands.saturating_sub(ckpt_bands);
         // Every volume may hold an open band, GC holds one, and GC needs its reserve.
         let reserve = volumes.len() as u64 + 1 + cfg.gc_free_bands_min as u64;
         let usable_blocks = band_count.saturating_sub(reserve) * (cfg.band_bytes / BS);
@@ -230,6 +288,21 @@ impl Engine {
         if vols_blocks > usable_blocks {
             return Err(EngineError::TooBig(volumes.last().map(|v| v.name.clone()).unwrap_or_default()));
         }
+        let sb = Superblock {
+            generation: 1,
+            clean: false,
+            chunk_bytes: cfg.chunk_bytes,
+            band_bytes: cfg.band_bytes,
+            write_unit_bytes: cfg.write_unit_bytes,
+            log_free_chunks_min: cfg.log_free_chunks_min as u32,
+            gc_free_bands_min: cfg.gc_free_bands_min as u32,
+            cache_bytes: cache.info().capacity_bytes,
+            capacity_bytes: capacity.info().capacity_bytes,
+            checkpoint_offset: band_count * cfg.band_bytes,
+            checkpoint_bytes: 0,
+            checkpoint_crc: 0,
+            volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
+        };
         let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
         let blocks_per_band = (cfg.band_bytes / BS) as usize;
         let inner = Inner {
@@ -244,7 +317,7 @@ impl Engine {
             chunks: (0..chunk_count)
                 .map(|_| Chunk { state: State::Free, p2l: vec![(u32::MAX, 0); blocks_per_chunk], valid: 0 })
                 .collect(),
-            free_chunks: (0..chunk_count as u32).collect(),
+            free_chunks: (1..chunk_count as u32).collect(),
             full_chunks: VecDeque::new(),
             open_chunk: None,
             bands: (0..band_count)
@@ -261,9 +334,79 @@ impl Engine {
             seq: 0,
             stats: EngineStats::default(),
             pool: Vec::new(),
+            sb,
+            closed: false,
             cfg,
         };
+        write_superblock(&*cache, &inner.sb)?;
         Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner) }))
+    }
+
+    /// Reopen an engine from its devices after a clean shutdown.
+    pub fn open(cache: Arc<dyn BlockDevice>, capacity: Arc<dyn BlockDevice>) -> Result<Arc<Engine>, EngineError> {
+        // Step 1: the superblock (the valid copy with the higher generation).
+        let copies = [read_at(&*cache, 0, BLOCK_BYTES)?, read_at(&*cache, BS, BLOCK_BYTES)?];
+        let decoded: Vec<_> = copies.iter().map(|b| Superblock::decode(b)).collect();
+        let sb = match (&decoded[0], &decoded[1]) {
+            (Ok(a), Ok(b)) => {
+                if a.generation >= b.generation {
+                    a.clone()
+                } else {
+                    b.clone()
+                }
+            }
+            (Ok(a), Err(_)) | (Err(_), Ok(a)) => a.clone(),
+            (Err(e), Err(_)) => return Err((*e).into()),
+        };
+        if sb.cache_bytes != cache.info().capacity_bytes || sb.capacity_bytes != capacity.info().capacity_bytes {
+            return Err(EngineError::Geometry);
+        }
+        // Step 2: only a clean shutdown left a checkpoint to trust.
+        if !sb.clean {
+            return Err(EngineError::NeedsRecovery);
+        }
+        // Step 3: the checkpoint, verified.
+        let raw = read_at(&*capacity, sb.checkpoint_offset, sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES)?;
+        let body = &raw[..sb.checkpoint_bytes as usize];
+        if crc32c(body) != sb.checkpoint_crc {
+            return Err(EngineError::CheckpointChecksum);
+        }
+        let cfg = EngineConfig {
+            chunk_bytes: sb.chunk_bytes,
+            band_bytes: sb.band_bytes,
+            write_unit_bytes: sb.write_unit_bytes,
+            log_free_chunks_min: sb.log_free_chunks_min as usize,
+            gc_free_bands_min: sb.gc_free_bands_min as usize,
+        };
+        let mut inner = decode_checkpoint(body, cfg, sb.clone())?;
+        // Step 4: dirty before the first change.
+        inner.sb.clean = false;
+        inner.sb.generation += 1;
+        write_superblock(&*cache, &inner.sb)?;
+        Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner) }))
+    }
+
+    /// Clean shutdown: flush, write the checkpoint, mark the superblock
+    /// clean. Later requests fail with `VolumeError::ReadOnly`.
+    pub fn shutdown(&self) -> Result<(), EngineError> {
+        let mut inner = self.lock();
+        if inner.closed {
+            return Ok(());
+        }
+        flush(&*self.cache)?;
+        let body = encode_checkpoint(&inner);
+        let mut buf = IoBuf::zeroed(body.len().div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
+        buf[..body.len()].copy_from_slice(&body);
+        let at = inner.sb.checkpoint_offset;
+        sync_io(&*self.capacity, IoRequest::write(at, buf, 0)).result?;
+        flush(&*self.capacity)?;
+        inner.sb.checkpoint_bytes = body.len() as u64;
+        inner.sb.checkpoint_crc = crc32c(&body);
+        inner.sb.clean = true;
+        inner.sb.generation += 1;
+        write_superblock(&*self.cache, &inner.sb)?;
+        inner.closed = true;
+        Ok(())
     }
 
     /// A handle to a volume by name.
@@ -276,6 +419,11 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.lock().stats
+    }
+
+    /// The cache and capacity devices.
+    pub fn devices(&self) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
+        (self.cache.clone(), self.capacity.clone())
     }
 
     /// DRAM the maps take per 4 KiB block of volume capacity (L2P only; chunk
@@ -356,6 +504,163 @@ impl Inner {
             assert_eq!(band.valid, band_valid[b], "band {b} valid count");
         }
     }
+}
+
+/// Both superblock copies, then a flush: durable before anything relies on it.
+fn write_superblock(cache: &dyn BlockDevice, sb: &Superblock) -> Result<(), DeviceError> {
+    let b = sb.encode();
+    write_at(cache, 0, &b)?;
+    write_at(cache, BS, &b)?;
+    flush(cache)
+}
+
+/// Upper bound of the checkpoint's size for this geometry.
+fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, vol_blocks: u64) -> u64 {
+    let fixed = 8 + 11 * 8 + 4 + 8 + 4 + 4;
+    let per_vol = 4 + 4;
+    let per_chunk = 1 + 4 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
+    let per_band = 1 + 4 + 8 + 8 + 12 * (cfg.band_bytes / BS) + 4;
+    fixed + vols * per_vol + 4 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
+}
+
+fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.u64(inner.seq);
+    inner.stats.words().iter().for_each(|&x| w.u64(x));
+    w.opt_u32(inner.open_chunk.map(|(c, _)| c));
+    w.u64(inner.open_chunk.map_or(0, |(_, o)| o));
+    w.opt_u32(inner.gc_band);
+    w.u32(inner.vols.len() as u32);
+    for v in &inner.vols {
+        w.opt_u32(v.open_band);
+        w.u32(v.l2p.len() as u32);
+        v.l2p.iter().for_each(|l| w.u32(l.0));
+    }
+    w.u32(inner.chunks.len() as u32);
+    for c in &inner.chunks {
+        w.u8(c.state as u8);
+        w.u32(c.valid);
+        c.p2l.iter().for_each(|&(v, l)| {
+            w.u32(v);
+            w.u64(l);
+        });
+    }
+    for list in [&inner.full_chunks, &inner.free_chunks] {
+        w.u32(list.len() as u32);
+        list.iter().for_each(|&c| w.u32(c));
+    }
+    w.u32(inner.bands.len() as u32);
+    for b in &inner.bands {
+        w.u8(b.state as u8);
+        w.u32(b.valid);
+        w.u64(b.written);
+        w.u64(b.closed_seq);
+        b.p2l.iter().for_each(|&(v, l)| {
+            w.u32(v);
+            w.u64(l);
+        });
+    }
+    w.u32(inner.free_bands.len() as u32);
+    inner.free_bands.iter().for_each(|&b| w.u32(b));
+    w.0
+}
+
+fn decode_state(x: u8, at: usize) -> Result<State, CheckpointError> {
+    match x {
+        0 => Ok(State::Free),
+        1 => Ok(State::Open),
+        2 => Ok(State::Full),
+        _ => Err(CheckpointError(at)),
+    }
+}
+
+fn decode_checkpoint(body: &[u8], cfg: EngineConfig, sb: Superblock) -> Result<Inner, EngineError> {
+    let mut r = Reader::new(body);
+    let bad = |r: &Reader| EngineError::Checkpoint(CheckpointError(r.at()));
+    let seq = r.u64()?;
+    let mut words = [0u64; 11];
+    for x in words.iter_mut() {
+        *x = r.u64()?;
+    }
+    let open_c = r.opt_u32()?;
+    let open_off = r.u64()?;
+    let gc_band = r.opt_u32()?;
+    let nv = r.u32()? as usize;
+    if nv != sb.volumes.len() {
+        return Err(bad(&r));
+    }
+    let mut vols = Vec::with_capacity(nv);
+    for (name, size) in &sb.volumes {
+        let open_band = r.opt_u32()?;
+        let n = r.u32()? as usize;
+        if n as u64 != size / BS {
+            return Err(bad(&r));
+        }
+        let mut l2p = Vec::with_capacity(n);
+        for _ in 0..n {
+            l2p.push(Loc(r.u32()?));
+        }
+        vols.push(Vol { name: name.clone(), l2p, open_band });
+    }
+    let (bpc, bpb) = ((cfg.chunk_bytes / BS) as usize, (cfg.band_bytes / BS) as usize);
+    let nc = r.u32()? as usize;
+    let mut chunks = Vec::with_capacity(nc);
+    for _ in 0..nc {
+        let state = decode_state(r.u8()?, r.at())?;
+        let valid = r.u32()?;
+        let mut p2l = Vec::with_capacity(bpc);
+        for _ in 0..bpc {
+            p2l.push((r.u32()?, r.u64()?));
+        }
+        chunks.push(Chunk { state, p2l, valid });
+    }
+    let mut lists = [VecDeque::new(), VecDeque::new()];
+    for list in lists.iter_mut() {
+        let n = r.u32()? as usize;
+        for _ in 0..n {
+            list.push_back(r.u32()?);
+        }
+    }
+    let [full_chunks, free_chunks] = lists;
+    let nb = r.u32()? as usize;
+    let mut bands = Vec::with_capacity(nb);
+    for _ in 0..nb {
+        let state = decode_state(r.u8()?, r.at())?;
+        let valid = r.u32()?;
+        let written = r.u64()?;
+        let closed_seq = r.u64()?;
+        let mut p2l = Vec::with_capacity(bpb);
+        for _ in 0..bpb {
+            p2l.push((r.u32()?, r.u64()?));
+        }
+        bands.push(Band { state, p2l, valid, written, closed_seq });
+    }
+    let n = r.u32()? as usize;
+    let mut free_bands = VecDeque::with_capacity(n);
+    for _ in 0..n {
+        free_bands.push_back(r.u32()?);
+    }
+    if r.at() != body.len() {
+        return Err(bad(&r));
+    }
+    let inner = Inner {
+        cfg,
+        vols,
+        chunks,
+        free_chunks,
+        full_chunks,
+        open_chunk: open_c.map(|c| (c, open_off)),
+        bands,
+        free_bands,
+        gc_band,
+        seq,
+        stats: EngineStats::from_words(words),
+        pool: Vec::new(),
+        sb,
+        closed: false,
+    };
+    inner.check_invariants();
+    Ok(inner)
 }
 
 /// Read `len` bytes at `offset` into a pooled buffer.
@@ -622,6 +927,17 @@ impl Engine {
     }
 }
 
+impl EngineVolume {
+    /// The engine's state, unless it was shut down.
+    fn live(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
+        let inner = self.engine.lock();
+        if inner.closed {
+            return Err(VolumeError::ReadOnly);
+        }
+        Ok(inner)
+    }
+}
+
 /// A volume of an engine: what frontends serve.
 pub struct EngineVolume {
     engine: Arc<Engine>,
@@ -642,7 +958,7 @@ impl Volume for EngineVolume {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         check(self, offset, buf.len() as u64)?;
         let e = &self.engine;
-        let mut inner = e.lock();
+        let mut inner = self.live()?;
         let lba0 = offset / BS;
         for (i, out) in buf.chunks_mut(BLOCK_BYTES).enumerate() {
             let loc = inner.vols[self.id as usize].l2p[(lba0 + i as u64) as usize];
@@ -655,7 +971,7 @@ impl Volume for EngineVolume {
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
         check(self, offset, data.len() as u64)?;
         let e = &self.engine;
-        let mut inner = e.lock();
+        let mut inner = self.live()?;
         let lba0 = offset / BS;
         let per = RECORD_BLOCKS_MAX * BLOCK_BYTES;
         let pieces = data.chunks(per).count();
@@ -669,7 +985,7 @@ impl Volume for EngineVolume {
 
     fn trim(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
         check(self, offset, len)?;
-        let mut inner = self.engine.lock();
+        let mut inner = self.live()?;
         for lba in offset / BS..(offset + len) / BS {
             let old = inner.vols[self.id as usize].l2p[lba as usize];
             inner.invalidate(old);
@@ -689,7 +1005,7 @@ impl Volume for EngineVolume {
     }
 
     fn flush(&self) -> Result<(), VolumeError> {
-        let _inner = self.engine.lock();
+        let _inner = self.live()?;
         flush(&*self.engine.cache)?;
         flush(&*self.engine.capacity)?;
         Ok(())
@@ -697,7 +1013,7 @@ impl Volume for EngineVolume {
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {
         check(self, offset, len)?;
-        let inner = self.engine.lock();
+        let inner = self.live()?;
         let l2p = &inner.vols[self.id as usize].l2p;
         let mut out: Vec<Extent> = Vec::new();
         for lba in offset / BS..(offset + len) / BS {

@@ -3,6 +3,7 @@
 
 pub mod engine;
 pub mod layout;
+pub mod persist;
 pub mod sim;
 pub mod volume;
 
