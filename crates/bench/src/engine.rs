@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn small_run_reports_positive_rates() {
-        let r = run(&EngineBenchOpts { volume_bytes: 64 << 20, cache_bytes: 64 << 20, ios: 20_000, seed: 3 }).unwrap();
+        let r = run(&EngineBenchOpts { volume_bytes: 64 << 20, cache_bytes: 128 << 20, ios: 40_000, seed: 3 }).unwrap();
         assert!(r.write_iops_per_core > 0.0 && r.read_iops_per_core > 0.0);
         assert_eq!(r.dram_bytes_per_block, 4.0);
         assert!(r.chunks_compacted > 0, "the log wrapped and compacted");
