@@ -53,8 +53,8 @@ fn cpu_seconds() -> f64 {
 
 pub fn run(opts: &EngineBenchOpts) -> Result<EngineBenchReport, EngineBenchError> {
     let cfg = EngineConfig::default();
-    // Capacity: the volume plus 25 % spare and the reserve bands.
-    let cap_bytes = (opts.volume_bytes * 5 / 4).div_ceil(cfg.band_bytes) * cfg.band_bytes + 4 * cfg.band_bytes;
+    // Capacity: the volume plus 25 % spare, the reserve bands and the checkpoint region.
+    let cap_bytes = (opts.volume_bytes * 5 / 4).div_ceil(cfg.band_bytes) * cfg.band_bytes + 6 * cfg.band_bytes;
     let cache: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(opts.cache_bytes, 4096));
     let capacity: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(cap_bytes, 4096));
     let engine =

@@ -7,6 +7,7 @@
 
 pub mod buf;
 pub mod clock;
+pub mod crash;
 pub mod device;
 pub mod emulate;
 pub mod file;
@@ -20,6 +21,7 @@ pub mod zns;
 
 pub use buf::IoBuf;
 pub use clock::{Clock, ClockRef, RealClock, VirtualClock};
+pub use crash::{CrashDevice, FaultPlan, FaultRule};
 pub use device::{
     BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoOp, IoRequest, ZoneAction, ZoneDesc, ZoneError,
     ZoneLimits, ZoneState, ZonedDevice,
