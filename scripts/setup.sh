@@ -5,9 +5,13 @@
 set -euo pipefail
 
 # Debian packages: fio is the reference peer for the workload generator and
-# the io_uring benchmark.
+# the io_uring benchmark; the NBD clients and peers test and measure the server.
 need=()
 command -v fio >/dev/null 2>&1 || need+=(fio)
+command -v qemu-io >/dev/null 2>&1 || need+=(qemu-utils)
+command -v nbdinfo >/dev/null 2>&1 || need+=(libnbd-bin)
+command -v nbdkit >/dev/null 2>&1 || need+=(nbdkit)
+/usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || need+=(python3-libnbd)
 if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     SUDO=""

@@ -1,10 +1,13 @@
-//! The `sluice` command: Sluice's experiments and tools.
+//! The `sluice` command: Sluice's server, experiments and tools.
 //!
+//! `sluice serve` serves the engine's volumes over NBD (see serve.rs).
 //! `sluice bench media` regenerates the CSAL paper's QLC/TLC rows on the
 //! emulators; `sluice bench job FILE.fio --system …` runs any fio-style job
 //! file on an emulated device; `sluice bench trace` replays a CSV block trace
 //! on one; `sluice bench uring` measures the io_uring file backend. Every command writes JSON beside its human table so results can be
 //! compared run to run. Errors are typed below and print as one clear line.
+
+mod serve;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -27,6 +30,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Serve the engine's volumes over NBD (defaults: ./sluice-data, 127.0.0.1:10809, volume "default").
+    Serve {
+        /// TOML config (docs/serve.md); every key is optional.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Reproducible experiments.
     Bench {
         #[command(subcommand)]
@@ -251,6 +260,7 @@ fn bench_trace(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
+        Cmd::Serve { config } => Ok(serve::run(serve::Config::load(config.as_deref())?)?),
         Cmd::Bench { what } => match what {
             Bench::Media { quick, json, only } => bench_media(quick, &json, only.as_deref()),
             Bench::Job { file, system, capacity, steady_state_drive_writes, json } => {

@@ -1,0 +1,218 @@
+//! Fixed newstyle option haggling: from the greeting to the transmission
+//! phase (or a soft disconnect).
+//!
+//! Owns: which options this server answers and how (EXPORT_NAME, ABORT,
+//! LIST, INFO, GO, STRUCTURED_REPLY, LIST/SET_META_CONTEXT for
+//! `base:allocation`; STARTTLS and EXTENDED_HEADERS are refused with
+//! `NBD_REP_ERR_UNSUP`, as is every unknown option, and the session goes on).
+//!
+//! Invariants: a malformed option payload gets `NBD_REP_ERR_INVALID` and the
+//! session continues; only a broken framing (bad magic, option data beyond
+//! [`proto::OPTION_DATA_BYTES_MAX`]), bad client flags, an unknown export in
+//! `NBD_OPT_EXPORT_NAME` (which cannot be answered with an error) or too many
+//! options end the connection. Block sizes are always sent with INFO/GO:
+//! the volume needs aligned requests, and the server does not emulate
+//! read-modify-write; a client that does not ask for them still gets served
+//! and misaligned requests fail cleanly with `EINVAL`.
+
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+
+use sluice_engine::Volume;
+
+use crate::proto::{self, ClientOption, Info, OptionHeader, OptionReply, ProtoError};
+use crate::server::{ConnError, Shared};
+use crate::stream::Stream;
+
+/// Options one client may send before it must pick an export.
+pub const HANDSHAKE_OPTIONS_MAX: usize = 256;
+
+/// The context id this server gives `base:allocation` when selected.
+pub const BASE_ALLOCATION_ID: u32 = 1;
+
+/// What the handshake settled for the transmission phase.
+pub(crate) struct Session {
+    pub(crate) export: Arc<dyn Volume>,
+    pub(crate) structured: bool,
+    /// `Some(id)` if `base:allocation` was selected for this export.
+    pub(crate) base_allocation: Option<u32>,
+}
+
+/// Transmission flags for an export, given what was negotiated.
+pub(crate) fn transmission_flags(structured: bool) -> u16 {
+    let mut f = proto::FLAG_HAS_FLAGS
+        | proto::FLAG_SEND_FLUSH
+        | proto::FLAG_SEND_FUA
+        | proto::FLAG_SEND_TRIM
+        | proto::FLAG_SEND_WRITE_ZEROES
+        | proto::FLAG_SEND_FAST_ZERO
+        | proto::FLAG_SEND_CACHE
+        | proto::FLAG_CAN_MULTI_CONN;
+    if structured {
+        // Reads are always answered with one content chunk.
+        f |= proto::FLAG_SEND_DF;
+    }
+    f
+}
+
+struct State {
+    structured: bool,
+    no_zeroes: bool,
+    /// The export and whether `base:allocation` was selected by the last
+    /// NBD_OPT_SET_META_CONTEXT (None: never sent, or it failed).
+    meta: Option<(String, bool)>,
+}
+
+/// Runs the handshake. `Ok(None)` is a clean client abort.
+pub(crate) fn negotiate<R: BufRead>(
+    reader: &mut R,
+    writer: &mut Stream,
+    shared: &Shared,
+) -> Result<Option<Session>, ConnError> {
+    writer.set_read_timeout(Some(shared.opts.handshake_timeout))?;
+    let offered = proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES;
+    writer.write_all(&proto::encode_greeting(offered))?;
+    let mut cf = [0u8; 4];
+    reader.read_exact(&mut cf)?;
+    let client_flags = proto::decode_client_flags(&cf, offered)?;
+    let mut st = State { structured: false, no_zeroes: client_flags & proto::FLAG_C_NO_ZEROES != 0, meta: None };
+
+    for _ in 0..HANDSHAKE_OPTIONS_MAX {
+        let mut hb = [0u8; proto::OPTION_HEADER_BYTES];
+        reader.read_exact(&mut hb)?;
+        let hdr = OptionHeader::decode(&hb)?;
+        let mut data = vec![0u8; hdr.len as usize];
+        reader.read_exact(&mut data)?;
+        let opt = match ClientOption::parse(hdr.option, &data) {
+            Ok(o) => o,
+            Err(ProtoError::UnknownOption(o)) => {
+                reply(writer, o, proto::REP_ERR_UNSUP, b"unknown option")?;
+                continue;
+            }
+            Err(e) if hdr.option == proto::OptionCode::ExportName as u32 => return Err(e.into()),
+            Err(e) => {
+                if hdr.option == proto::OptionCode::SetMetaContext as u32 {
+                    st.meta = None;
+                }
+                reply(writer, hdr.option, proto::REP_ERR_INVALID, e.to_string().as_bytes())?;
+                continue;
+            }
+        };
+        if let Some(session) = handle_option(opt, hdr.option, &mut st, writer, shared)? {
+            writer.set_read_timeout(None)?;
+            return Ok(Some(session));
+        }
+        if hdr.option == proto::OptionCode::Abort as u32 {
+            return Ok(None);
+        }
+    }
+    Err(ConnError::TooManyOptions(HANDSHAKE_OPTIONS_MAX))
+}
+
+fn reply(w: &mut Stream, option: u32, reply_type: u32, data: &[u8]) -> std::io::Result<()> {
+    w.write_all(&OptionReply::encode(option, reply_type, data))
+}
+
+/// Answers one option; `Some` when the transmission phase starts.
+fn handle_option(
+    opt: ClientOption,
+    code: u32,
+    st: &mut State,
+    w: &mut Stream,
+    shared: &Shared,
+) -> Result<Option<Session>, ConnError> {
+    match opt {
+        ClientOption::ExportName(name) => {
+            let Some(export) = shared.find_export(&name) else {
+                return Err(ConnError::UnknownExport(name));
+            };
+            let flags = transmission_flags(st.structured);
+            w.write_all(&proto::encode_export_name_reply(export.size_bytes(), flags, st.no_zeroes))?;
+            return Ok(Some(session(export.clone(), st)));
+        }
+        ClientOption::Abort => {
+            // The client may already have closed: an error here is no error.
+            let _ = reply(w, code, proto::REP_ACK, &[]);
+        }
+        ClientOption::List => {
+            for v in &shared.exports {
+                reply(w, code, proto::REP_SERVER, &proto::encode_rep_server(v.name(), &shared.opts.description))?;
+            }
+            reply(w, code, proto::REP_ACK, &[])?;
+        }
+        ClientOption::StartTls => reply(w, code, proto::REP_ERR_UNSUP, b"TLS is not supported by this server")?,
+        ClientOption::ExtendedHeaders => reply(w, code, proto::REP_ERR_UNSUP, b"extended headers not supported")?,
+        ClientOption::StructuredReply => {
+            st.structured = true;
+            reply(w, code, proto::REP_ACK, &[])?;
+        }
+        ClientOption::Info { go, name, requests } => {
+            let Some(export) = shared.find_export(&name) else {
+                let msg = format!("no export named {name:?}");
+                reply(w, code, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+                return Ok(None);
+            };
+            let flags = transmission_flags(st.structured);
+            let (min, preferred, max) = shared.block_sizes(export.as_ref());
+            let mut infos = vec![
+                Info::Export { size_bytes: export.size_bytes(), transmission_flags: flags },
+                Info::BlockSize { min, preferred, max },
+            ];
+            if requests.contains(&proto::INFO_NAME) {
+                infos.push(Info::Name(export.name().to_owned()));
+            }
+            if requests.contains(&proto::INFO_DESCRIPTION) {
+                infos.push(Info::Description(shared.opts.description.clone()));
+            }
+            for i in infos {
+                reply(w, code, proto::REP_INFO, &i.encode())?;
+            }
+            reply(w, code, proto::REP_ACK, &[])?;
+            if go {
+                return Ok(Some(session(export.clone(), st)));
+            }
+        }
+        ClientOption::MetaContext { set, export, queries } => {
+            if set {
+                // Whatever happens below replaces the previous selection.
+                st.meta = None;
+                if !st.structured {
+                    reply(w, code, proto::REP_ERR_INVALID, b"negotiate structured replies first")?;
+                    return Ok(None);
+                }
+            }
+            let Some(v) = shared.find_export(&export) else {
+                let msg = format!("no export named {export:?}");
+                reply(w, code, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+                return Ok(None);
+            };
+            let matched = if set {
+                queries.iter().any(|q| q == proto::META_BASE_ALLOCATION)
+            } else {
+                queries.is_empty() || queries.iter().any(|q| q == "base:" || q == proto::META_BASE_ALLOCATION)
+            };
+            if matched {
+                let id = if set { BASE_ALLOCATION_ID } else { 0 };
+                reply(
+                    w,
+                    code,
+                    proto::REP_META_CONTEXT,
+                    &proto::encode_rep_meta_context(id, proto::META_BASE_ALLOCATION),
+                )?;
+            }
+            if set {
+                st.meta = Some((v.name().to_owned(), matched));
+            }
+            reply(w, code, proto::REP_ACK, &[])?;
+        }
+    }
+    Ok(None)
+}
+
+fn session(export: Arc<dyn Volume>, st: &State) -> Session {
+    let base_allocation = match &st.meta {
+        Some((name, true)) if st.structured && name == export.name() => Some(BASE_ALLOCATION_ID),
+        _ => None,
+    };
+    Session { export, structured: st.structured, base_allocation }
+}

@@ -1,0 +1,14 @@
+//! Sluice frontends: the NBD protocol server.
+//!
+//! `proto` is the wire format (pure, fuzzable); `server` owns listening,
+//! connections and shutdown; `handshake` negotiates options; `transmission`
+//! runs requests against an `Arc<dyn Volume>`; `stream` hides TCP vs Unix.
+
+pub mod handshake;
+pub mod proto;
+pub mod server;
+pub mod stream;
+mod transmission;
+
+pub use server::{ConnError, Server, ServerError, ServerHandle, ServerOptions, StatsSnapshot};
+pub use stream::{ListenAddr, Listener, Stream};

@@ -1,0 +1,442 @@
+//! The NBD server: exports, listeners, connections, shutdown.
+//!
+//! Owns: the set of exports (`Arc<dyn Volume>`, validated once in
+//! [`Server::new`]), the accept loop, one thread per connection (handshake,
+//! then the transmission reader with its worker pool), the registry of live
+//! connections, and the shutdown sequence.
+//!
+//! Invariants:
+//! - a connection's failure (I/O error, malformed request, client vanishing)
+//!   ends only that connection; the accept loop and other connections go on;
+//! - connections are bounded (`connections_max`), in-flight request bytes
+//!   per connection are bounded (`inflight_bytes_max`), a client stuck in the
+//!   handshake is dropped after `handshake_timeout`;
+//! - [`ServerHandle::shutdown`] stops accepting, lets every request already
+//!   read finish and be answered, closes the connections, then flushes every
+//!   export, and only then returns.
+//!
+//! Why threads and blocking sockets: `Volume` is synchronous, so a worker
+//! thread per in-flight request is the natural unit; NBD connections are few
+//! (one per client queue), so a thread per connection costs little.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sluice_engine::{Volume, VolumeError};
+
+use crate::proto::{self, ProtoError};
+use crate::stream::{ListenAddr, Listener, Stream};
+use crate::{handshake, transmission};
+
+/// Tunables of a server; every bound says its unit in its name.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Threads executing requests of one connection (its queue depth).
+    pub workers_per_connection: usize,
+    /// Bytes of request payload and read buffers one connection may hold at
+    /// once; the reader stops reading requests while the bound is reached.
+    pub inflight_bytes_max: u64,
+    /// Largest READ/WRITE/CACHE/WRITE_ZEROES length accepted, advertised as
+    /// the maximum block size. Rounded down to a multiple of the volume block.
+    pub request_bytes_max: u32,
+    /// Connections served at once; more are accepted and closed at once.
+    pub connections_max: usize,
+    /// Longest wait for the next bytes of the option haggling (the number of
+    /// options is bounded too, by `handshake::HANDSHAKE_OPTIONS_MAX`).
+    pub handshake_timeout: Duration,
+    /// Descriptors returned in one BLOCK_STATUS reply at most (the spec lets
+    /// a server answer less than the requested range).
+    pub block_status_extents_max: usize,
+    /// How long shutdown waits for connections to drain before cutting them.
+    pub shutdown_grace: Duration,
+    /// Text sent as `NBD_INFO_DESCRIPTION` / in `NBD_REP_SERVER`.
+    pub description: String,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            workers_per_connection: 4,
+            inflight_bytes_max: 64 << 20,
+            request_bytes_max: 32 << 20,
+            connections_max: 128,
+            handshake_timeout: Duration::from_secs(30),
+            block_status_extents_max: 4096,
+            shutdown_grace: Duration::from_secs(10),
+            description: String::from("sluice volume"),
+        }
+    }
+}
+
+/// Errors setting up or stopping a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("a server needs at least one export")]
+    NoExports,
+    #[error("export {name:?}: {reason}")]
+    BadExport { name: String, reason: &'static str },
+    #[error("two exports are named {0:?}")]
+    DuplicateExport(String),
+    #[error("bad server option: {0}")]
+    BadOptions(&'static str),
+    #[error("listener: {0}")]
+    Io(#[from] io::Error),
+    #[error("the accept thread panicked")]
+    AcceptPanicked,
+    #[error("flushing export {name:?} at shutdown: {source}")]
+    Flush { name: String, source: VolumeError },
+}
+
+/// Why one connection ended early (counted, never propagated past it).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("protocol: {0}")]
+    Proto(#[from] ProtoError),
+    #[error("NBD_OPT_EXPORT_NAME for unknown export {0:?}")]
+    UnknownExport(String),
+    #[error("write payload of {len} bytes beyond the {max}-byte maximum")]
+    PayloadTooLarge { len: u32, max: u32 },
+    #[error("more than {0} options in one handshake")]
+    TooManyOptions(usize),
+}
+
+/// Counters of one listener's activity.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub connections_accepted: AtomicU64,
+    pub connections_refused: AtomicU64,
+    /// Connections that ended with a protocol or I/O error.
+    pub connections_failed: AtomicU64,
+    pub requests: AtomicU64,
+    /// Requests answered with an error.
+    pub request_errors: AtomicU64,
+}
+
+/// A plain copy of [`ServerStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub connections_accepted: u64,
+    pub connections_refused: u64,
+    pub connections_failed: u64,
+    pub requests: u64,
+    pub request_errors: u64,
+}
+
+impl ServerStats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            connections_accepted: g(&self.connections_accepted),
+            connections_refused: g(&self.connections_refused),
+            connections_failed: g(&self.connections_failed),
+            requests: g(&self.requests),
+            request_errors: g(&self.request_errors),
+        }
+    }
+}
+
+/// What every connection of a server shares (read-only after `new`).
+pub(crate) struct Shared {
+    pub(crate) exports: Vec<Arc<dyn Volume>>,
+    pub(crate) opts: ServerOptions,
+}
+
+impl Shared {
+    /// The export a client names; the empty name is the first export.
+    pub(crate) fn find_export(&self, name: &str) -> Option<&Arc<dyn Volume>> {
+        if name.is_empty() {
+            return self.exports.first();
+        }
+        self.exports.iter().find(|v| v.name() == name)
+    }
+
+    /// Block size constraints (min, preferred, max) advertised for `v`.
+    pub(crate) fn block_sizes(&self, v: &dyn Volume) -> (u32, u32, u32) {
+        let min = v.block_bytes() as u32;
+        let preferred = min.max(4096);
+        let max = (self.opts.request_bytes_max / min) * min;
+        (min, preferred, max)
+    }
+}
+
+/// An NBD server over a fixed set of exports. Cheap to clone.
+#[derive(Clone)]
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Validates the exports (non-empty, unique names that are valid NBD
+    /// strings, power-of-two block sizes of 512..=65536 bytes dividing the
+    /// size) and the options.
+    pub fn new(exports: Vec<Arc<dyn Volume>>, opts: ServerOptions) -> Result<Server, ServerError> {
+        if exports.is_empty() {
+            return Err(ServerError::NoExports);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for v in &exports {
+            let name = v.name().to_owned();
+            let bad = |reason| Err(ServerError::BadExport { name: name.clone(), reason });
+            if name.len() > proto::STRING_BYTES_MAX || name.contains('\0') {
+                return bad("name is longer than 4096 bytes or contains NUL");
+            }
+            let bs = v.block_bytes();
+            if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+                return bad("block size is not a power of two in 512..=65536");
+            }
+            if !v.size_bytes().is_multiple_of(bs) {
+                return bad("size is not a multiple of the block size");
+            }
+            if opts.request_bytes_max < bs as u32 {
+                return Err(ServerError::BadOptions("request_bytes_max is smaller than a block"));
+            }
+            if !seen.insert(name.clone()) {
+                return Err(ServerError::DuplicateExport(name));
+            }
+        }
+        if opts.workers_per_connection == 0 {
+            return Err(ServerError::BadOptions("workers_per_connection must be at least 1"));
+        }
+        if opts.connections_max == 0 {
+            return Err(ServerError::BadOptions("connections_max must be at least 1"));
+        }
+        if opts.description.len() > proto::STRING_BYTES_MAX || opts.description.contains('\0') {
+            return Err(ServerError::BadOptions("description is not a valid NBD string"));
+        }
+        Ok(Server { shared: Arc::new(Shared { exports, opts }) })
+    }
+
+    /// Serves `listener` on background threads; the handle stops it.
+    pub fn spawn(&self, listener: Listener) -> Result<ServerHandle, ServerError> {
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Registry::default());
+        let stats = Arc::new(ServerStats::default());
+        let accept = {
+            let (shared, stop, conns, stats) = (self.shared.clone(), stop.clone(), conns.clone(), stats.clone());
+            std::thread::Builder::new()
+                .name("nbd-accept".into())
+                .spawn(move || accept_loop(listener, shared, stop, conns, stats))?
+        };
+        Ok(ServerHandle { addr, stop, accept: Some(accept), conns, stats, shared: self.shared.clone() })
+    }
+
+    /// Serves `listener` on the calling thread until the listener fails.
+    pub fn serve(&self, listener: Listener) -> Result<(), ServerError> {
+        let mut h = self.spawn(listener)?;
+        match h.accept.take().map(JoinHandle::join) {
+            Some(Ok(r)) => r.map_err(ServerError::Io),
+            Some(Err(_)) => Err(ServerError::AcceptPanicked),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A running listener: its address, its counters, and the way to stop it.
+pub struct ServerHandle {
+    addr: ListenAddr,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<io::Result<()>>>,
+    conns: Arc<Registry>,
+    stats: Arc<ServerStats>,
+    shared: Arc<Shared>,
+}
+
+impl ServerHandle {
+    pub fn local_addr(&self) -> &ListenAddr {
+        &self.addr
+    }
+
+    /// The TCP port, if this is a TCP listener.
+    pub fn port(&self) -> Option<u16> {
+        match &self.addr {
+            ListenAddr::Tcp(a) => Some(a.port()),
+            ListenAddr::Unix(_) => None,
+        }
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// Connections currently open.
+    pub fn connections(&self) -> usize {
+        self.conns.lock().live.len()
+    }
+
+    /// Stops accepting, lets in-flight requests finish and be answered,
+    /// closes every connection, flushes every export, and returns.
+    pub fn shutdown(mut self) -> Result<StatsSnapshot, ServerError> {
+        self.stop_and_drain()?;
+        for v in &self.shared.exports {
+            v.flush().map_err(|source| ServerError::Flush { name: v.name().to_owned(), source })?;
+        }
+        Ok(self.stats.snapshot())
+    }
+
+    fn stop_and_drain(&mut self) -> Result<(), ServerError> {
+        self.stop.store(true, Ordering::SeqCst);
+        let accepted = match self.accept.take().map(JoinHandle::join) {
+            Some(Ok(r)) => r.map_err(ServerError::Io),
+            Some(Err(_)) => Err(ServerError::AcceptPanicked),
+            None => Ok(()),
+        };
+        // No new connections now. Stop reading new requests on every live
+        // one: the reader sees end of stream, its workers finish what was
+        // already read, replies go out, and the connection thread exits.
+        let deadline = Instant::now() + self.shared.opts.shutdown_grace;
+        let mut g = self.conns.lock();
+        for s in g.live.values() {
+            let _ = s.shutdown(Shutdown::Read);
+        }
+        while !g.live.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                for s in g.live.values() {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                g = self.conns.idle.wait(g).unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            g = self.conns.idle.wait_timeout(g, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        accepted
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if self.accept.is_some() {
+            let _ = self.stop_and_drain();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    inner: Mutex<Live>,
+    idle: Condvar,
+}
+
+#[derive(Default)]
+struct Live {
+    next_id: u64,
+    /// A clone of each live connection's socket, to shut it down from here.
+    live: HashMap<u64, Stream>,
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, Live> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Removes a connection from the registry however its thread ends.
+struct LiveGuard {
+    conns: Arc<Registry>,
+    id: u64,
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        let mut g = self.conns.lock();
+        g.live.remove(&self.id);
+        self.conns.idle.notify_all();
+    }
+}
+
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+
+fn accept_loop(
+    listener: Listener,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Registry>,
+    stats: Arc<ServerStats>,
+) -> io::Result<()> {
+    while !stop.load(Ordering::SeqCst) {
+        if !listener.poll_readable(ACCEPT_POLL)? {
+            continue;
+        }
+        let stream = match listener.accept() {
+            Ok(s) => s,
+            Err(e) if is_transient_accept_error(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        if let Err(e) = start_connection(stream, &shared, &conns, &stats) {
+            // Could not set the socket up or spawn a thread: drop this
+            // connection, keep serving the others.
+            let _ = e;
+            stats.connections_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+fn is_transient_accept_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    ) || matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM))
+}
+
+fn start_connection(
+    stream: Stream,
+    shared: &Arc<Shared>,
+    conns: &Arc<Registry>,
+    stats: &Arc<ServerStats>,
+) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    let id = {
+        let mut g = conns.lock();
+        if g.live.len() >= shared.opts.connections_max {
+            stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+            let _ = stream.shutdown(Shutdown::Both);
+            return Ok(());
+        }
+        let id = g.next_id;
+        g.next_id += 1;
+        g.live.insert(id, stream.try_clone()?);
+        id
+    };
+    stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+    let guard = LiveGuard { conns: conns.clone(), id };
+    let (shared, stats) = (shared.clone(), stats.clone());
+    std::thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
+        let _guard = guard;
+        if serve_connection(stream, &shared, &stats).is_err() {
+            stats.connections_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    })?;
+    Ok(())
+}
+
+/// Handshake then transmission on one connection; closes it on return.
+fn serve_connection(stream: Stream, shared: &Shared, stats: &ServerStats) -> Result<(), ConnError> {
+    let writer = stream.try_clone()?;
+    let closer = stream.try_clone()?;
+    let mut reader = io::BufReader::with_capacity(64 * 1024, stream);
+    let result = (|| {
+        let mut writer = writer;
+        let Some(session) = handshake::negotiate(&mut reader, &mut writer, shared)? else {
+            return Ok(());
+        };
+        transmission::run(session, &mut reader, writer, shared, stats)
+    })();
+    let _ = closer.shutdown(Shutdown::Both);
+    result
+}

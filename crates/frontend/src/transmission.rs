@@ -1,0 +1,460 @@
+//! The transmission phase of one connection: read requests, run them on the
+//! export from a small worker pool, send replies (possibly out of order).
+//!
+//! Owns: request validation (command, flags, alignment, bounds, sizes), the
+//! mapping of each NBD command to `Volume` calls, the mapping of errors to
+//! NBD errno values, and reply encoding (simple, or structured when
+//! negotiated).
+//!
+//! Design: the connection thread is the *reader*: it decodes a header, waits
+//! for room under `inflight_bytes_max`, reads the write payload, and queues
+//! the request. `workers_per_connection` workers execute requests and write
+//! each reply as one buffer under the writer lock, so replies never
+//! interleave on the wire. On NBD_CMD_DISC, end of stream or a framing error
+//! the reader stops; the workers finish every request already queued (their
+//! replies still go out when the socket allows) and the connection closes.
+//!
+//! Invariants: a request is validated before any volume call, so a bad
+//! request never changes data; a read reply carries exactly the requested
+//! bytes or an error (never a partial payload); structured replies always
+//! end with a chunk flagged DONE; a malformed request ends only this
+//! connection.
+
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Condvar, Mutex, PoisonError};
+
+use sluice_engine::{Volume, VolumeError};
+
+use crate::handshake::Session;
+use crate::proto::{self, Chunk, Command, ProtoError, RequestHeader, SimpleReply};
+use crate::server::{ConnError, ServerStats, Shared};
+use crate::stream::Stream;
+
+/// Budget charged for a request beyond its data bytes (bounds the number of
+/// queued zero-length requests too).
+const REQUEST_OVERHEAD_BYTES: u64 = 4096;
+/// Chunk used to write zeroes when a hole is not allowed (NO_HOLE).
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+
+/// The in-flight byte budget of one connection.
+struct Budget {
+    used: Mutex<u64>,
+    freed: Condvar,
+    max: u64,
+}
+
+impl Budget {
+    /// Blocks until `cost` fits (a lone request always fits).
+    fn acquire(&self, cost: u64) {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        while *used > 0 && *used + cost > self.max {
+            used = self.freed.wait(used).unwrap_or_else(PoisonError::into_inner);
+        }
+        *used += cost;
+    }
+
+    fn release(&self, cost: u64) {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        *used -= cost;
+        self.freed.notify_all();
+    }
+}
+
+struct Release<'a> {
+    budget: &'a Budget,
+    cost: u64,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.budget.release(self.cost);
+    }
+}
+
+/// Serialises replies; once a write fails the socket is shut down so the
+/// reader stops too.
+struct ReplyWriter {
+    stream: Mutex<Stream>,
+    broken: AtomicBool,
+}
+
+impl ReplyWriter {
+    fn send(&self, buf: &[u8]) {
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut s = self.stream.lock().unwrap_or_else(PoisonError::into_inner);
+        if s.write_all(buf).is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+struct Job {
+    header: RequestHeader,
+    command: Command,
+    payload: Vec<u8>,
+    cost: u64,
+}
+
+/// Everything a worker needs, shared by reference within the scope.
+struct Conn<'a> {
+    export: &'a dyn Volume,
+    structured: bool,
+    base_allocation: Option<u32>,
+    request_bytes_max: u32,
+    block_status_extents_max: usize,
+    out: ReplyWriter,
+    budget: Budget,
+    stats: &'a ServerStats,
+}
+
+/// How a request ended.
+enum Outcome {
+    Ok,
+    /// A read: `buf` holds the reply header space, then the data.
+    Data {
+        buf: Vec<u8>,
+        prefix: usize,
+    },
+    BlockStatus {
+        context_id: u32,
+        descriptors: Vec<(u32, u32)>,
+    },
+    Err {
+        errno: u32,
+        message: String,
+    },
+}
+
+fn err(errno: u32, message: impl Into<String>) -> Outcome {
+    Outcome::Err { errno, message: message.into() }
+}
+
+/// Runs the transmission phase until DISC, end of stream or a fatal error.
+pub(crate) fn run<R: Read>(
+    session: Session,
+    reader: &mut R,
+    writer: Stream,
+    shared: &Shared,
+    stats: &ServerStats,
+) -> Result<(), ConnError> {
+    let (_, _, request_bytes_max) = shared.block_sizes(session.export.as_ref());
+    let conn = Conn {
+        export: session.export.as_ref(),
+        structured: session.structured,
+        base_allocation: session.base_allocation,
+        request_bytes_max,
+        block_status_extents_max: shared.opts.block_status_extents_max.max(1),
+        out: ReplyWriter { stream: Mutex::new(writer), broken: AtomicBool::new(false) },
+        budget: Budget { used: Mutex::new(0), freed: Condvar::new(), max: shared.opts.inflight_bytes_max },
+        stats,
+    };
+    let (tx, rx) = mpsc::channel::<Job>();
+    let rx = Mutex::new(rx);
+    std::thread::scope(|s| {
+        for i in 0..shared.opts.workers_per_connection {
+            let (conn, rx) = (&conn, &rx);
+            let spawned = std::thread::Builder::new().name(format!("nbd-worker-{i}")).spawn_scoped(s, move || loop {
+                let job = {
+                    let rx = rx.lock().unwrap_or_else(PoisonError::into_inner);
+                    rx.recv()
+                };
+                let Ok(job) = job else { return };
+                conn.execute(job);
+            });
+            if let Err(e) = spawned {
+                return Err(ConnError::Io(e));
+            }
+        }
+        let r = read_requests(&conn, reader, &tx);
+        drop(tx); // workers drain the queue, then exit; the scope joins them
+        r
+    })
+}
+
+/// The reader loop: returns Ok on DISC or a clean end of stream.
+fn read_requests<R: Read>(conn: &Conn<'_>, reader: &mut R, tx: &mpsc::Sender<Job>) -> Result<(), ConnError> {
+    loop {
+        let mut hb = [0u8; proto::REQUEST_HEADER_BYTES];
+        if !read_exact_or_eof(reader, &mut hb)? {
+            return Ok(());
+        }
+        let header = RequestHeader::decode(&hb)?;
+        conn.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let command = match header.validate(conn.structured) {
+            Ok(c) => c,
+            Err(e) => {
+                // Answer EINVAL; a write's payload must still be consumed to
+                // stay in sync. An unknown command is assumed to carry none.
+                if header.payload_len() > 0 {
+                    discard_payload(conn, reader, header.len)?;
+                }
+                conn.reply(&header, None, err(proto::EINVAL, e.to_string()));
+                continue;
+            }
+        };
+        if command == Command::Disc {
+            return Ok(());
+        }
+        let data_bytes = match command {
+            Command::Read | Command::Write if header.len <= conn.request_bytes_max => header.len as u64,
+            _ => 0,
+        };
+        let cost = data_bytes + REQUEST_OVERHEAD_BYTES;
+        let mut payload = Vec::new();
+        if command == Command::Write {
+            if header.len > conn.request_bytes_max {
+                return Err(ConnError::PayloadTooLarge { len: header.len, max: conn.request_bytes_max });
+            }
+            conn.budget.acquire(cost);
+            payload = vec![0u8; header.len as usize];
+            if let Err(e) = reader.read_exact(&mut payload) {
+                conn.budget.release(cost);
+                return Err(e.into());
+            }
+        } else {
+            conn.budget.acquire(cost);
+        }
+        let job = Job { header, command, payload, cost };
+        if let Err(mpsc::SendError(job)) = tx.send(job) {
+            // Only if every worker died (a panic in the volume).
+            conn.budget.release(job.cost);
+            return Err(ConnError::Io(io::Error::other("no worker left")));
+        }
+    }
+}
+
+/// Reads `buf` fully; `Ok(false)` on end of stream before its first byte.
+fn read_exact_or_eof<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<bool, ConnError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(ProtoError::Truncated { what: "request header", need: buf.len(), have: got }.into());
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
+}
+
+/// Skips the payload of a write that is refused before execution.
+fn discard_payload<R: Read>(conn: &Conn<'_>, reader: &mut R, len: u32) -> Result<(), ConnError> {
+    if len > conn.request_bytes_max {
+        return Err(ConnError::PayloadTooLarge { len, max: conn.request_bytes_max });
+    }
+    let copied = io::copy(&mut reader.take(len as u64), &mut io::sink())?;
+    if copied != len as u64 {
+        return Err(ProtoError::Truncated { what: "write payload", need: len as usize, have: copied as usize }.into());
+    }
+    Ok(())
+}
+
+impl Conn<'_> {
+    fn execute(&self, job: Job) {
+        // Released even if the volume panics, so the reader never waits on
+        // budget that will not come back.
+        let _release = Release { budget: &self.budget, cost: job.cost };
+        let outcome = self.outcome(&job);
+        self.reply(&job.header, Some(job.command), outcome);
+    }
+
+    fn outcome(&self, job: &Job) -> Outcome {
+        let h = &job.header;
+        if let Err(o) = self.check(job.command, h) {
+            return o;
+        }
+        let v = self.export;
+        let fua = h.flags & proto::CMD_FLAG_FUA != 0;
+        let (off, len) = (h.offset, h.len as u64);
+        let r = match job.command {
+            Command::Read => return self.read(off, h.len),
+            Command::Write if len == 0 => Ok(()),
+            Command::Write => v.write(off, &job.payload, fua),
+            Command::Flush => v.flush(),
+            Command::Trim if len == 0 => Ok(()),
+            Command::Trim => v.trim(off, len).and_then(|()| if fua { v.flush() } else { Ok(()) }),
+            // A hint: the range is valid, nothing else to do.
+            Command::Cache => Ok(()),
+            Command::WriteZeroes if len == 0 => Ok(()),
+            Command::WriteZeroes => return self.write_zeroes(h, fua),
+            Command::BlockStatus => return self.block_status(h),
+            Command::Disc => Ok(()),
+        };
+        match r {
+            Ok(()) => Outcome::Ok,
+            Err(e) => volume_err(job.command, &e),
+        }
+    }
+
+    /// Validates alignment, bounds and sizes before any volume call.
+    fn check(&self, command: Command, h: &RequestHeader) -> Result<(), Outcome> {
+        let v = self.export;
+        let bs = v.block_bytes();
+        let (off, len) = (h.offset, h.len as u64);
+        let ranged = match command {
+            Command::Flush | Command::Disc => false,
+            Command::BlockStatus => {
+                let Some(_) = self.base_allocation else {
+                    return Err(err(proto::EINVAL, "no metadata context negotiated"));
+                };
+                if len == 0 {
+                    return Err(err(proto::EINVAL, "zero-length block status"));
+                }
+                true
+            }
+            _ => true,
+        };
+        if !ranged {
+            return Ok(());
+        }
+        let sized = matches!(command, Command::Read | Command::Write | Command::Cache)
+            || (command == Command::WriteZeroes && h.flags & proto::CMD_FLAG_FAST_ZERO == 0);
+        if sized && h.len > self.request_bytes_max {
+            let msg = format!("length {len} beyond the maximum block size {}", self.request_bytes_max);
+            return Err(err(proto::EINVAL, msg));
+        }
+        if !off.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+            return Err(err(proto::EINVAL, format!("offset {off} or length {len} not a multiple of {bs}")));
+        }
+        let beyond = off.checked_add(len).is_none_or(|end| end > v.size_bytes());
+        if beyond {
+            // The spec: ENOSPC for writes past the end, EINVAL otherwise.
+            let errno = match command {
+                Command::Write | Command::WriteZeroes => proto::ENOSPC,
+                _ => proto::EINVAL,
+            };
+            return Err(err(errno, format!("range {off}+{len} beyond the export size {}", v.size_bytes())));
+        }
+        Ok(())
+    }
+
+    fn read(&self, off: u64, len: u32) -> Outcome {
+        if len == 0 {
+            return Outcome::Ok;
+        }
+        let prefix = if self.structured { proto::OFFSET_DATA_PREFIX_BYTES } else { proto::SIMPLE_REPLY_BYTES };
+        let mut buf = vec![0u8; prefix + len as usize];
+        match self.export.read(off, &mut buf[prefix..]) {
+            Ok(()) => Outcome::Data { buf, prefix },
+            Err(e) => volume_err(Command::Read, &e),
+        }
+    }
+
+    fn write_zeroes(&self, h: &RequestHeader, fua: bool) -> Outcome {
+        let v = self.export;
+        let (off, len) = (h.offset, h.len as u64);
+        let fast = h.flags & proto::CMD_FLAG_FAST_ZERO != 0;
+        let r = if h.flags & proto::CMD_FLAG_NO_HOLE == 0 {
+            // The volume zeroes by metadata (it may deallocate): fast.
+            v.write_zeroes(off, len, fua)
+        } else if fast {
+            // Allocated zeroes mean writing data: no faster than a write.
+            return err(proto::ENOTSUP, "zeroes without a hole are written as data: not fast");
+        } else {
+            let zeros = vec![0u8; ZERO_CHUNK_BYTES.min(len as usize)];
+            let mut done = 0;
+            let mut r = Ok(());
+            while done < len && r.is_ok() {
+                let n = (len - done).min(zeros.len() as u64);
+                r = v.write(off + done, &zeros[..n as usize], fua);
+                done += n;
+            }
+            r
+        };
+        match r {
+            Ok(()) => Outcome::Ok,
+            Err(e) => volume_err(Command::WriteZeroes, &e),
+        }
+    }
+
+    fn block_status(&self, h: &RequestHeader) -> Outcome {
+        let Some(context_id) = self.base_allocation else {
+            return err(proto::EINVAL, "no metadata context negotiated");
+        };
+        let len = h.len as u64;
+        let extents = match self.export.block_status(h.offset, len) {
+            Ok(e) => e,
+            Err(e) => return volume_err(Command::BlockStatus, &e),
+        };
+        let max = if h.flags & proto::CMD_FLAG_REQ_ONE != 0 { 1 } else { self.block_status_extents_max };
+        let mut descriptors: Vec<(u32, u32)> = Vec::new();
+        let mut covered = 0u64;
+        for e in extents {
+            let n = e.len.min(len - covered);
+            if n == 0 {
+                continue;
+            }
+            let flags = if e.allocated { 0 } else { proto::STATE_HOLE | proto::STATE_ZERO };
+            // n ≤ len ≤ u32::MAX, and the merged length stays ≤ len.
+            let full = descriptors.len() == max;
+            match descriptors.last_mut() {
+                Some((l, f)) if *f == flags => *l += n as u32,
+                _ if full => break,
+                _ => descriptors.push((n as u32, flags)),
+            }
+            covered += n;
+            if covered == len {
+                break;
+            }
+        }
+        if descriptors.is_empty() {
+            return err(proto::EIO, "the volume reported no extents");
+        }
+        Outcome::BlockStatus { context_id, descriptors }
+    }
+
+    /// Sends the reply for one request. `command` is None for a request
+    /// refused before it was understood.
+    fn reply(&self, h: &RequestHeader, command: Option<Command>, outcome: Outcome) {
+        let cookie = h.cookie;
+        if let Outcome::Err { .. } = outcome {
+            self.stats.request_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        // A READ must never get a simple reply once structured replies are on.
+        let is_read = command == Some(Command::Read) || h.command == Command::Read as u16;
+        match outcome {
+            Outcome::Data { mut buf, prefix } => {
+                let data_len = (buf.len() - prefix) as u32;
+                if self.structured {
+                    proto::encode_offset_data_prefix(&mut buf, cookie, h.offset, data_len, true);
+                } else {
+                    SimpleReply { error: 0, cookie }.encode_into(&mut buf);
+                }
+                self.out.send(&buf);
+            }
+            Outcome::Ok if self.structured && is_read => self.out.send(&Chunk::None.encode(cookie, true)),
+            Outcome::Ok => self.out.send(&SimpleReply { error: 0, cookie }.encode()),
+            Outcome::BlockStatus { context_id, descriptors } => {
+                self.out.send(&Chunk::BlockStatus { context_id, descriptors }.encode(cookie, true))
+            }
+            Outcome::Err { errno, message } => {
+                if self.structured {
+                    self.out.send(&Chunk::Error { error: errno, message }.encode(cookie, true));
+                } else {
+                    self.out.send(&SimpleReply { error: errno, cookie }.encode());
+                }
+            }
+        }
+    }
+}
+
+/// The NBD error for a volume error; writes past the end are ENOSPC.
+fn volume_err(command: Command, e: &VolumeError) -> Outcome {
+    let errno = match (command, e) {
+        (Command::Write | Command::WriteZeroes, VolumeError::OutOfRange { .. }) => proto::ENOSPC,
+        _ => match e.errno() {
+            n @ (1 | 5 | 12 | 22 | 28) => n as u32,
+            _ => proto::EIO,
+        },
+    };
+    err(errno, e.to_string())
+}

@@ -1,0 +1,229 @@
+//! `sluice serve`: engine volumes over NBD.
+//!
+//! Startup steps, in order: read the config (TOML, every key optional) →
+//! create the data directory → open the cache and capacity devices (files,
+//! raw block devices or memory) → reopen the engine from its superblock, or
+//! create it on blank devices → bind the listeners (TCP and a Unix socket in
+//! the data directory) → serve until SIGTERM or SIGINT. Shutdown steps: stop
+//! accepting, finish in-flight requests and flush (the server does that), then
+//! checkpoint the engine and mark it clean, so the next start reopens fast.
+//!
+//! The signal mask is set before any thread starts, and the main thread waits
+//! in `sigwait`: no handler runs on an arbitrary thread.
+
+use serde::Deserialize;
+use sluice_engine::{Engine, EngineConfig, EngineError, Volume, VolumeSpec};
+use sluice_frontend::{Listener, Server, ServerOptions};
+use sluice_media::{BlockDevice, CacheMode, FileDevice, FileOptions, MemoryDevice};
+use sluice_workload::parse_bytes;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The whole config file; docs/serve.md documents every key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    /// TCP addresses to listen on.
+    pub listen: Vec<String>,
+    /// Unix socket path (relative paths are inside `data_dir`); "" for none.
+    pub unix_socket: String,
+    pub cache: DeviceConfig,
+    pub capacity: DeviceConfig,
+    pub engine: EngineSection,
+    #[serde(rename = "volume")]
+    pub volumes: Vec<VolumeConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// "file" (a regular file, created if missing, or a raw block device) or "memory".
+    #[serde(default = "default_kind")]
+    pub kind: String,
+    /// Path for kind = "file"; relative paths are inside `data_dir`.
+    #[serde(default)]
+    pub path: String,
+    /// Size (fio syntax, e.g. "8g"); ignored for block devices.
+    pub size: String,
+}
+
+fn default_kind() -> String {
+    "file".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSection {
+    pub chunk_size: String,
+    pub band_size: String,
+    pub write_unit: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeConfig {
+    pub name: String,
+    pub size: String,
+}
+
+impl Default for EngineSection {
+    fn default() -> EngineSection {
+        EngineSection { chunk_size: "16m".into(), band_size: "256m".into(), write_unit: "64k".into() }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            data_dir: PathBuf::from("sluice-data"),
+            listen: vec!["127.0.0.1:10809".into()],
+            unix_socket: "sluice.sock".into(),
+            cache: DeviceConfig { kind: "file".into(), path: "cache.img".into(), size: "1g".into() },
+            capacity: DeviceConfig { kind: "file".into(), path: "capacity.img".into(), size: "8g".into() },
+            engine: EngineSection::default(),
+            volumes: vec![VolumeConfig { name: "default".into(), size: "4g".into() }],
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("config {path}: {msg}")]
+    Config { path: String, msg: String },
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("{0}")]
+    Device(String),
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    #[error("server: {0}")]
+    Server(String),
+}
+
+fn size_of(field: &str, v: &str) -> Result<u64, ServeError> {
+    parse_bytes(v).map_err(|e| ServeError::Config { path: field.into(), msg: e.to_string() })
+}
+
+impl Config {
+    pub fn load(path: Option<&Path>) -> Result<Config, ServeError> {
+        let Some(path) = path else { return Ok(Config::default()) };
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ServeError::Io { what: path.display().to_string(), source })?;
+        toml::from_str(&text).map_err(|e| ServeError::Config { path: path.display().to_string(), msg: e.to_string() })
+    }
+
+    fn in_data_dir(&self, p: &str) -> PathBuf {
+        let p = PathBuf::from(p);
+        if p.is_absolute() {
+            p
+        } else {
+            self.data_dir.join(p)
+        }
+    }
+
+    fn open_device(&self, which: &str, d: &DeviceConfig) -> Result<Arc<dyn BlockDevice>, ServeError> {
+        let size = size_of(&format!("{which}.size"), &d.size)?;
+        match d.kind.as_str() {
+            "memory" => Ok(Arc::new(MemoryDevice::new(size, 4096))),
+            "file" => {
+                let path = self.in_data_dir(if d.path.is_empty() { which } else { &d.path });
+                let opts = FileOptions {
+                    capacity_bytes: Some(size),
+                    cache: CacheMode::DirectOrBuffered,
+                    ..Default::default()
+                };
+                let dev = FileDevice::open(&path, &opts)
+                    .map_err(|e| ServeError::Device(format!("{which} device {}: {e}", path.display())))?;
+                Ok(Arc::new(dev))
+            }
+            other => Err(ServeError::Config {
+                path: format!("{which}.kind"),
+                msg: format!("unknown kind {other:?} (file or memory)"),
+            }),
+        }
+    }
+}
+
+/// Open the engine on the configured devices, creating it on blank ones.
+pub fn open_engine(cfg: &Config) -> Result<Arc<Engine>, ServeError> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .map_err(|source| ServeError::Io { what: cfg.data_dir.display().to_string(), source })?;
+    let cache = cfg.open_device("cache", &cfg.cache)?;
+    let capacity = cfg.open_device("capacity", &cfg.capacity)?;
+    match Engine::open(cache.clone(), capacity.clone()) {
+        Ok(e) => return Ok(e),
+        Err(EngineError::Superblock(sluice_engine::persist::SuperblockError::NoMagic)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let ecfg = EngineConfig {
+        chunk_bytes: size_of("engine.chunk_size", &cfg.engine.chunk_size)?,
+        band_bytes: size_of("engine.band_size", &cfg.engine.band_size)?,
+        write_unit_bytes: size_of("engine.write_unit", &cfg.engine.write_unit)?,
+        ..Default::default()
+    };
+    let specs = cfg
+        .volumes
+        .iter()
+        .map(|v| Ok(VolumeSpec { name: v.name.clone(), size_bytes: size_of(&format!("volume {}", v.name), &v.size)? }))
+        .collect::<Result<Vec<_>, ServeError>>()?;
+    Ok(Engine::create(cache, capacity, ecfg, &specs)?)
+}
+
+/// Block SIGINT and SIGTERM in this thread (and every thread it starts).
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: `set` is initialised; `sig` is a valid out pointer.
+    unsafe { libc::sigwait(set, &mut sig) };
+    sig
+}
+
+/// Run the server until SIGTERM/SIGINT; prints one line per listener.
+pub fn run(cfg: Config) -> Result<(), ServeError> {
+    let set = block_signals();
+    let engine = open_engine(&cfg)?;
+    let mut exports: Vec<Arc<dyn Volume>> = Vec::new();
+    for v in &cfg.volumes {
+        exports.push(Arc::new(engine.volume(&v.name)?));
+    }
+    let server = Server::new(exports, ServerOptions::default()).map_err(|e| ServeError::Server(e.to_string()))?;
+    let mut handles = Vec::new();
+    for addr in &cfg.listen {
+        let l = Listener::bind_tcp(addr.as_str()).map_err(|source| ServeError::Io { what: addr.clone(), source })?;
+        handles.push(server.spawn(l).map_err(|e| ServeError::Server(e.to_string()))?);
+    }
+    if !cfg.unix_socket.is_empty() {
+        let p = cfg.in_data_dir(&cfg.unix_socket);
+        let l = Listener::bind_unix(&p).map_err(|source| ServeError::Io { what: p.display().to_string(), source })?;
+        handles.push(server.spawn(l).map_err(|e| ServeError::Server(e.to_string()))?);
+    }
+    for h in &handles {
+        println!(
+            "sluice: serving {} on {}",
+            cfg.volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(","),
+            h.local_addr()
+        );
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let sig = wait_for_signal(&set);
+    eprintln!("sluice: signal {sig}: stopping");
+    for h in handles {
+        h.shutdown().map_err(|e| ServeError::Server(e.to_string()))?;
+    }
+    engine.shutdown()?;
+    eprintln!("sluice: clean shutdown");
+    Ok(())
+}

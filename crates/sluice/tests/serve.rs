@@ -1,0 +1,90 @@
+//! `sluice serve` with a real NBD client: write with qemu-io, stop the server
+//! with SIGTERM, start it again on the same files, read the data back.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+fn need(bin: &str) {
+    let ok = Command::new("sh").arg("-c").arg(format!("command -v {bin}")).status().map(|s| s.success());
+    assert!(ok.unwrap_or(false), "{bin} is not installed: run scripts/setup.sh (it installs qemu-utils)");
+}
+
+/// Start the server; returns it and its TCP port (read from its first line).
+fn start(config: &Path) -> (Child, u16) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().expect("stdout")).read_line(&mut line).expect("first line");
+    let port =
+        line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no port in {line:?}"));
+    (child, port)
+}
+
+fn stop(child: Child) {
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "server exit: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("clean shutdown"));
+}
+
+fn qemu_io(port: u16, cmds: &[&str]) -> String {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw", &format!("nbd://127.0.0.1:{port}/default")]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = c.output().expect("qemu-io");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !text.contains("Pattern verification failed"), "qemu-io {cmds:?}: {text}");
+    text
+}
+
+#[test]
+fn data_survives_a_clean_restart() {
+    need("qemu-io");
+    let dir = std::env::temp_dir().join(format!("sluice-serve-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\n\
+             [cache]\nsize = \"64m\"\n[capacity]\nsize = \"1g\"\n\
+             [engine]\nchunk_size = \"4m\"\nband_size = \"32m\"\n\
+             [[volume]]\nname = \"default\"\nsize = \"256m\"\n",
+            dir.join("data")
+        ),
+    )
+    .unwrap();
+    let (server, port) = start(&config);
+    // More than the 64 MiB cache holds: compaction runs while we write.
+    qemu_io(port, &["write -P 0xab 0 96M", "write -P 0xcd 200M 64k", "write -z 4M 4M", "flush"]);
+    qemu_io(port, &["read -P 0xab 0 4M", "read -P 0 4M 4M", "read -P 0xab 8M 88M", "read -P 0xcd 200M 64k"]);
+    stop(server);
+
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0xab 0 4M", "read -P 0 4M 4M", "read -P 0xab 8M 88M", "read -P 0xcd 200M 64k"]);
+    qemu_io(port, &["read -P 0 201M 1M"]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_config_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("sluice-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("bad.toml");
+    std::fs::write(&config, "listen = [\"127.0.0.1:0\"]\nno_such_key = 1\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["serve", "--config"]).arg(&config).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_key"), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}
