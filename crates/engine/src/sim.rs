@@ -9,26 +9,12 @@
 
 use crate::engine::{Engine, EngineConfig, EngineVolume, VolumeSpec};
 use crate::volume::Volume;
+use sluice_media::rng::SplitMix64 as Rng;
 use sluice_media::{BlockDevice, MemoryDevice};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 const BS: usize = 4096;
-
-/// splitmix64: tiny, seedable, good enough for choosing operations.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The content of a block: (volume, lba, version) stamped into its bytes.
 fn pattern(vol: usize, lba: u64, version: u64) -> Vec<u8> {

@@ -30,6 +30,7 @@
 //! the same queue bound.
 
 use crate::device::{check_range, BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoOp, IoRequest};
+use crate::rng::SplitMix64;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
@@ -73,27 +74,6 @@ impl FaultPlan {
     /// Fail the `n`th next write (1 = the next one).
     pub fn nth_write(n: u64) -> FaultPlan {
         FaultPlan { write: FaultRule::Nth(n), ..FaultPlan::default() }
-    }
-}
-
-/// SplitMix64: tiny, seedable, good enough to pick crash outcomes.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn coin(&mut self) -> bool {
-        self.next() & 1 == 1
     }
 }
 

@@ -13,6 +13,7 @@ pub mod emulate;
 pub mod file;
 pub mod hdd;
 pub mod memory;
+pub mod rng;
 pub mod scm;
 pub mod ssd;
 #[cfg(test)]

@@ -178,6 +178,16 @@ fn bench_media(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliEr
     Ok(())
 }
 
+/// `--system` and `--capacity` (default: the system's own).
+fn system_and_capacity(system: &str, capacity: Option<&str>) -> Result<(System, u64), CliError> {
+    let system: System = system.parse()?;
+    let capacity_bytes = match capacity {
+        Some(c) => parse_bytes(c)?,
+        None => system.default_capacity_bytes(),
+    };
+    Ok((system, capacity_bytes))
+}
+
 fn bench_job(
     file: &Path,
     system: &str,
@@ -185,11 +195,7 @@ fn bench_job(
     steady: f64,
     json: Option<&Path>,
 ) -> Result<(), CliError> {
-    let system: System = system.parse()?;
-    let capacity_bytes = match capacity {
-        Some(c) => parse_bytes(c)?,
-        None => system.default_capacity_bytes(),
-    };
+    let (system, capacity_bytes) = system_and_capacity(system, capacity)?;
     let text = std::fs::read_to_string(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
     let pb = progress_bar(&format!("{} on {}", file.display(), system.name()));
     let opts = RunOptions { system, capacity_bytes, steady_state_drive_writes: steady };
@@ -230,11 +236,7 @@ fn bench_trace(
     inflight_max: usize,
     json: Option<&Path>,
 ) -> Result<(), CliError> {
-    let system: System = system.parse()?;
-    let capacity_bytes = match capacity {
-        Some(c) => parse_bytes(c)?,
-        None => system.default_capacity_bytes(),
-    };
+    let (system, capacity_bytes) = system_and_capacity(system, capacity)?;
     let f = std::fs::File::open(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
     let built = system.build(capacity_bytes)?;
     let (dev, clock) = (built.dev, built.clock);
