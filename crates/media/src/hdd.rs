@@ -257,6 +257,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn on_a_real_clock_the_caller_feels_the_disk() {
+        // A live server must wait for the medium: 3 random reads on a real
+        // clock take at least their modelled seek + rotation in wall time.
+        let clock = crate::clock::RealClock::new();
+        let p = HddProfile::hdd_7200();
+        let cap = p.capacity_bytes;
+        let d = hdd_device(p, Box::new(MemoryDevice::null(cap, BS)), clock.clone());
+        let t0 = std::time::Instant::now();
+        let mut modelled = 0;
+        for i in 1..=3u64 {
+            let c = sync_io(&d, IoRequest::read((cap / 4 * i) / BS * BS, BS as usize, 0));
+            assert!(c.result.is_ok());
+            modelled += c.completed_ns - c.submitted_ns;
+        }
+        assert!(modelled > 3_000_000, "three random reads model > 3 ms: {modelled}");
+        assert!(t0.elapsed().as_nanos() as u64 >= modelled, "wall {:?} < modelled {modelled} ns", t0.elapsed());
+    }
+
     fn null_disk(p: HddProfile) -> Emulated<HddModel> {
         let cap = p.capacity_bytes;
         hdd_device(p, Box::new(MemoryDevice::null(cap, BS)), VirtualClock::new())
