@@ -14,9 +14,15 @@ use std::sync::Mutex;
 
 const PAGE_BYTES: u64 = 64 * 1024;
 
+/// Freed pages kept for reuse (64 MiB): discard-then-rewrite cycles (an
+/// engine's GC) would otherwise pay a page fault per 4 KiB every time.
+const SPARE_PAGES_MAX: usize = 1024;
+
 struct State {
     /// `None` for a null device; otherwise one slot per page.
     pages: Option<Vec<Option<Box<[u8]>>>>,
+    /// Discarded pages, contents undefined, ready for reuse.
+    spare: Vec<Box<[u8]>>,
     done: VecDeque<IoCompletion>,
     stats: DeviceStats,
 }
@@ -53,7 +59,7 @@ impl MemoryDevice {
                 optimal_write_bytes: block_bytes,
                 zoned: false,
             },
-            state: Mutex::new(State { pages, done: VecDeque::new(), stats: DeviceStats::default() }),
+            state: Mutex::new(State { pages, spare: Vec::new(), done: VecDeque::new(), stats: DeviceStats::default() }),
         }
     }
 }
@@ -80,6 +86,7 @@ impl State {
             return Ok(req.len);
         };
         let base = req.offset;
+        let spare = &mut self.spare;
         match req.op {
             IoOp::Read => for_pieces(req.offset, req.len, |p, o, n| {
                 let dst = &mut req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
@@ -90,12 +97,25 @@ impl State {
             }),
             IoOp::Write => for_pieces(req.offset, req.len, |p, o, n| {
                 let src = &req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
-                let page = pages[p].get_or_insert_with(|| vec![0u8; PAGE_BYTES as usize].into_boxed_slice());
+                let page = pages[p].get_or_insert_with(|| match spare.pop() {
+                    // A recycled page must read as zeros wherever this write does not reach.
+                    Some(mut pg) => {
+                        if n as u64 != PAGE_BYTES {
+                            pg.fill(0);
+                        }
+                        pg
+                    }
+                    None => vec![0u8; PAGE_BYTES as usize].into_boxed_slice(),
+                });
                 page[o..o + n].copy_from_slice(src);
             }),
             IoOp::Discard => for_pieces(req.offset, req.len, |p, o, n| {
                 if n as u64 == PAGE_BYTES {
-                    pages[p] = None;
+                    if let Some(pg) = pages[p].take() {
+                        if spare.len() < SPARE_PAGES_MAX {
+                            spare.push(pg);
+                        }
+                    }
                 } else if let Some(page) = &mut pages[p] {
                     page[o..o + n].fill(0);
                 }
@@ -181,6 +201,18 @@ mod tests {
         assert!(matches!(read_at(&d, u64::MAX - 4095, 4096), Err(DeviceError::OutOfRange { .. })));
         assert_eq!(d.stats().host_write_bytes, 0);
         assert_eq!(d.stats().errors, 3);
+    }
+
+    #[test]
+    fn recycled_pages_read_as_zeros_outside_the_new_write() {
+        let d = MemoryDevice::new(1 << 20, 4096);
+        write_at(&d, 0, &[0xee; 65536]).unwrap();
+        discard(&d, 0, 65536).unwrap(); // the page goes to the spare pool
+        write_at(&d, 65536 + 8192, &[0x11; 4096]).unwrap(); // reuses it, partly
+        let b = read_at(&d, 65536, 65536).unwrap();
+        assert!(b[..8192].iter().all(|&x| x == 0) && b[12288..].iter().all(|&x| x == 0));
+        assert!(b[8192..12288].iter().all(|&x| x == 0x11));
+        assert!(read_at(&d, 0, 65536).unwrap().iter().all(|&x| x == 0));
     }
 
     #[test]
