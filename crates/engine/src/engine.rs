@@ -27,7 +27,7 @@
 //! carries what replay needs), ZNS capacity devices, band P2L on media, group
 //! commit and background compaction threads with a rate controller.
 
-use crate::layout::{crc32c, encode_header, RecordKind, BLOCK_BYTES, RECORD_BLOCKS_MAX};
+use crate::layout::{crc32c, encode_header, BLOCK_BYTES, RECORD_BLOCKS_MAX};
 use crate::persist::{CheckpointError, Reader, Superblock, Writer};
 use crate::volume::{check, Extent, Volume, VolumeError};
 use serde::Serialize;
@@ -35,6 +35,12 @@ use sluice_media::device::{flush, read_at, sync_io, write_at};
 use sluice_media::{BlockDevice, DeviceError, IoBuf, IoOp, IoRequest};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+
+mod checkpoint;
+mod datapath;
+mod recover;
+
+use checkpoint::{checkpoint_bytes_max, decode_checkpoint, encode_checkpoint};
 
 const BS: u64 = BLOCK_BYTES as u64;
 
@@ -111,6 +117,8 @@ pub enum EngineError {
     CheckpointChecksum,
     #[error("the engine was not shut down cleanly; crash recovery is not implemented yet (docs/engine.md)")]
     NeedsRecovery,
+    #[error("a device failed earlier; no checkpoint was written, the next open recovers from the media")]
+    Failed,
     #[error("the on-media geometry does not match these devices")]
     Geometry,
 }
@@ -138,6 +146,9 @@ enum State {
 
 struct Chunk {
     state: State,
+    /// Sequence number when the chunk was last opened; every record written
+    /// into it carries it, so replay stops at a previous generation's records.
+    epoch: u64,
     /// (volume, lba) per cache block of the chunk; u32::MAX volume = header/pad.
     p2l: Vec<(u32, u64)>,
     valid: u32,
@@ -237,6 +248,13 @@ struct Inner {
     sb: Superblock,
     /// Set by `shutdown`: every later request fails.
     closed: bool,
+    /// Set when a device failed under a change: the in-memory state may be
+    /// ahead of or behind the media, so nothing more is written; reads still
+    /// work. Reopening recovers from the media.
+    failed: bool,
+    /// Highest sequence made durable on each device by a completed flush.
+    cache_flushed_seq: u64,
+    cap_flushed_seq: u64,
 }
 
 /// The engine: owns the devices and every volume's map.
@@ -315,7 +333,7 @@ impl Engine {
                 })
                 .collect(),
             chunks: (0..chunk_count)
-                .map(|_| Chunk { state: State::Free, p2l: vec![(u32::MAX, 0); blocks_per_chunk], valid: 0 })
+                .map(|_| Chunk { state: State::Free, epoch: 0, p2l: vec![(u32::MAX, 0); blocks_per_chunk], valid: 0 })
                 .collect(),
             free_chunks: (1..chunk_count as u32).collect(),
             full_chunks: VecDeque::new(),
@@ -336,6 +354,9 @@ impl Engine {
             pool: Vec::new(),
             sb,
             closed: false,
+            failed: false,
+            cache_flushed_seq: 0,
+            cap_flushed_seq: 0,
             cfg,
         };
         write_superblock(&*cache, &inner.sb)?;
@@ -392,6 +413,12 @@ impl Engine {
         let mut inner = self.lock();
         if inner.closed {
             return Ok(());
+        }
+        if inner.failed {
+            // The map may not match the media: leave the superblock dirty so
+            // the next open recovers from the media instead.
+            inner.closed = true;
+            return Err(EngineError::Failed);
         }
         flush(&*self.cache)?;
         let body = encode_checkpoint(&inner);
@@ -514,419 +541,6 @@ fn write_superblock(cache: &dyn BlockDevice, sb: &Superblock) -> Result<(), Devi
     flush(cache)
 }
 
-/// Upper bound of the checkpoint's size for this geometry.
-fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, vol_blocks: u64) -> u64 {
-    let fixed = 8 + 11 * 8 + 4 + 8 + 4 + 4;
-    let per_vol = 4 + 4;
-    let per_chunk = 1 + 4 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
-    let per_band = 1 + 4 + 8 + 8 + 12 * (cfg.band_bytes / BS) + 4;
-    fixed + vols * per_vol + 4 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
-}
-
-fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
-    let mut w = Writer::default();
-    w.u64(inner.seq);
-    inner.stats.words().iter().for_each(|&x| w.u64(x));
-    w.opt_u32(inner.open_chunk.map(|(c, _)| c));
-    w.u64(inner.open_chunk.map_or(0, |(_, o)| o));
-    w.opt_u32(inner.gc_band);
-    w.u32(inner.vols.len() as u32);
-    for v in &inner.vols {
-        w.opt_u32(v.open_band);
-        w.u32(v.l2p.len() as u32);
-        v.l2p.iter().for_each(|l| w.u32(l.0));
-    }
-    w.u32(inner.chunks.len() as u32);
-    for c in &inner.chunks {
-        w.u8(c.state as u8);
-        w.u32(c.valid);
-        c.p2l.iter().for_each(|&(v, l)| {
-            w.u32(v);
-            w.u64(l);
-        });
-    }
-    for list in [&inner.full_chunks, &inner.free_chunks] {
-        w.u32(list.len() as u32);
-        list.iter().for_each(|&c| w.u32(c));
-    }
-    w.u32(inner.bands.len() as u32);
-    for b in &inner.bands {
-        w.u8(b.state as u8);
-        w.u32(b.valid);
-        w.u64(b.written);
-        w.u64(b.closed_seq);
-        b.p2l.iter().for_each(|&(v, l)| {
-            w.u32(v);
-            w.u64(l);
-        });
-    }
-    w.u32(inner.free_bands.len() as u32);
-    inner.free_bands.iter().for_each(|&b| w.u32(b));
-    w.0
-}
-
-fn decode_state(x: u8, at: usize) -> Result<State, CheckpointError> {
-    match x {
-        0 => Ok(State::Free),
-        1 => Ok(State::Open),
-        2 => Ok(State::Full),
-        _ => Err(CheckpointError(at)),
-    }
-}
-
-fn decode_checkpoint(body: &[u8], cfg: EngineConfig, sb: Superblock) -> Result<Inner, EngineError> {
-    let mut r = Reader::new(body);
-    let bad = |r: &Reader| EngineError::Checkpoint(CheckpointError(r.at()));
-    let seq = r.u64()?;
-    let mut words = [0u64; 11];
-    for x in words.iter_mut() {
-        *x = r.u64()?;
-    }
-    let open_c = r.opt_u32()?;
-    let open_off = r.u64()?;
-    let gc_band = r.opt_u32()?;
-    let nv = r.u32()? as usize;
-    if nv != sb.volumes.len() {
-        return Err(bad(&r));
-    }
-    let mut vols = Vec::with_capacity(nv);
-    for (name, size) in &sb.volumes {
-        let open_band = r.opt_u32()?;
-        let n = r.u32()? as usize;
-        if n as u64 != size / BS {
-            return Err(bad(&r));
-        }
-        let mut l2p = Vec::with_capacity(n);
-        for _ in 0..n {
-            l2p.push(Loc(r.u32()?));
-        }
-        vols.push(Vol { name: name.clone(), l2p, open_band });
-    }
-    let (bpc, bpb) = ((cfg.chunk_bytes / BS) as usize, (cfg.band_bytes / BS) as usize);
-    let nc = r.u32()? as usize;
-    let mut chunks = Vec::with_capacity(nc);
-    for _ in 0..nc {
-        let state = decode_state(r.u8()?, r.at())?;
-        let valid = r.u32()?;
-        let mut p2l = Vec::with_capacity(bpc);
-        for _ in 0..bpc {
-            p2l.push((r.u32()?, r.u64()?));
-        }
-        chunks.push(Chunk { state, p2l, valid });
-    }
-    let mut lists = [VecDeque::new(), VecDeque::new()];
-    for list in lists.iter_mut() {
-        let n = r.u32()? as usize;
-        for _ in 0..n {
-            list.push_back(r.u32()?);
-        }
-    }
-    let [full_chunks, free_chunks] = lists;
-    let nb = r.u32()? as usize;
-    let mut bands = Vec::with_capacity(nb);
-    for _ in 0..nb {
-        let state = decode_state(r.u8()?, r.at())?;
-        let valid = r.u32()?;
-        let written = r.u64()?;
-        let closed_seq = r.u64()?;
-        let mut p2l = Vec::with_capacity(bpb);
-        for _ in 0..bpb {
-            p2l.push((r.u32()?, r.u64()?));
-        }
-        bands.push(Band { state, p2l, valid, written, closed_seq });
-    }
-    let n = r.u32()? as usize;
-    let mut free_bands = VecDeque::with_capacity(n);
-    for _ in 0..n {
-        free_bands.push_back(r.u32()?);
-    }
-    if r.at() != body.len() {
-        return Err(bad(&r));
-    }
-    let inner = Inner {
-        cfg,
-        vols,
-        chunks,
-        free_chunks,
-        full_chunks,
-        open_chunk: open_c.map(|c| (c, open_off)),
-        bands,
-        free_bands,
-        gc_band,
-        seq,
-        stats: EngineStats::from_words(words),
-        pool: Vec::new(),
-        sb,
-        closed: false,
-    };
-    inner.check_invariants();
-    Ok(inner)
-}
-
-/// Read `len` bytes at `offset` into a pooled buffer.
-fn read_pooled(dev: &dyn BlockDevice, inner: &mut Inner, offset: u64, len: usize) -> Result<IoBuf, VolumeError> {
-    let buf = inner.take_buf(len);
-    let c = sync_io(dev, IoRequest { op: IoOp::Read, offset, len: len as u64, buf, fua: false, user_data: 0 });
-    match c.result {
-        Ok(_) => Ok(c.buf),
-        Err(e) => {
-            inner.give_buf(c.buf);
-            Err(e.into())
-        }
-    }
-}
-
-/// Write a pooled buffer at `offset`, returning the buffer to the pool.
-fn write_pooled(dev: &dyn BlockDevice, inner: &mut Inner, offset: u64, buf: IoBuf) -> Result<(), VolumeError> {
-    let c = sync_io(dev, IoRequest::write(offset, buf, 0));
-    inner.give_buf(c.buf);
-    c.result.map(|_| ()).map_err(Into::into)
-}
-
-impl Engine {
-    /// Append one record (header + `data` blocks) for `lbas` of volume `vol`.
-    fn append(&self, inner: &mut Inner, vol: u32, lba0: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
-        let n = data.len() / BLOCK_BYTES;
-        debug_assert!((1..=RECORD_BLOCKS_MAX).contains(&n));
-        let need = n as u64 + 1;
-        let (chunk, off) = self.log_space(inner, need)?;
-        inner.seq += 1;
-        let entries: Vec<(u64, u32)> =
-            (0..n).map(|i| (lba0 + i as u64, crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]))).collect();
-        let mut rec = inner.take_buf((n + 1) * BLOCK_BYTES);
-        encode_header(&mut rec[..BLOCK_BYTES], RecordKind::Write, inner.seq, vol, &entries);
-        rec[BLOCK_BYTES..].copy_from_slice(data);
-        let first_block = chunk as u64 * inner.blocks_per_chunk() + off;
-        write_pooled(&*self.cache, inner, first_block * BS, rec)?;
-        if fua {
-            flush(&*self.cache)?;
-        }
-        inner.stats.cache_write_bytes += need * BS;
-        inner.stats.cache_header_bytes += BS;
-        inner.open_chunk = Some((chunk, off + need));
-        for i in 0..n as u64 {
-            let lba = lba0 + i;
-            let old = inner.vols[vol as usize].l2p[lba as usize];
-            inner.invalidate(old);
-            let cb = first_block + 1 + i;
-            inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(cb);
-            let ch = &mut inner.chunks[chunk as usize];
-            ch.p2l[(off + 1 + i) as usize] = (vol, lba);
-            ch.valid += 1;
-        }
-        Ok(())
-    }
-
-    /// A place for `need` blocks in the log: the open chunk, or a fresh one
-    /// (compacting the oldest chunks when free chunks run low).
-    fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(u32, u64), VolumeError> {
-        if let Some((c, off)) = inner.open_chunk {
-            if off + need <= inner.blocks_per_chunk() {
-                return Ok((c, off));
-            }
-            assert_eq!(inner.chunks[c as usize].state, State::Open);
-            inner.chunks[c as usize].state = State::Full;
-            inner.full_chunks.push_back(c);
-            inner.open_chunk = None;
-        }
-        while inner.free_chunks.len() <= inner.cfg.log_free_chunks_min {
-            self.compact_oldest(inner)?;
-        }
-        let c = inner.free_chunks.pop_front().expect("compaction keeps free chunks");
-        assert_eq!(inner.chunks[c as usize].state, State::Free);
-        assert_eq!(inner.chunks[c as usize].valid, 0);
-        inner.chunks[c as usize].state = State::Open;
-        inner.chunks[c as usize].p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
-        inner.open_chunk = Some((c, 0));
-        Ok((c, 0))
-    }
-
-    /// Move the oldest full chunk's current blocks to the capacity device.
-    fn compact_oldest(&self, inner: &mut Inner) -> Result<(), VolumeError> {
-        let c = inner.full_chunks.pop_front().expect("a full chunk exists when the log is short of space");
-        assert_eq!(inner.chunks[c as usize].state, State::Full);
-        let bpc = inner.blocks_per_chunk();
-        let base = c as u64 * bpc;
-        let mut by_vol: Vec<Vec<(u64, u64)>> = vec![Vec::new(); inner.vols.len()];
-        for (i, &(vol, lba)) in inner.chunks[c as usize].p2l.iter().enumerate() {
-            if vol != u32::MAX {
-                by_vol[vol as usize].push((lba, base + i as u64));
-            }
-        }
-        if inner.chunks[c as usize].valid > 0 {
-            let data = read_pooled(&*self.cache, inner, base * BS, (bpc * BS) as usize)?;
-            for (vol, blocks) in by_vol.iter().enumerate() {
-                if blocks.is_empty() {
-                    continue;
-                }
-                let payload: Vec<(u64, &[u8])> = blocks
-                    .iter()
-                    .map(|&(lba, cb)| {
-                        let at = ((cb - base) * BS) as usize;
-                        (lba, &data[at..at + BLOCK_BYTES])
-                    })
-                    .collect();
-                let moved = self.write_to_bands(inner, vol as u32, false, &payload)?;
-                inner.stats.compaction_bytes += moved * BS;
-            }
-            inner.give_buf(data);
-        }
-        assert_eq!(inner.chunks[c as usize].valid, 0, "every current block moved");
-        inner.chunks[c as usize].state = State::Free;
-        inner.free_chunks.push_back(c);
-        inner.stats.chunks_compacted += 1;
-        Ok(())
-    }
-
-    /// Write `blocks` (lba, data) of `vol` sequentially into its open band (or
-    /// the GC band), padded to the write unit; remap them. Returns blocks moved.
-    fn write_to_bands(
-        &self,
-        inner: &mut Inner,
-        vol: u32,
-        gc: bool,
-        blocks: &[(u64, &[u8])],
-    ) -> Result<u64, VolumeError> {
-        let unit = inner.cfg.write_unit_bytes / BS;
-        let bpb = inner.blocks_per_band();
-        let mut rest = blocks;
-        let mut moved = 0;
-        while !rest.is_empty() {
-            let band = self.open_band(inner, vol, gc)?;
-            let wp = inner.bands[band as usize].written;
-            let room = bpb - wp;
-            let take = (rest.len() as u64).min(room);
-            let padded = take.div_ceil(unit) * unit;
-            let padded = padded.min(room);
-            let mut buf = inner.take_buf((padded * BS) as usize);
-            for (i, (_, d)) in rest[..take as usize].iter().enumerate() {
-                buf[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].copy_from_slice(d);
-            }
-            buf[(take * BS) as usize..].fill(0);
-            let first = band as u64 * bpb + wp;
-            write_pooled(&*self.capacity, inner, first * BS, buf)?;
-            inner.stats.capacity_write_bytes += padded * BS;
-            inner.stats.compaction_pad_bytes += (padded - take) * BS;
-            for (i, &(lba, _)) in rest[..take as usize].iter().enumerate() {
-                let loc = inner.vols[vol as usize].l2p[lba as usize];
-                inner.invalidate(loc);
-                inner.vols[vol as usize].l2p[lba as usize] = Loc::capacity(first + i as u64);
-                let b = &mut inner.bands[band as usize];
-                b.p2l[(wp + i as u64) as usize] = (vol, lba);
-                b.valid += 1;
-                moved += 1;
-            }
-            let b = &mut inner.bands[band as usize];
-            b.written += padded;
-            if b.written == bpb {
-                b.state = State::Full;
-                b.closed_seq = inner.seq;
-                if gc {
-                    inner.gc_band = None;
-                } else {
-                    inner.vols[vol as usize].open_band = None;
-                }
-            }
-            rest = &rest[take as usize..];
-        }
-        Ok(moved)
-    }
-
-    /// The open band of a stream, opening a free one (after GC if short).
-    fn open_band(&self, inner: &mut Inner, vol: u32, gc: bool) -> Result<u32, VolumeError> {
-        let cur = if gc { inner.gc_band } else { inner.vols[vol as usize].open_band };
-        if let Some(b) = cur {
-            return Ok(b);
-        }
-        if !gc {
-            while inner.free_bands.len() <= inner.cfg.gc_free_bands_min {
-                if !self.collect_one(inner)? {
-                    break;
-                }
-            }
-        }
-        let b = inner.free_bands.pop_front().ok_or(VolumeError::NoSpace)?;
-        let band = &mut inner.bands[b as usize];
-        assert_eq!(band.state, State::Free);
-        assert_eq!(band.valid, 0);
-        band.state = State::Open;
-        band.written = 0;
-        band.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
-        if gc {
-            inner.gc_band = Some(b);
-        } else {
-            inner.vols[vol as usize].open_band = Some(b);
-        }
-        Ok(b)
-    }
-
-    /// Reclaim one band by cost-benefit; false if nothing is reclaimable.
-    fn collect_one(&self, inner: &mut Inner) -> Result<bool, VolumeError> {
-        let bpb = inner.blocks_per_band() as f64;
-        let now = inner.seq;
-        let victim = inner
-            .bands
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.state == State::Full && (b.valid as f64) < bpb)
-            .map(|(i, b)| {
-                let u = b.valid as f64 / bpb;
-                let age = (now - b.closed_seq) as f64 + 1.0;
-                (i, (1.0 - u) * age / (1.0 + u))
-            })
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(i, _)| i as u32);
-        let Some(v) = victim else { return Ok(false) };
-        let first = v as u64 * inner.blocks_per_band();
-        // Walk the victim in chunk-sized windows: GC memory stays bounded.
-        let window = inner.blocks_per_chunk().min(inner.blocks_per_band());
-        let mut w0 = 0;
-        while inner.bands[v as usize].valid > 0 && w0 < inner.blocks_per_band() {
-            let wn = window.min(inner.blocks_per_band() - w0);
-            let mut by_vol: Vec<Vec<(u64, usize)>> = vec![Vec::new(); inner.vols.len()];
-            for i in w0..w0 + wn {
-                let (vol, lba) = inner.bands[v as usize].p2l[i as usize];
-                if vol != u32::MAX {
-                    by_vol[vol as usize].push((lba, (i - w0) as usize));
-                }
-            }
-            if by_vol.iter().any(|b| !b.is_empty()) {
-                let data = read_pooled(&*self.capacity, inner, (first + w0) * BS, (wn * BS) as usize)?;
-                for (vol, blocks) in by_vol.iter().enumerate() {
-                    let payload: Vec<(u64, &[u8])> =
-                        blocks.iter().map(|&(lba, i)| (lba, &data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES])).collect();
-                    if !payload.is_empty() {
-                        let moved = self.write_to_bands(inner, vol as u32, true, &payload)?;
-                        inner.stats.gc_bytes += moved * BS;
-                    }
-                }
-                inner.give_buf(data);
-            }
-            w0 += wn;
-        }
-        assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
-        sluice_media::device::discard(&*self.capacity, first * BS, inner.cfg.band_bytes)?;
-        inner.bands[v as usize].state = State::Free;
-        inner.free_bands.push_back(v);
-        inner.stats.bands_reclaimed += 1;
-        Ok(true)
-    }
-
-    fn read_block(&self, loc: Loc, out: &mut [u8]) -> Result<(), VolumeError> {
-        let (dev, block) = if let Some(cb) = loc.cache_block() {
-            (&self.cache, cb)
-        } else if let Some(pb) = loc.capacity_block() {
-            (&self.capacity, pb)
-        } else {
-            out.fill(0);
-            return Ok(());
-        };
-        let b = read_at(&**dev, block * BS, BLOCK_BYTES)?;
-        out.copy_from_slice(&b);
-        Ok(())
-    }
-}
-
 impl EngineVolume {
     /// The engine's state, unless it was shut down.
     fn live(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
@@ -935,6 +549,20 @@ impl EngineVolume {
             return Err(VolumeError::ReadOnly);
         }
         Ok(inner)
+    }
+
+    /// Run a change under the lock; a device error during it stops all
+    /// further changes (`Inner::failed`) until the engine is reopened.
+    fn change<T>(&self, f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>) -> Result<T, VolumeError> {
+        let mut inner = self.live()?;
+        if inner.failed {
+            return Err(VolumeError::Io("engine stopped after a device error; reopen it to recover".into()));
+        }
+        let r = f(&self.engine, &mut inner);
+        if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
+            inner.failed = true;
+        }
+        r
     }
 }
 
@@ -970,29 +598,26 @@ impl Volume for EngineVolume {
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
         check(self, offset, data.len() as u64)?;
-        let e = &self.engine;
-        let mut inner = self.live()?;
-        let lba0 = offset / BS;
-        let per = RECORD_BLOCKS_MAX * BLOCK_BYTES;
-        let pieces = data.chunks(per).count();
-        for (i, piece) in data.chunks(per).enumerate() {
-            // FUA covers the whole request: flush once, after the last piece.
-            e.append(&mut inner, self.id, lba0 + (i * RECORD_BLOCKS_MAX) as u64, piece, fua && i + 1 == pieces)?;
-        }
-        inner.stats.user_write_bytes += data.len() as u64;
-        Ok(())
+        self.change(|e, inner| {
+            let lba0 = offset / BS;
+            let per = RECORD_BLOCKS_MAX * BLOCK_BYTES;
+            let pieces = data.chunks(per).count();
+            for (i, piece) in data.chunks(per).enumerate() {
+                // FUA covers the whole request: flush once, after the last piece.
+                e.append(inner, self.id, lba0 + (i * RECORD_BLOCKS_MAX) as u64, piece, fua && i + 1 == pieces)?;
+            }
+            inner.stats.user_write_bytes += data.len() as u64;
+            Ok(())
+        })
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
         check(self, offset, len)?;
-        let mut inner = self.live()?;
-        for lba in offset / BS..(offset + len) / BS {
-            let old = inner.vols[self.id as usize].l2p[lba as usize];
-            inner.invalidate(old);
-            inner.vols[self.id as usize].l2p[lba as usize] = Loc::NONE;
-        }
-        inner.stats.user_trim_bytes += len;
-        Ok(())
+        self.change(|e, inner| {
+            e.trim_logged(inner, self.id, offset / BS..(offset + len) / BS)?;
+            inner.stats.user_trim_bytes += len;
+            Ok(())
+        })
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolumeError> {
@@ -1005,10 +630,10 @@ impl Volume for EngineVolume {
     }
 
     fn flush(&self) -> Result<(), VolumeError> {
-        let _inner = self.live()?;
-        flush(&*self.engine.cache)?;
-        flush(&*self.engine.capacity)?;
-        Ok(())
+        self.change(|e, inner| {
+            e.flush_cache(inner)?;
+            e.flush_capacity(inner)
+        })
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {

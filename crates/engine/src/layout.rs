@@ -1,18 +1,30 @@
-//! On-media layout of the write log's records (see docs/format.md).
+//! On-media layout of records (see docs/format.md).
 //!
 //! A record is one header block followed by its data blocks, written with a
-//! single device write into a chunk of the cache device. The header names the
-//! volume, a sequence number, and for each data block its LBA and CRC32C, and
-//! ends with a CRC32C of the header itself, so recovery can tell a whole
-//! record from a torn one and rebuild the map from the log alone.
+//! single device write: into a chunk of the cache device (log records: user
+//! writes and trims) or into a band of the capacity device (segments written
+//! by compaction and GC). The header names the volume, a sequence number, the
+//! epoch of the chunk it was written in, and per entry its LBA, CRC32C and
+//! whether it is a tombstone (a trimmed LBA: no data block follows). It ends
+//! with a CRC32C of itself, so recovery can tell a whole record from a torn
+//! one and rebuild every map from the devices alone: for each LBA, the entry
+//! with the highest sequence wins.
+//!
+//! Each header also carries `flushed_seq`: the highest sequence the engine
+//! knew to be durable on that device (a completed flush) when it wrote the
+//! header. Recovery takes the largest such value it finds and trusts every
+//! entry at or below it without reading its data; only the few writes after
+//! the last flush — the ones a power loss may have torn — have their data
+//! CRCs verified.
 
 pub const BLOCK_BYTES: usize = 4096;
 pub const RECORD_MAGIC: u32 = 0x534c_5243; // "SLRC"
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 /// Header: magic u32, version u16, kind u8, pad u8, seq u64, volume u32,
-/// count u32, then `count` entries of (lba u64, crc u32, pad u32), then at the
-/// end of the block the header CRC u32 over bytes [0, 4092).
-pub const HEADER_FIXED_BYTES: usize = 24;
+/// count u32, epoch u64, flushed_seq u64, then `count` entries of (lba u64,
+/// crc u32, flags u32), then at the end of the block the header CRC u32 over
+/// bytes [0, 4092).
+pub const HEADER_FIXED_BYTES: usize = 40;
 pub const ENTRY_BYTES: usize = 16;
 /// Most data blocks one record carries.
 pub const RECORD_BLOCKS_MAX: usize = (BLOCK_BYTES - HEADER_FIXED_BYTES - 4) / ENTRY_BYTES;
@@ -26,6 +38,20 @@ pub enum RecordKind {
     Write = 1,
     /// The listed LBAs were trimmed / zeroed; no data follows.
     Trim = 2,
+    /// A capacity segment: data blocks follow for entries that are not tombstones.
+    Segment = 3,
+}
+
+/// Entry flag: a tombstone (trimmed LBA), no data block.
+pub const ENTRY_TOMBSTONE: u32 = 1;
+
+/// One header entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub lba: u64,
+    /// CRC32C of the data block (0 for tombstones).
+    pub crc: u32,
+    pub tombstone: bool,
 }
 
 /// CRC32C (Castagnoli); hardware-accelerated (SSE4.2 / ARMv8 CRC) where the
@@ -35,20 +61,25 @@ pub fn crc32c(data: &[u8]) -> u32 {
 }
 
 /// Encode a record header into `out` (one block).
-pub fn encode_header(out: &mut [u8], kind: RecordKind, seq: u64, volume: u32, entries: &[(u64, u32)]) {
+pub fn encode_header(out: &mut [u8], h: &Header) {
+    let entries = &h.entries;
     assert_eq!(out.len(), BLOCK_BYTES);
     assert!(entries.len() <= RECORD_BLOCKS_MAX);
     out.fill(0);
     out[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
     out[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out[6] = kind as u8;
-    out[8..16].copy_from_slice(&seq.to_le_bytes());
-    out[16..20].copy_from_slice(&volume.to_le_bytes());
+    out[6] = h.kind as u8;
+    out[8..16].copy_from_slice(&h.seq.to_le_bytes());
+    out[16..20].copy_from_slice(&h.volume.to_le_bytes());
     out[20..24].copy_from_slice(&(entries.len() as u32).to_le_bytes());
-    for (i, (lba, crc)) in entries.iter().enumerate() {
+    out[24..32].copy_from_slice(&h.epoch.to_le_bytes());
+    out[32..40].copy_from_slice(&h.flushed_seq.to_le_bytes());
+    for (i, e) in entries.iter().enumerate() {
         let o = HEADER_FIXED_BYTES + i * ENTRY_BYTES;
-        out[o..o + 8].copy_from_slice(&lba.to_le_bytes());
-        out[o + 8..o + 12].copy_from_slice(&crc.to_le_bytes());
+        out[o..o + 8].copy_from_slice(&e.lba.to_le_bytes());
+        out[o + 8..o + 12].copy_from_slice(&e.crc.to_le_bytes());
+        let flags = if e.tombstone { ENTRY_TOMBSTONE } else { 0 };
+        out[o + 12..o + 16].copy_from_slice(&flags.to_le_bytes());
     }
     let c = crc32c(&out[..BLOCK_BYTES - 4]);
     out[BLOCK_BYTES - 4..].copy_from_slice(&c.to_le_bytes());
@@ -60,7 +91,18 @@ pub struct Header {
     pub kind: RecordKind,
     pub seq: u64,
     pub volume: u32,
-    pub entries: Vec<(u64, u32)>,
+    /// Sequence of the chunk's opening (log records; 0 in segments).
+    pub epoch: u64,
+    /// Highest sequence known durable on this device when this was written.
+    pub flushed_seq: u64,
+    pub entries: Vec<Entry>,
+}
+
+impl Header {
+    /// Data blocks that follow the header.
+    pub fn data_blocks(&self) -> usize {
+        self.entries.iter().filter(|e| !e.tombstone).count()
+    }
 }
 
 /// Why a block is not a valid header.
@@ -91,6 +133,7 @@ pub fn decode_header(b: &[u8]) -> Result<Header, HeaderError> {
     let kind = match b[6] {
         1 => RecordKind::Write,
         2 => RecordKind::Trim,
+        3 => RecordKind::Segment,
         _ => return Err(HeaderError::Malformed),
     };
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
@@ -102,10 +145,10 @@ pub fn decode_header(b: &[u8]) -> Result<Header, HeaderError> {
     let entries = (0..count)
         .map(|i| {
             let o = HEADER_FIXED_BYTES + i * ENTRY_BYTES;
-            (u64_at(o), u32_at(o + 8))
+            Entry { lba: u64_at(o), crc: u32_at(o + 8), tombstone: u32_at(o + 12) & ENTRY_TOMBSTONE != 0 }
         })
         .collect();
-    Ok(Header { kind, seq: u64_at(8), volume: u32_at(16), entries })
+    Ok(Header { kind, seq: u64_at(8), volume: u32_at(16), epoch: u64_at(24), flushed_seq: u64_at(32), entries })
 }
 
 #[cfg(test)]
@@ -121,11 +164,14 @@ mod tests {
     #[test]
     fn header_round_trip_and_rejections() {
         let mut b = vec![0u8; BLOCK_BYTES];
-        let entries: Vec<(u64, u32)> = (0..RECORD_BLOCKS_MAX as u64).map(|i| (i * 3, i as u32 ^ 0xabcd)).collect();
-        encode_header(&mut b, RecordKind::Write, 42, 7, &entries);
+        let entries: Vec<Entry> = (0..RECORD_BLOCKS_MAX as u64)
+            .map(|i| Entry { lba: i * 3, crc: i as u32 ^ 0xabcd, tombstone: i % 5 == 0 })
+            .collect();
+        let want = Header { kind: RecordKind::Segment, seq: 42, volume: 7, epoch: 99, flushed_seq: 41, entries };
+        encode_header(&mut b, &want);
         let h = decode_header(&b).unwrap();
-        assert_eq!((h.kind, h.seq, h.volume), (RecordKind::Write, 42, 7));
-        assert_eq!(h.entries, entries);
+        assert_eq!(h, want);
+        assert_eq!(h.data_blocks(), RECORD_BLOCKS_MAX - RECORD_BLOCKS_MAX.div_ceil(5));
         let mut torn = b.clone();
         torn[100] ^= 1;
         assert_eq!(decode_header(&torn), Err(HeaderError::Checksum));

@@ -1,0 +1,159 @@
+//! The clean-shutdown checkpoint: the whole in-memory state, serialized
+//! (docs/format.md). Written only by `Engine::shutdown`; read by `Engine::open`
+//! when the superblock says clean.
+
+use super::*;
+
+/// Upper bound of the checkpoint's size for this geometry.
+pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, vol_blocks: u64) -> u64 {
+    let fixed = 8 + 11 * 8 + 4 + 8 + 4 + 4;
+    let per_vol = 4 + 4;
+    let per_chunk = 1 + 8 + 4 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
+    let per_band = 1 + 4 + 8 + 8 + 12 * (cfg.band_bytes / BS) + 4;
+    fixed + vols * per_vol + 4 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
+}
+
+pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.u64(inner.seq);
+    inner.stats.words().iter().for_each(|&x| w.u64(x));
+    w.opt_u32(inner.open_chunk.map(|(c, _)| c));
+    w.u64(inner.open_chunk.map_or(0, |(_, o)| o));
+    w.opt_u32(inner.gc_band);
+    w.u32(inner.vols.len() as u32);
+    for v in &inner.vols {
+        w.opt_u32(v.open_band);
+        w.u32(v.l2p.len() as u32);
+        v.l2p.iter().for_each(|l| w.u32(l.0));
+    }
+    w.u32(inner.chunks.len() as u32);
+    for c in &inner.chunks {
+        w.u8(c.state as u8);
+        w.u64(c.epoch);
+        w.u32(c.valid);
+        c.p2l.iter().for_each(|&(v, l)| {
+            w.u32(v);
+            w.u64(l);
+        });
+    }
+    for list in [&inner.full_chunks, &inner.free_chunks] {
+        w.u32(list.len() as u32);
+        list.iter().for_each(|&c| w.u32(c));
+    }
+    w.u32(inner.bands.len() as u32);
+    for b in &inner.bands {
+        w.u8(b.state as u8);
+        w.u32(b.valid);
+        w.u64(b.written);
+        w.u64(b.closed_seq);
+        b.p2l.iter().for_each(|&(v, l)| {
+            w.u32(v);
+            w.u64(l);
+        });
+    }
+    w.u32(inner.free_bands.len() as u32);
+    inner.free_bands.iter().for_each(|&b| w.u32(b));
+    w.0
+}
+
+fn decode_state(x: u8, at: usize) -> Result<State, CheckpointError> {
+    match x {
+        0 => Ok(State::Free),
+        1 => Ok(State::Open),
+        2 => Ok(State::Full),
+        _ => Err(CheckpointError(at)),
+    }
+}
+
+pub(super) fn decode_checkpoint(body: &[u8], cfg: EngineConfig, sb: Superblock) -> Result<Inner, EngineError> {
+    let mut r = Reader::new(body);
+    let bad = |r: &Reader| EngineError::Checkpoint(CheckpointError(r.at()));
+    let seq = r.u64()?;
+    let mut words = [0u64; 11];
+    for x in words.iter_mut() {
+        *x = r.u64()?;
+    }
+    let open_c = r.opt_u32()?;
+    let open_off = r.u64()?;
+    let gc_band = r.opt_u32()?;
+    let nv = r.u32()? as usize;
+    if nv != sb.volumes.len() {
+        return Err(bad(&r));
+    }
+    let mut vols = Vec::with_capacity(nv);
+    for (name, size) in &sb.volumes {
+        let open_band = r.opt_u32()?;
+        let n = r.u32()? as usize;
+        if n as u64 != size / BS {
+            return Err(bad(&r));
+        }
+        let mut l2p = Vec::with_capacity(n);
+        for _ in 0..n {
+            l2p.push(Loc(r.u32()?));
+        }
+        vols.push(Vol { name: name.clone(), l2p, open_band });
+    }
+    let (bpc, bpb) = ((cfg.chunk_bytes / BS) as usize, (cfg.band_bytes / BS) as usize);
+    let nc = r.u32()? as usize;
+    let mut chunks = Vec::with_capacity(nc);
+    for _ in 0..nc {
+        let state = decode_state(r.u8()?, r.at())?;
+        let epoch = r.u64()?;
+        let valid = r.u32()?;
+        let mut p2l = Vec::with_capacity(bpc);
+        for _ in 0..bpc {
+            p2l.push((r.u32()?, r.u64()?));
+        }
+        chunks.push(Chunk { state, epoch, p2l, valid });
+    }
+    let mut lists = [VecDeque::new(), VecDeque::new()];
+    for list in lists.iter_mut() {
+        let n = r.u32()? as usize;
+        for _ in 0..n {
+            list.push_back(r.u32()?);
+        }
+    }
+    let [full_chunks, free_chunks] = lists;
+    let nb = r.u32()? as usize;
+    let mut bands = Vec::with_capacity(nb);
+    for _ in 0..nb {
+        let state = decode_state(r.u8()?, r.at())?;
+        let valid = r.u32()?;
+        let written = r.u64()?;
+        let closed_seq = r.u64()?;
+        let mut p2l = Vec::with_capacity(bpb);
+        for _ in 0..bpb {
+            p2l.push((r.u32()?, r.u64()?));
+        }
+        bands.push(Band { state, p2l, valid, written, closed_seq });
+    }
+    let n = r.u32()? as usize;
+    let mut free_bands = VecDeque::with_capacity(n);
+    for _ in 0..n {
+        free_bands.push_back(r.u32()?);
+    }
+    if r.at() != body.len() {
+        return Err(bad(&r));
+    }
+    let inner = Inner {
+        cfg,
+        vols,
+        chunks,
+        free_chunks,
+        full_chunks,
+        open_chunk: open_c.map(|c| (c, open_off)),
+        bands,
+        free_bands,
+        gc_band,
+        seq,
+        stats: EngineStats::from_words(words),
+        pool: Vec::new(),
+        sb,
+        closed: false,
+        failed: false,
+        cache_flushed_seq: seq,
+        cap_flushed_seq: seq,
+    };
+    inner.check_invariants();
+    Ok(inner)
+}

@@ -1,0 +1,475 @@
+//! The data path: appending records to the log, compaction into capacity
+//! segments, GC, and block reads.
+//!
+//! Crash safety rests on three rules (docs/engine.md):
+//! 1. Every record and segment is self-describing (LBAs, CRCs, a sequence
+//!    number); for each LBA the entry with the highest sequence wins.
+//! 2. Compaction and GC stamp what they write with a *fresh* sequence: they
+//!    only move current blocks, so the copy is newer than every stale one.
+//!    Trims are records too, and their tombstones are carried forward by
+//!    compaction and GC (read back from the media) while the LBA stays
+//!    unmapped, so a stale copy can never win after a crash.
+//! 3. A compacted chunk is freed, and a GC victim discarded, only after both
+//!    devices have flushed: the copies on the capacity device, and on the
+//!    cache every record that superseded an entry being dropped (a rewrite
+//!    that made a tombstone dead). So whenever an entry disappears from the
+//!    media, whatever made it stale is durable, and an older entry that a
+//!    crash brings back (a lost write into a reused chunk uncovers the
+//!    previous generation) always loses to a durable newer one.
+//!
+//! A trim of blocks already unmapped writes nothing: their tombstone (or the
+//! absence of any copy) is already on the media, and skipping keeps the
+//! number of tombstones bounded by the number of unmapped blocks.
+
+use super::*;
+use crate::layout::{decode_header, Entry, Header, RecordKind};
+
+/// Read `len` bytes at `offset` into a pooled buffer.
+pub(super) fn read_pooled(
+    dev: &dyn BlockDevice,
+    inner: &mut Inner,
+    offset: u64,
+    len: usize,
+) -> Result<IoBuf, VolumeError> {
+    let buf = inner.take_buf(len);
+    let c = sync_io(dev, IoRequest { op: IoOp::Read, offset, len: len as u64, buf, fua: false, user_data: 0 });
+    match c.result {
+        Ok(_) => Ok(c.buf),
+        Err(e) => {
+            inner.give_buf(c.buf);
+            Err(e.into())
+        }
+    }
+}
+
+/// Write a pooled buffer at `offset`, returning the buffer to the pool.
+fn write_pooled(dev: &dyn BlockDevice, inner: &mut Inner, offset: u64, buf: IoBuf) -> Result<(), VolumeError> {
+    let c = sync_io(dev, IoRequest::write(offset, buf, 0));
+    inner.give_buf(c.buf);
+    c.result.map(|_| ()).map_err(Into::into)
+}
+
+/// Blocks a record or segment occupies: header + data, for segments padded to the unit.
+pub(super) fn segment_blocks(data_blocks: u64, unit_blocks: u64) -> u64 {
+    (1 + data_blocks).div_ceil(unit_blocks) * unit_blocks
+}
+
+impl Engine {
+    /// Append one write record (header + `data` blocks) for volume `vol`.
+    pub(super) fn append(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        lba0: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let n = data.len() / BLOCK_BYTES;
+        debug_assert!((1..=RECORD_BLOCKS_MAX).contains(&n));
+        let need = n as u64 + 1;
+        let (chunk, off) = self.log_space(inner, need)?;
+        inner.seq += 1;
+        let entries: Vec<Entry> = (0..n)
+            .map(|i| Entry {
+                lba: lba0 + i as u64,
+                crc: crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]),
+                tombstone: false,
+            })
+            .collect();
+        let mut rec = inner.take_buf((n + 1) * BLOCK_BYTES);
+        let h = Header {
+            kind: RecordKind::Write,
+            seq: inner.seq,
+            volume: vol,
+            epoch: inner.chunks[chunk as usize].epoch,
+            flushed_seq: inner.cache_flushed_seq,
+            entries,
+        };
+        encode_header(&mut rec[..BLOCK_BYTES], &h);
+        rec[BLOCK_BYTES..].copy_from_slice(data);
+        let first_block = chunk as u64 * inner.blocks_per_chunk() + off;
+        write_pooled(&*self.cache, inner, first_block * BS, rec)?;
+        if fua {
+            // A flush, not a FUA write: recovery walks a chunk record by
+            // record, so a durable record needs every earlier one durable.
+            self.flush_cache(inner)?;
+        }
+        inner.stats.cache_write_bytes += need * BS;
+        inner.stats.cache_header_bytes += BS;
+        inner.open_chunk = Some((chunk, off + need));
+        for i in 0..n as u64 {
+            let lba = lba0 + i;
+            let old = inner.vols[vol as usize].l2p[lba as usize];
+            inner.invalidate(old);
+            inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(first_block + 1 + i);
+            let ch = &mut inner.chunks[chunk as usize];
+            ch.p2l[(off + 1 + i) as usize] = (vol, lba);
+            ch.valid += 1;
+        }
+        Ok(())
+    }
+
+    /// Log a trim of `lbas` of `vol` (header-only records), then unmap them.
+    pub(super) fn trim_logged(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        lbas: std::ops::Range<u64>,
+    ) -> Result<(), VolumeError> {
+        let l2p = &inner.vols[vol as usize].l2p;
+        let mapped: Vec<u64> = lbas.filter(|&lba| !l2p[lba as usize].is_none()).collect();
+        for part in mapped.chunks(RECORD_BLOCKS_MAX) {
+            let (chunk, off) = self.log_space(inner, 1)?;
+            inner.seq += 1;
+            let entries: Vec<Entry> = part.iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }).collect();
+            let mut rec = inner.take_buf(BLOCK_BYTES);
+            let h = Header {
+                kind: RecordKind::Trim,
+                seq: inner.seq,
+                volume: vol,
+                epoch: inner.chunks[chunk as usize].epoch,
+                flushed_seq: inner.cache_flushed_seq,
+                entries,
+            };
+            encode_header(&mut rec, &h);
+            let at = chunk as u64 * inner.blocks_per_chunk() + off;
+            write_pooled(&*self.cache, inner, at * BS, rec)?;
+            inner.stats.cache_write_bytes += BS;
+            inner.stats.cache_header_bytes += BS;
+            inner.open_chunk = Some((chunk, off + 1));
+            for &lba in part {
+                let old = inner.vols[vol as usize].l2p[lba as usize];
+                inner.invalidate(old);
+                inner.vols[vol as usize].l2p[lba as usize] = Loc::NONE;
+            }
+        }
+        Ok(())
+    }
+
+    /// A place for `need` blocks in the log: the open chunk, or a fresh one
+    /// (compacting the oldest chunks when free chunks run low).
+    fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(u32, u64), VolumeError> {
+        if let Some((c, off)) = inner.open_chunk {
+            if off + need <= inner.blocks_per_chunk() {
+                return Ok((c, off));
+            }
+            assert_eq!(inner.chunks[c as usize].state, State::Open);
+            inner.chunks[c as usize].state = State::Full;
+            inner.full_chunks.push_back(c);
+            inner.open_chunk = None;
+        }
+        while inner.free_chunks.len() <= inner.cfg.log_free_chunks_min {
+            self.compact_oldest(inner)?;
+        }
+        let c = inner.free_chunks.pop_front().expect("compaction keeps free chunks");
+        assert_eq!(inner.chunks[c as usize].state, State::Free);
+        assert_eq!(inner.chunks[c as usize].valid, 0);
+        inner.seq += 1;
+        let ch = &mut inner.chunks[c as usize];
+        ch.state = State::Open;
+        ch.epoch = inner.seq;
+        ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
+        inner.open_chunk = Some((c, 0));
+        Ok((c, 0))
+    }
+
+    /// Move the oldest full chunk's current blocks and live tombstones to the
+    /// capacity device, flush it, free the chunk.
+    fn compact_oldest(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        let c = inner.full_chunks.pop_front().expect("a full chunk exists when the log is short of space");
+        assert_eq!(inner.chunks[c as usize].state, State::Full);
+        let bpc = inner.blocks_per_chunk();
+        let base = c as u64 * bpc;
+        let data = read_pooled(&*self.cache, inner, base * BS, (bpc * BS) as usize)?;
+        let epoch = inner.chunks[c as usize].epoch;
+        // Per volume: current data blocks (lba, offset in chunk) and live tombstones.
+        let mut blocks: Vec<Vec<(u64, usize)>> = vec![Vec::new(); inner.vols.len()];
+        let mut tombs: Vec<Vec<u64>> = vec![Vec::new(); inner.vols.len()];
+        let mut pos = 0u64;
+        while pos < bpc {
+            let at = (pos * BS) as usize;
+            let Ok(h) = decode_header(&data[at..at + BLOCK_BYTES]) else { break };
+            if h.epoch != epoch || h.volume as usize >= inner.vols.len() {
+                break;
+            }
+            let vol = h.volume as usize;
+            match h.kind {
+                RecordKind::Write => {
+                    for (i, e) in h.entries.iter().enumerate() {
+                        let cb = base + pos + 1 + i as u64;
+                        if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::cache(cb)) {
+                            blocks[vol].push((e.lba, ((pos + 1 + i as u64) * BS) as usize));
+                        }
+                    }
+                }
+                RecordKind::Trim => {
+                    for e in &h.entries {
+                        if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::NONE) {
+                            tombs[vol].push(e.lba);
+                        }
+                    }
+                }
+                RecordKind::Segment => break,
+            }
+            pos += 1 + h.data_blocks() as u64;
+        }
+        let mut wrote = false;
+        for vol in 0..inner.vols.len() {
+            if blocks[vol].is_empty() && tombs[vol].is_empty() {
+                continue;
+            }
+            let payload: Vec<(u64, &[u8])> =
+                blocks[vol].iter().map(|&(lba, at)| (lba, &data[at..at + BLOCK_BYTES])).collect();
+            let moved = self.write_segments(inner, vol as u32, false, &payload, &tombs[vol])?;
+            inner.stats.compaction_bytes += moved * BS;
+            wrote = true;
+        }
+        inner.give_buf(data);
+        assert_eq!(inner.chunks[c as usize].valid, 0, "every current block moved");
+        // Rule 3: the copies, and whatever superseded the chunk's dropped
+        // entries, are durable before the chunk can be reused.
+        if wrote {
+            self.flush_capacity(inner)?;
+        }
+        self.flush_cache(inner)?;
+        inner.chunks[c as usize].state = State::Free;
+        inner.free_chunks.push_back(c);
+        inner.stats.chunks_compacted += 1;
+        Ok(())
+    }
+
+    /// Write `blocks` (lba, data) and `tombs` of `vol` as segments into its open
+    /// band (or the GC band), each padded to the write unit, under fresh
+    /// sequence numbers; remap the blocks. Returns blocks moved.
+    pub(super) fn write_segments(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        gc: bool,
+        blocks: &[(u64, &[u8])],
+        tombs: &[u64],
+    ) -> Result<u64, VolumeError> {
+        let unit = inner.cfg.write_unit_bytes / BS;
+        let bpb = inner.blocks_per_band();
+        let (mut rest, mut rest_t) = (blocks, tombs);
+        let mut moved = 0;
+        while !rest.is_empty() || !rest_t.is_empty() {
+            let band = self.open_band(inner, vol, gc)?;
+            let wp = inner.bands[band as usize].written;
+            let room = bpb - wp;
+            let n = (rest.len() as u64).min(room - 1).min(RECORD_BLOCKS_MAX as u64) as usize;
+            let t = rest_t.len().min(RECORD_BLOCKS_MAX - n);
+            let padded = segment_blocks(n as u64, unit).min(room);
+            inner.seq += 1;
+            let mut entries: Vec<Entry> =
+                rest[..n].iter().map(|&(lba, d)| Entry { lba, crc: crc32c(d), tombstone: false }).collect();
+            entries.extend(rest_t[..t].iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }));
+            let mut buf = inner.take_buf((padded * BS) as usize);
+            let h = Header {
+                kind: RecordKind::Segment,
+                seq: inner.seq,
+                volume: vol,
+                epoch: 0,
+                flushed_seq: inner.cap_flushed_seq,
+                entries,
+            };
+            encode_header(&mut buf[..BLOCK_BYTES], &h);
+            for (i, (_, d)) in rest[..n].iter().enumerate() {
+                buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(d);
+            }
+            buf[(n + 1) * BLOCK_BYTES..].fill(0);
+            let first = band as u64 * bpb + wp;
+            write_pooled(&*self.capacity, inner, first * BS, buf)?;
+            inner.stats.capacity_write_bytes += padded * BS;
+            inner.stats.compaction_pad_bytes += (padded - n as u64) * BS;
+            for (i, &(lba, _)) in rest[..n].iter().enumerate() {
+                let loc = inner.vols[vol as usize].l2p[lba as usize];
+                inner.invalidate(loc);
+                inner.vols[vol as usize].l2p[lba as usize] = Loc::capacity(first + 1 + i as u64);
+                let b = &mut inner.bands[band as usize];
+                b.p2l[(wp + 1 + i as u64) as usize] = (vol, lba);
+                b.valid += 1;
+                moved += 1;
+            }
+            let b = &mut inner.bands[band as usize];
+            b.written += padded;
+            if b.written == bpb {
+                b.state = State::Full;
+                b.closed_seq = inner.seq;
+                if gc {
+                    inner.gc_band = None;
+                } else {
+                    inner.vols[vol as usize].open_band = None;
+                }
+            }
+            rest = &rest[n..];
+            rest_t = &rest_t[t..];
+        }
+        Ok(moved)
+    }
+
+    /// The open band of a stream, opening a free one (after GC if short).
+    fn open_band(&self, inner: &mut Inner, vol: u32, gc: bool) -> Result<u32, VolumeError> {
+        let cur = if gc { inner.gc_band } else { inner.vols[vol as usize].open_band };
+        if let Some(b) = cur {
+            // A band with room for less than a header and one block is closed.
+            if inner.blocks_per_band() - inner.bands[b as usize].written >= 2 {
+                return Ok(b);
+            }
+            let band = &mut inner.bands[b as usize];
+            band.state = State::Full;
+            band.closed_seq = inner.seq;
+            if gc {
+                inner.gc_band = None;
+            } else {
+                inner.vols[vol as usize].open_band = None;
+            }
+        }
+        if !gc {
+            // Bounded: a victim that frees no more than its relocation takes
+            // cannot spin here; past the bound the caller sees NoSpace.
+            let mut rounds = inner.bands.len();
+            while inner.free_bands.len() <= inner.cfg.gc_free_bands_min && rounds > 0 {
+                if !self.collect_one(inner)? {
+                    break;
+                }
+                rounds -= 1;
+            }
+        }
+        let b = inner.free_bands.pop_front().ok_or(VolumeError::NoSpace)?;
+        let band = &mut inner.bands[b as usize];
+        assert_eq!(band.state, State::Free);
+        assert_eq!(band.valid, 0);
+        band.state = State::Open;
+        band.written = 0;
+        band.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
+        if gc {
+            inner.gc_band = Some(b);
+        } else {
+            inner.vols[vol as usize].open_band = Some(b);
+        }
+        Ok(b)
+    }
+
+    /// Reclaim one band by cost-benefit; false if nothing is reclaimable.
+    fn collect_one(&self, inner: &mut Inner) -> Result<bool, VolumeError> {
+        let bpb = inner.blocks_per_band();
+        let now = inner.seq;
+        let victim = inner
+            .bands
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.state == State::Full && (b.valid as u64) < bpb)
+            .map(|(i, b)| {
+                let u = b.valid as f64 / bpb as f64;
+                let age = (now - b.closed_seq) as f64 + 1.0;
+                (i, (1.0 - u) * age / (1.0 + u))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i as u32);
+        let Some(v) = victim else { return Ok(false) };
+        let unit = inner.cfg.write_unit_bytes / BS;
+        let first = v as u64 * bpb;
+        let written = inner.bands[v as usize].written;
+        let window_blocks = inner.blocks_per_chunk();
+        // Walk the victim segment by segment, gathering current blocks and
+        // live tombstones per volume; every chunk-sized window of them goes
+        // to the GC band as full segments under fresh sequence numbers.
+        let nv = inner.vols.len();
+        let mut gathered: Vec<(Vec<u64>, Vec<u8>, Vec<u64>)> = vec![(Vec::new(), Vec::new(), Vec::new()); nv];
+        let mut held = 0u64;
+        let mut pos = 0u64;
+        let mut wrote = false;
+        while pos < written {
+            let hb = read_pooled(&*self.capacity, inner, (first + pos) * BS, BLOCK_BYTES)?;
+            let h = decode_header(&hb);
+            inner.give_buf(hb);
+            let h = h.map_err(|e| VolumeError::Io(format!("band {v} segment at block {pos}: {e}")))?;
+            let n = h.data_blocks() as u64;
+            let vol = h.volume as usize;
+            if vol >= nv {
+                return Err(VolumeError::Io(format!("band {v} segment at block {pos}: volume {vol} unknown")));
+            }
+            let l2p = &inner.vols[vol].l2p;
+            let live: Vec<(u64, usize)> = h
+                .entries
+                .iter()
+                .filter(|e| !e.tombstone)
+                .enumerate()
+                .filter(|(i, e)| l2p.get(e.lba as usize) == Some(&Loc::capacity(first + pos + 1 + *i as u64)))
+                .map(|(i, e)| (e.lba, i))
+                .collect();
+            let tombs = h.entries.iter().filter(|e| e.tombstone && l2p.get(e.lba as usize) == Some(&Loc::NONE));
+            gathered[vol].2.extend(tombs.map(|e| e.lba));
+            if !live.is_empty() {
+                let data = read_pooled(&*self.capacity, inner, (first + pos + 1) * BS, (n * BS) as usize)?;
+                let g = &mut gathered[vol];
+                for &(lba, i) in &live {
+                    g.0.push(lba);
+                    g.1.extend_from_slice(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]);
+                }
+                inner.give_buf(data);
+                held += live.len() as u64;
+            }
+            pos += segment_blocks(n, unit);
+            if held >= window_blocks || pos >= written {
+                for (vol, g) in gathered.iter_mut().enumerate() {
+                    if g.0.is_empty() && g.2.is_empty() {
+                        continue;
+                    }
+                    let payload: Vec<(u64, &[u8])> =
+                        g.0.iter().zip(g.1.chunks(BLOCK_BYTES)).map(|(&lba, d)| (lba, d)).collect();
+                    let moved = self.write_segments(inner, vol as u32, true, &payload, &g.2)?;
+                    inner.stats.gc_bytes += moved * BS;
+                    g.0.clear();
+                    g.1.clear();
+                    g.2.clear();
+                    wrote = true;
+                }
+                held = 0;
+            }
+        }
+        assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
+        // Rule 3: relocations, and whatever made the victim's dropped entries
+        // stale, are durable before the victim is discarded.
+        if wrote {
+            self.flush_capacity(inner)?;
+        }
+        self.flush_cache(inner)?;
+        sluice_media::device::discard(&*self.capacity, first * BS, inner.cfg.band_bytes)?;
+        inner.bands[v as usize].state = State::Free;
+        inner.free_bands.push_back(v);
+        inner.stats.bands_reclaimed += 1;
+        Ok(true)
+    }
+
+    /// Flush the cache device; every record written so far is durable.
+    pub(super) fn flush_cache(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        let seq = inner.seq;
+        flush(&*self.cache)?;
+        inner.cache_flushed_seq = seq;
+        Ok(())
+    }
+
+    /// Flush the capacity device; every segment written so far is durable.
+    pub(super) fn flush_capacity(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        let seq = inner.seq;
+        flush(&*self.capacity)?;
+        inner.cap_flushed_seq = seq;
+        Ok(())
+    }
+
+    pub(super) fn read_block(&self, loc: Loc, out: &mut [u8]) -> Result<(), VolumeError> {
+        let (dev, block) = if let Some(cb) = loc.cache_block() {
+            (&self.cache, cb)
+        } else if let Some(pb) = loc.capacity_block() {
+            (&self.capacity, pb)
+        } else {
+            out.fill(0);
+            return Ok(());
+        };
+        let b = read_at(&**dev, block * BS, BLOCK_BYTES)?;
+        out.copy_from_slice(&b);
+        Ok(())
+    }
+}
