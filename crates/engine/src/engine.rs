@@ -115,8 +115,6 @@ pub enum EngineError {
     Checkpoint(#[from] crate::persist::CheckpointError),
     #[error("checkpoint checksum mismatch")]
     CheckpointChecksum,
-    #[error("the engine was not shut down cleanly; crash recovery is not implemented yet (docs/engine.md)")]
-    NeedsRecovery,
     #[error("a device failed earlier; no checkpoint was written, the next open recovers from the media")]
     Failed,
     #[error("the on-media geometry does not match these devices")]
@@ -321,44 +319,7 @@ impl Engine {
             checkpoint_crc: 0,
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
         };
-        let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
-        let blocks_per_band = (cfg.band_bytes / BS) as usize;
-        let inner = Inner {
-            vols: volumes
-                .iter()
-                .map(|v| Vol {
-                    name: v.name.clone(),
-                    l2p: vec![Loc::NONE; (v.size_bytes / BS) as usize],
-                    open_band: None,
-                })
-                .collect(),
-            chunks: (0..chunk_count)
-                .map(|_| Chunk { state: State::Free, epoch: 0, p2l: vec![(u32::MAX, 0); blocks_per_chunk], valid: 0 })
-                .collect(),
-            free_chunks: (1..chunk_count as u32).collect(),
-            full_chunks: VecDeque::new(),
-            open_chunk: None,
-            bands: (0..band_count)
-                .map(|_| Band {
-                    state: State::Free,
-                    p2l: vec![(u32::MAX, 0); blocks_per_band],
-                    valid: 0,
-                    written: 0,
-                    closed_seq: 0,
-                })
-                .collect(),
-            free_bands: (0..band_count as u32).collect(),
-            gc_band: None,
-            seq: 0,
-            stats: EngineStats::default(),
-            pool: Vec::new(),
-            sb,
-            closed: false,
-            failed: false,
-            cache_flushed_seq: 0,
-            cap_flushed_seq: 0,
-            cfg,
-        };
+        let inner = Inner::empty(cfg, sb, chunk_count, band_count);
         write_superblock(&*cache, &inner.sb)?;
         Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner) }))
     }
@@ -382,16 +343,6 @@ impl Engine {
         if sb.cache_bytes != cache.info().capacity_bytes || sb.capacity_bytes != capacity.info().capacity_bytes {
             return Err(EngineError::Geometry);
         }
-        // Step 2: only a clean shutdown left a checkpoint to trust.
-        if !sb.clean {
-            return Err(EngineError::NeedsRecovery);
-        }
-        // Step 3: the checkpoint, verified.
-        let raw = read_at(&*capacity, sb.checkpoint_offset, sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES)?;
-        let body = &raw[..sb.checkpoint_bytes as usize];
-        if crc32c(body) != sb.checkpoint_crc {
-            return Err(EngineError::CheckpointChecksum);
-        }
         let cfg = EngineConfig {
             chunk_bytes: sb.chunk_bytes,
             band_bytes: sb.band_bytes,
@@ -399,6 +350,19 @@ impl Engine {
             log_free_chunks_min: sb.log_free_chunks_min as usize,
             gc_free_bands_min: sb.gc_free_bands_min as usize,
         };
+        // Step 2: after a crash, rebuild everything from the media.
+        if !sb.clean {
+            let mut inner = recover::recover(&*cache, &*capacity, cfg, sb)?;
+            inner.sb.generation += 1;
+            write_superblock(&*cache, &inner.sb)?;
+            return Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner) }));
+        }
+        // Step 3: after a clean shutdown, the checkpoint, verified.
+        let raw = read_at(&*capacity, sb.checkpoint_offset, sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES)?;
+        let body = &raw[..sb.checkpoint_bytes as usize];
+        if crc32c(body) != sb.checkpoint_crc {
+            return Err(EngineError::CheckpointChecksum);
+        }
         let mut inner = decode_checkpoint(body, cfg, sb.clone())?;
         // Step 4: dirty before the first change.
         inner.sb.clean = false;
@@ -470,6 +434,50 @@ impl Engine {
 }
 
 impl Inner {
+    /// A state with every volume unmapped and every chunk and band free.
+    fn empty(cfg: EngineConfig, sb: Superblock, chunk_count: u64, band_count: u64) -> Inner {
+        let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
+        let blocks_per_band = (cfg.band_bytes / BS) as usize;
+        Inner {
+            vols: sb
+                .volumes
+                .iter()
+                .map(|(name, size)| Vol {
+                    name: name.clone(),
+                    l2p: vec![Loc::NONE; (size / BS) as usize],
+                    open_band: None,
+                })
+                .collect(),
+            chunks: (0..chunk_count)
+                .map(|_| Chunk { state: State::Free, epoch: 0, p2l: vec![(u32::MAX, 0); blocks_per_chunk], valid: 0 })
+                .collect(),
+            // Chunk 0 holds the superblock.
+            free_chunks: (1..chunk_count as u32).collect(),
+            full_chunks: VecDeque::new(),
+            open_chunk: None,
+            bands: (0..band_count)
+                .map(|_| Band {
+                    state: State::Free,
+                    p2l: vec![(u32::MAX, 0); blocks_per_band],
+                    valid: 0,
+                    written: 0,
+                    closed_seq: 0,
+                })
+                .collect(),
+            free_bands: (0..band_count as u32).collect(),
+            gc_band: None,
+            seq: 0,
+            stats: EngineStats::default(),
+            pool: Vec::new(),
+            sb,
+            closed: false,
+            failed: false,
+            cache_flushed_seq: 0,
+            cap_flushed_seq: 0,
+            cfg,
+        }
+    }
+
     /// A buffer of exactly `len` bytes from the pool (contents undefined).
     fn take_buf(&mut self, len: usize) -> IoBuf {
         match self.pool.iter().position(|b| b.len() == len) {

@@ -1,6 +1,7 @@
 //! Sluice's engine: volumes of 4 KiB blocks over a cache device (a FIFO write
 //! log) and a capacity device, written against the media traits only.
 
+pub mod crashsim;
 pub mod engine;
 pub mod layout;
 pub mod persist;

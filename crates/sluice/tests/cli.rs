@@ -72,3 +72,13 @@ fn bench_trace_replays_a_csv_trace() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("4 records (1 reads, 1 writes, 1 trims, 1 flushes)"));
 }
+
+#[test]
+fn sim_runs_a_seed_range_and_reports_its_crashes() {
+    let out = sluice().args(["sim", "--seeds", "3", "--seed-start", "1000", "--ops", "900"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("3 seeds from 1000") && text.contains("all passed"), "{text}");
+    let bad = sluice().args(["sim", "--seeds", "x"]).output().unwrap();
+    assert!(!bad.status.success());
+}
