@@ -5,7 +5,7 @@
 //! 1. **Bands.** Walk every band of the capacity device segment by segment
 //!    from its start, reading headers only, until a header does not check
 //!    (never written, discarded, or torn). Note the largest `flushed_seq`.
-//! 2. **Chunks.** Read every log chunk whole and walk its records from the
+//! 2. **Chunks.** Read every log chunk whole (on every core) and walk its records from the
 //!    start while they check and carry the first record's epoch (a reused
 //!    chunk still holds the previous generation past its new records). Every
 //!    data block's CRC is verified: a torn record keeps its intact blocks.
@@ -51,11 +51,60 @@ impl Scan {
             *b = Best { seq, loc };
         }
     }
+}
 
-    /// Whether a header names a known volume and only LBAs inside it.
-    fn fits(&self, h: &Header) -> bool {
-        self.best.get(h.volume as usize).is_some_and(|v| h.entries.iter().all(|e| (e.lba as usize) < v.len()))
+/// One entry found in a chunk: a candidate for its LBA.
+struct Offer {
+    vol: u32,
+    lba: u64,
+    seq: u64,
+    loc: Loc,
+}
+
+/// What one chunk holds: its epoch (None: no valid record), its entries.
+struct ChunkScan {
+    chunk: u32,
+    epoch: Option<u64>,
+    seq_max: u64,
+    offers: Vec<Offer>,
+}
+
+/// Whether a header names a known volume and only LBAs inside it.
+fn fits(vol_blocks: &[usize], h: &Header) -> bool {
+    vol_blocks.get(h.volume as usize).is_some_and(|&n| h.entries.iter().all(|e| (e.lba as usize) < n))
+}
+
+/// Walk the records of chunk `c`, read whole into `data` (see step 2).
+fn walk_chunk(c: u32, bpc: u64, data: &[u8], vol_blocks: &[usize]) -> ChunkScan {
+    let base = c as u64 * bpc;
+    let mut out = ChunkScan { chunk: c, epoch: None, seq_max: 0, offers: Vec::new() };
+    let mut pos = 0u64;
+    while pos < bpc {
+        let at = (pos * BS) as usize;
+        let Ok(h) = decode_header(&data[at..at + BLOCK_BYTES]) else { break };
+        let n = h.data_blocks() as u64;
+        let ok_kind = matches!(h.kind, RecordKind::Write | RecordKind::Trim);
+        if !ok_kind || pos + 1 + n > bpc || !fits(vol_blocks, &h) || *out.epoch.get_or_insert(h.epoch) != h.epoch {
+            break;
+        }
+        out.seq_max = out.seq_max.max(h.seq).max(h.epoch);
+        let mut data_i = 0u64;
+        for e in &h.entries {
+            let (vol, lba, seq) = (h.volume, e.lba, h.seq);
+            if e.tombstone {
+                out.offers.push(Offer { vol, lba, seq, loc: Loc::NONE });
+            } else {
+                let block = pos + 1 + data_i;
+                let d = &data[(block * BS) as usize..((block + 1) * BS) as usize];
+                if crc32c(d) == e.crc {
+                    out.offers.push(Offer { vol, lba, seq, loc: Loc::cache(base + block) });
+                }
+                data_i += 1;
+            }
+        }
+        pos += 1 + n;
     }
+    out
 }
 
 /// A segment found in step 1: band, offset of its header, the header.
@@ -80,6 +129,7 @@ pub(super) fn recover(
         best: inner.vols.iter().map(|v| vec![Best { seq: 0, loc: Loc::NONE }; v.l2p.len()]).collect(),
         seq_max: 0,
     };
+    let vol_blocks: Vec<usize> = inner.vols.iter().map(|v| v.l2p.len()).collect();
 
     // Step 1: band headers.
     let mut segments: Vec<Segment> = Vec::new();
@@ -91,7 +141,7 @@ pub(super) fn recover(
             let hb = read_at(capacity, (first + pos) * BS, BLOCK_BYTES)?;
             let Ok(h) = decode_header(&hb) else { break };
             let n = h.data_blocks() as u64;
-            if h.kind != RecordKind::Segment || pos + 1 + n > bpb || !scan.fits(&h) {
+            if h.kind != RecordKind::Segment || pos + 1 + n > bpb || !fits(&vol_blocks, &h) {
                 break;
             }
             cap_watermark = cap_watermark.max(h.flushed_seq);
@@ -103,49 +153,65 @@ pub(super) fn recover(
         b.written = pos;
     }
 
-    // Step 2: the log, chunk by chunk.
-    let mut chunk_epochs: Vec<(u64, u32)> = Vec::new();
-    let mut data = IoBuf::zeroed((bpc * BS) as usize);
-    for c in 1..chunk_count as u32 {
-        let base = c as u64 * bpc;
-        let req = IoRequest { op: IoOp::Read, offset: base * BS, len: bpc * BS, buf: data, fua: false, user_data: 0 };
-        let done = sync_io(cache, req);
-        data = done.buf;
-        done.result?;
-        let mut pos = 0u64;
-        let mut epoch = None;
-        while pos < bpc {
-            let at = (pos * BS) as usize;
-            let Ok(h) = decode_header(&data[at..at + BLOCK_BYTES]) else { break };
-            let n = h.data_blocks() as u64;
-            let ok_kind = matches!(h.kind, RecordKind::Write | RecordKind::Trim);
-            if !ok_kind || pos + 1 + n > bpc || !scan.fits(&h) || *epoch.get_or_insert(h.epoch) != h.epoch {
+    // Step 2: the log, chunk by chunk. This thread reads (the device is used
+    // one request at a time); workers walk and CRC-check the chunks it read,
+    // so reading and checking the whole cache overlap across cores.
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
+    let (work_tx, work_rx) = std::sync::mpsc::sync_channel::<(u32, IoBuf)>(workers);
+    let work_rx = Mutex::new(work_rx);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<(IoBuf, ChunkScan)>();
+    let mut scans: Vec<ChunkScan> = Vec::new();
+    let mut read_error = None;
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            let (work_rx, done_tx, vol_blocks) = (&work_rx, done_tx.clone(), &vol_blocks);
+            s.spawn(move || loop {
+                let next = work_rx.lock().expect("work queue").recv();
+                let Ok((c, buf)) = next else { break };
+                let cs = walk_chunk(c, bpc, &buf, vol_blocks);
+                if done_tx.send((buf, cs)).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(done_tx);
+        let mut spare: Vec<IoBuf> = (0..workers + 1).map(|_| IoBuf::zeroed((bpc * BS) as usize)).collect();
+        for c in 1..chunk_count as u32 {
+            let buf = match spare.pop() {
+                Some(b) => b,
+                None => {
+                    let (b, cs) = done_rx.recv().expect("workers alive while work is queued");
+                    scans.push(cs);
+                    b
+                }
+            };
+            let offset = c as u64 * bpc * BS;
+            let req = IoRequest { op: IoOp::Read, offset, len: bpc * BS, buf, fua: false, user_data: 0 };
+            let done = sync_io(cache, req);
+            if let Err(e) = done.result {
+                read_error = Some(e);
                 break;
             }
-            scan.seq_max = scan.seq_max.max(h.seq).max(h.epoch);
-            let mut data_i = 0u64;
-            for e in &h.entries {
-                if e.tombstone {
-                    scan.offer(h.volume, e.lba, h.seq, Loc::NONE);
-                } else {
-                    let block = pos + 1 + data_i;
-                    let d = &data[(block * BS) as usize..((block + 1) * BS) as usize];
-                    if crc32c(d) == e.crc {
-                        scan.offer(h.volume, e.lba, h.seq, Loc::cache(base + block));
-                    }
-                    data_i += 1;
-                }
-            }
-            pos += 1 + n;
+            work_tx.send((c, done.buf)).expect("workers alive");
         }
-        if let Some(e) = epoch {
-            let ch = &mut inner.chunks[c as usize];
-            ch.state = State::Full;
-            ch.epoch = e;
-            chunk_epochs.push((e, c));
+        drop(work_tx);
+        scans.extend(done_rx.iter().map(|(_, cs)| cs));
+    });
+    if let Some(e) = read_error {
+        return Err(e.into());
+    }
+    let mut chunk_epochs: Vec<(u64, u32)> = Vec::new();
+    for cs in scans {
+        let Some(e) = cs.epoch else { continue };
+        let ch = &mut inner.chunks[cs.chunk as usize];
+        ch.state = State::Full;
+        ch.epoch = e;
+        chunk_epochs.push((e, cs.chunk));
+        scan.seq_max = scan.seq_max.max(cs.seq_max);
+        for o in cs.offers {
+            scan.offer(o.vol, o.lba, o.seq, o.loc);
         }
     }
-    drop(data);
 
     // Step 3: segments, verifying data written after the last flush.
     for s in &segments {
