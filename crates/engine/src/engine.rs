@@ -260,6 +260,8 @@ pub struct Engine {
     cache: Arc<dyn BlockDevice>,
     capacity: Arc<dyn BlockDevice>,
     inner: Mutex<Inner>,
+    /// Set when `open` found an unclean stop: how long recovery took.
+    recovered_in: Option<std::time::Duration>,
 }
 
 impl Engine {
@@ -321,7 +323,7 @@ impl Engine {
         };
         let inner = Inner::empty(cfg, sb, chunk_count, band_count);
         write_superblock(&*cache, &inner.sb)?;
-        Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner) }))
+        Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner), recovered_in: None }))
     }
 
     /// Reopen an engine from its devices after a clean shutdown.
@@ -352,10 +354,12 @@ impl Engine {
         };
         // Step 2: after a crash, rebuild everything from the media.
         if !sb.clean {
+            let t = std::time::Instant::now();
             let mut inner = recover::recover(&*cache, &*capacity, cfg, sb)?;
             inner.sb.generation += 1;
             write_superblock(&*cache, &inner.sb)?;
-            return Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner) }));
+            let recovered_in = Some(t.elapsed());
+            return Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner), recovered_in }));
         }
         // Step 3: after a clean shutdown, the checkpoint, verified.
         let raw = read_at(&*capacity, sb.checkpoint_offset, sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES)?;
@@ -368,7 +372,7 @@ impl Engine {
         inner.sb.clean = false;
         inner.sb.generation += 1;
         write_superblock(&*cache, &inner.sb)?;
-        Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner) }))
+        Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner), recovered_in: None }))
     }
 
     /// Clean shutdown: flush, write the checkpoint, mark the superblock
@@ -406,6 +410,12 @@ impl Engine {
         let id = inner.vols.iter().position(|v| v.name == name).ok_or_else(|| EngineError::NoVolume(name.into()))?;
         let size_bytes = inner.vols[id].l2p.len() as u64 * BS;
         Ok(EngineVolume { engine: self.clone(), id: id as u32, name: name.to_string(), size_bytes })
+    }
+
+    /// If this engine was opened after an unclean stop: how long the
+    /// recovery from the media took.
+    pub fn recovered_in(&self) -> Option<std::time::Duration> {
+        self.recovered_in
     }
 
     pub fn stats(&self) -> EngineStats {

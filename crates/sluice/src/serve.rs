@@ -194,6 +194,9 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 pub fn run(cfg: Config) -> Result<(), ServeError> {
     let set = block_signals();
     let engine = open_engine(&cfg)?;
+    if let Some(t) = engine.recovered_in() {
+        eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64());
+    }
     let mut exports: Vec<Arc<dyn Volume>> = Vec::new();
     for v in &cfg.volumes {
         exports.push(Arc::new(engine.volume(&v.name)?));

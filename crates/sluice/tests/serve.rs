@@ -46,10 +46,9 @@ fn qemu_io(port: u16, cmds: &[&str]) -> String {
     text
 }
 
-#[test]
-fn data_survives_a_clean_restart() {
-    need("qemu-io");
-    let dir = std::env::temp_dir().join(format!("sluice-serve-{}", std::process::id()));
+/// A fresh directory with a small file-backed config; returns (dir, config).
+fn small_config(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("sluice.toml");
@@ -64,6 +63,13 @@ fn data_survives_a_clean_restart() {
         ),
     )
     .unwrap();
+    (dir, config)
+}
+
+#[test]
+fn data_survives_a_clean_restart() {
+    need("qemu-io");
+    let (dir, config) = small_config("serve");
     let (server, port) = start(&config);
     // More than the 64 MiB cache holds: compaction runs while we write.
     qemu_io(port, &["write -P 0xab 0 96M", "write -P 0xcd 200M 64k", "write -z 4M 4M", "flush"]);
@@ -74,6 +80,33 @@ fn data_survives_a_clean_restart() {
     qemu_io(port, &["read -P 0xab 0 4M", "read -P 0 4M 4M", "read -P 0xab 8M 88M", "read -P 0xcd 200M 64k"]);
     qemu_io(port, &["read -P 0 201M 1M"]);
     stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn flushed_data_survives_kill_9() {
+    need("qemu-io");
+    let (dir, config) = small_config("kill9");
+    let (mut server, port) = start(&config);
+    // More than the cache holds, so compaction has moved data to capacity
+    // bands; then a trim, then a flush; then more writes nobody flushed.
+    qemu_io(port, &["write -P 0x5a 0 80M", "write -z 8M 1M", "discard 16M 1M", "flush"]);
+    qemu_io(port, &["write -P 0x77 32M 1M"]);
+    server.kill().unwrap(); // SIGKILL: no shutdown, no checkpoint
+    let out = server.wait_with_output().unwrap();
+    assert!(!out.status.success());
+
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0x5a 0 8M", "read -P 0 8M 1M", "read -P 0x5a 9M 7M", "read -P 0 16M 1M"]);
+    qemu_io(port, &["read -P 0x5a 17M 15M", "read -P 0x5a 33M 47M"]);
+    // The unflushed write reached the file devices before the kill (a
+    // process crash, not a power loss), so recovery finds it whole.
+    qemu_io(port, &["read -P 0x77 32M 1M"]);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let out = server.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("recovered from the devices") && err.contains("clean shutdown"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
