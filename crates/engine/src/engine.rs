@@ -28,11 +28,12 @@
 //! commit and background compaction threads with a rate controller.
 
 use crate::layout::{crc32c, encode_header, BLOCK_BYTES, RECORD_BLOCKS_MAX};
+use crate::metrics::{Op, OpSnapshot, VolumeMetrics};
 use crate::persist::{CheckpointError, Reader, Superblock, Writer};
 use crate::volume::{check, Extent, Volume, VolumeError};
 use serde::Serialize;
 use sluice_media::device::{flush, read_at, sync_io, write_at};
-use sluice_media::{BlockDevice, DeviceError, IoBuf, IoOp, IoRequest};
+use sluice_media::{BlockDevice, DeviceError, DeviceStats, IoBuf, IoOp, IoRequest};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
@@ -262,9 +263,21 @@ pub struct Engine {
     inner: Mutex<Inner>,
     /// Set when `open` found an unclean stop: how long recovery took.
     recovered_in: Option<std::time::Duration>,
+    /// Request metrics, one per volume (shared by every handle to it).
+    metrics: Vec<Arc<VolumeMetrics>>,
 }
 
 impl Engine {
+    fn assemble(
+        cache: Arc<dyn BlockDevice>,
+        capacity: Arc<dyn BlockDevice>,
+        inner: Inner,
+        recovered_in: Option<std::time::Duration>,
+    ) -> Arc<Engine> {
+        let metrics = inner.vols.iter().map(|_| Arc::new(VolumeMetrics::default())).collect();
+        Arc::new(Engine { cache, capacity, inner: Mutex::new(inner), recovered_in, metrics })
+    }
+
     /// Create a fresh engine on the two devices with these volumes.
     pub fn create(
         cache: Arc<dyn BlockDevice>,
@@ -323,7 +336,7 @@ impl Engine {
         };
         let inner = Inner::empty(cfg, sb, chunk_count, band_count);
         write_superblock(&*cache, &inner.sb)?;
-        Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner), recovered_in: None }))
+        Ok(Engine::assemble(cache, capacity, inner, None))
     }
 
     /// Reopen an engine from its devices after a clean shutdown.
@@ -359,7 +372,7 @@ impl Engine {
             inner.sb.generation += 1;
             write_superblock(&*cache, &inner.sb)?;
             let recovered_in = Some(t.elapsed());
-            return Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner), recovered_in }));
+            return Ok(Engine::assemble(cache, capacity, inner, recovered_in));
         }
         // Step 3: after a clean shutdown, the checkpoint, verified.
         let raw = read_at(&*capacity, sb.checkpoint_offset, sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES)?;
@@ -372,7 +385,7 @@ impl Engine {
         inner.sb.clean = false;
         inner.sb.generation += 1;
         write_superblock(&*cache, &inner.sb)?;
-        Ok(Arc::new(Engine { cache, capacity, inner: Mutex::new(inner), recovered_in: None }))
+        Ok(Engine::assemble(cache, capacity, inner, None))
     }
 
     /// Clean shutdown: flush, write the checkpoint, mark the superblock
@@ -409,7 +422,13 @@ impl Engine {
         let inner = self.lock();
         let id = inner.vols.iter().position(|v| v.name == name).ok_or_else(|| EngineError::NoVolume(name.into()))?;
         let size_bytes = inner.vols[id].l2p.len() as u64 * BS;
-        Ok(EngineVolume { engine: self.clone(), id: id as u32, name: name.to_string(), size_bytes })
+        Ok(EngineVolume {
+            engine: self.clone(),
+            id: id as u32,
+            name: name.to_string(),
+            size_bytes,
+            metrics: self.metrics[id].clone(),
+        })
     }
 
     /// If this engine was opened after an unclean stop: how long the
@@ -420,6 +439,39 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.lock().stats
+    }
+
+    /// Everything an operator watches, copied at one moment: counters, log
+    /// and band occupancy, both devices' counters, per-volume requests.
+    pub fn snapshot(&self) -> EngineSnapshot {
+        let inner = self.lock();
+        let chunks = inner.chunks.len() as u64 - 1; // chunk 0: superblock
+        let cache_valid: u64 = inner.chunks.iter().map(|c| c.valid as u64).sum();
+        let volumes = inner
+            .vols
+            .iter()
+            .zip(&self.metrics)
+            .map(|(v, m)| VolumeSnapshot {
+                name: v.name.clone(),
+                size_bytes: v.l2p.len() as u64 * BS,
+                ops: m.snapshot(),
+            })
+            .collect();
+        EngineSnapshot {
+            stats: inner.stats,
+            host_waf: inner.stats.host_waf(),
+            log_chunks: chunks,
+            log_chunks_free: inner.free_chunks.len() as u64,
+            log_chunk_bytes: inner.cfg.chunk_bytes,
+            cache_valid_bytes: cache_valid * BS,
+            bands: inner.bands.len() as u64,
+            bands_free: inner.free_bands.len() as u64,
+            band_bytes: inner.cfg.band_bytes,
+            failed: inner.failed,
+            cache_device: self.cache.stats(),
+            capacity_device: self.capacity.stats(),
+            volumes,
+        }
     }
 
     /// The cache and capacity devices.
@@ -590,6 +642,62 @@ pub struct EngineVolume {
     id: u32,
     name: String,
     size_bytes: u64,
+    metrics: Arc<VolumeMetrics>,
+}
+
+/// One volume in an [`EngineSnapshot`].
+#[derive(Clone, Debug, Serialize)]
+pub struct VolumeSnapshot {
+    pub name: String,
+    pub size_bytes: u64,
+    /// read, write, trim (incl. write-zeroes), flush.
+    pub ops: Vec<OpSnapshot>,
+}
+
+/// See [`Engine::snapshot`].
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineSnapshot {
+    pub stats: EngineStats,
+    pub host_waf: f64,
+    pub log_chunks: u64,
+    pub log_chunks_free: u64,
+    pub log_chunk_bytes: u64,
+    /// Bytes of current data in the cache log (the rest is stale or free).
+    pub cache_valid_bytes: u64,
+    pub bands: u64,
+    pub bands_free: u64,
+    pub band_bytes: u64,
+    /// A device failed under a change: writes are refused until reopen.
+    pub failed: bool,
+    pub cache_device: DeviceStats,
+    pub capacity_device: DeviceStats,
+    pub volumes: Vec<VolumeSnapshot>,
+}
+
+impl EngineVolume {
+    /// Run one request and count it (latency, bytes, error) in the metrics.
+    fn timed<T>(&self, op: Op, bytes: u64, f: impl FnOnce() -> Result<T, VolumeError>) -> Result<T, VolumeError> {
+        let t = std::time::Instant::now();
+        let r = f();
+        self.metrics.record(op, bytes, t.elapsed().as_nanos() as u64, r.is_ok());
+        r
+    }
+
+    fn trim_blocks(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
+        check(self, offset, len)?;
+        self.change(|e, inner| {
+            e.trim_logged(inner, self.id, offset / BS..(offset + len) / BS)?;
+            inner.stats.user_trim_bytes += len;
+            Ok(())
+        })
+    }
+
+    fn flush_both(&self) -> Result<(), VolumeError> {
+        self.change(|e, inner| {
+            e.flush_cache(inner)?;
+            e.flush_capacity(inner)
+        })
+    }
 }
 
 impl Volume for EngineVolume {
@@ -602,56 +710,54 @@ impl Volume for EngineVolume {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
-        check(self, offset, buf.len() as u64)?;
-        let e = &self.engine;
-        let mut inner = self.live()?;
-        let lba0 = offset / BS;
-        for (i, out) in buf.chunks_mut(BLOCK_BYTES).enumerate() {
-            let loc = inner.vols[self.id as usize].l2p[(lba0 + i as u64) as usize];
-            e.read_block(loc, out)?;
-        }
-        inner.stats.user_read_bytes += buf.len() as u64;
-        Ok(())
+        self.timed(Op::Read, buf.len() as u64, || {
+            check(self, offset, buf.len() as u64)?;
+            let e = &self.engine;
+            let mut inner = self.live()?;
+            let lba0 = offset / BS;
+            for (i, out) in buf.chunks_mut(BLOCK_BYTES).enumerate() {
+                let loc = inner.vols[self.id as usize].l2p[(lba0 + i as u64) as usize];
+                e.read_block(loc, out)?;
+            }
+            inner.stats.user_read_bytes += buf.len() as u64;
+            Ok(())
+        })
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
-        check(self, offset, data.len() as u64)?;
-        self.change(|e, inner| {
-            let lba0 = offset / BS;
-            let per = RECORD_BLOCKS_MAX * BLOCK_BYTES;
-            let pieces = data.chunks(per).count();
-            for (i, piece) in data.chunks(per).enumerate() {
-                // FUA covers the whole request: flush once, after the last piece.
-                e.append(inner, self.id, lba0 + (i * RECORD_BLOCKS_MAX) as u64, piece, fua && i + 1 == pieces)?;
-            }
-            inner.stats.user_write_bytes += data.len() as u64;
-            Ok(())
+        self.timed(Op::Write, data.len() as u64, || {
+            check(self, offset, data.len() as u64)?;
+            self.change(|e, inner| {
+                let lba0 = offset / BS;
+                let per = RECORD_BLOCKS_MAX * BLOCK_BYTES;
+                let pieces = data.chunks(per).count();
+                for (i, piece) in data.chunks(per).enumerate() {
+                    // FUA covers the whole request: flush once, after the last piece.
+                    e.append(inner, self.id, lba0 + (i * RECORD_BLOCKS_MAX) as u64, piece, fua && i + 1 == pieces)?;
+                }
+                inner.stats.user_write_bytes += data.len() as u64;
+                Ok(())
+            })
         })
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
-        check(self, offset, len)?;
-        self.change(|e, inner| {
-            e.trim_logged(inner, self.id, offset / BS..(offset + len) / BS)?;
-            inner.stats.user_trim_bytes += len;
-            Ok(())
-        })
+        self.timed(Op::Trim, len, || self.trim_blocks(offset, len))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolumeError> {
         // Unmapped blocks read as zeros, so zeroing is deallocation.
-        self.trim(offset, len)?;
-        if fua {
-            self.flush()?;
-        }
-        Ok(())
+        self.timed(Op::Trim, len, || {
+            self.trim_blocks(offset, len)?;
+            if fua {
+                self.flush_both()?;
+            }
+            Ok(())
+        })
     }
 
     fn flush(&self) -> Result<(), VolumeError> {
-        self.change(|e, inner| {
-            e.flush_cache(inner)?;
-            e.flush_capacity(inner)
-        })
+        self.timed(Op::Flush, 0, || self.flush_both())
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {

@@ -4,9 +4,12 @@
 pub mod crashsim;
 pub mod engine;
 pub mod layout;
+pub mod metrics;
 pub mod persist;
 pub mod sim;
 pub mod volume;
 
-pub use engine::{Engine, EngineConfig, EngineError, EngineStats, EngineVolume, VolumeSpec};
+pub use engine::{
+    Engine, EngineConfig, EngineError, EngineSnapshot, EngineStats, EngineVolume, VolumeSnapshot, VolumeSpec,
+};
 pub use volume::{Extent, Volume, VolumeError};

@@ -10,5 +10,5 @@ pub mod server;
 pub mod stream;
 mod transmission;
 
-pub use server::{ConnError, Server, ServerError, ServerHandle, ServerOptions, StatsSnapshot};
+pub use server::{ConnError, Server, ServerError, ServerHandle, ServerMonitor, ServerOptions, StatsSnapshot};
 pub use stream::{ListenAddr, Listener, Stream};

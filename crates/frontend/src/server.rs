@@ -240,6 +240,24 @@ impl Server {
     }
 }
 
+/// Read-only view of a listener's counters; cheap to clone.
+#[derive(Clone)]
+pub struct ServerMonitor {
+    conns: Arc<Registry>,
+    stats: Arc<ServerStats>,
+}
+
+impl ServerMonitor {
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// Connections currently open.
+    pub fn connections(&self) -> usize {
+        self.conns.lock().live.len()
+    }
+}
+
 /// A running listener: its address, its counters, and the way to stop it.
 pub struct ServerHandle {
     addr: ListenAddr,
@@ -270,6 +288,12 @@ impl ServerHandle {
     /// Connections currently open.
     pub fn connections(&self) -> usize {
         self.conns.lock().live.len()
+    }
+
+    /// A handle that reads this listener's counters from another thread
+    /// (a metrics endpoint), also after the listener shut down.
+    pub fn monitor(&self) -> ServerMonitor {
+        ServerMonitor { conns: self.conns.clone(), stats: self.stats.clone() }
     }
 
     /// Stops accepting, lets in-flight requests finish and be answered,

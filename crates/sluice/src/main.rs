@@ -8,6 +8,7 @@
 //! compared run to run. `sluice sim` runs the engine's crash simulation over
 //! any range of seeds. Errors are typed below and print as one clear line.
 
+mod metrics;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +42,19 @@ enum Cmd {
     Bench {
         #[command(subcommand)]
         what: Bench,
+    },
+    /// A running server's per-volume IOPS, bandwidth, latency, cache
+    /// occupancy, WAF and compaction/GC rates (from its metrics endpoint).
+    Stats {
+        /// The server's `metrics_listen` address.
+        #[arg(long, default_value = "127.0.0.1:10810")]
+        addr: String,
+        /// Seconds between the two scrapes the rates come from.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
     },
     /// Crash simulation of the engine: random I/O, power lost at random
     /// moments, reopen, every block checked. Stops at the first failing seed.
@@ -306,6 +320,22 @@ fn sim(seeds: u64, seed_start: u64, ops: usize) -> Result<(), CliError> {
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Sim { seeds, seed_start, ops } => sim(seeds, seed_start, ops),
+        Cmd::Stats { addr, interval, json } => {
+            if !(interval > 0.0 && interval <= 3600.0) {
+                return Err(CliError("--interval must be in (0, 3600] seconds".into()));
+            }
+            let a = metrics::scrape(&addr).map_err(CliError)?;
+            let t = Instant::now();
+            std::thread::sleep(std::time::Duration::from_secs_f64(interval));
+            let b = metrics::scrape(&addr).map_err(CliError)?;
+            let s = metrics::stats(&a, &b, t.elapsed().as_secs_f64());
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                metrics::print_table(&s);
+            }
+            Ok(())
+        }
         Cmd::Serve { config } => Ok(serve::run(serve::Config::load(config.as_deref())?)?),
         Cmd::Bench { what } => match what {
             Bench::Media { quick, json, only } => bench_media(quick, &json, only.as_deref()),

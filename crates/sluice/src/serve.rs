@@ -11,9 +11,10 @@
 //! The signal mask is set before any thread starts, and the main thread waits
 //! in `sigwait`: no handler runs on an arbitrary thread.
 
+use crate::metrics::NbdCounters;
 use serde::Deserialize;
 use sluice_engine::{Engine, EngineConfig, EngineError, Volume, VolumeSpec};
-use sluice_frontend::{Listener, Server, ServerOptions};
+use sluice_frontend::{Listener, Server, ServerMonitor, ServerOptions};
 use sluice_media::{BlockDevice, CacheMode, FileDevice, FileOptions, MemoryDevice};
 use sluice_workload::parse_bytes;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,8 @@ pub struct Config {
     pub listen: Vec<String>,
     /// Unix socket path (relative paths are inside `data_dir`); "" for none.
     pub unix_socket: String,
+    /// Address of the Prometheus metrics endpoint (`GET /metrics`); "" for none.
+    pub metrics_listen: String,
     pub cache: DeviceConfig,
     pub capacity: DeviceConfig,
     pub engine: EngineSection,
@@ -79,6 +82,7 @@ impl Default for Config {
             data_dir: PathBuf::from("sluice-data"),
             listen: vec!["127.0.0.1:10809".into()],
             unix_socket: "sluice.sock".into(),
+            metrics_listen: "127.0.0.1:10810".into(),
             cache: DeviceConfig { kind: "file".into(), path: "cache.img".into(), size: "1g".into() },
             capacity: DeviceConfig { kind: "file".into(), path: "capacity.img".into(), size: "8g".into() },
             engine: EngineSection::default(),
@@ -218,6 +222,28 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
             cfg.volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(","),
             h.local_addr()
         );
+    }
+    if !cfg.metrics_listen.is_empty() {
+        let what = || format!("metrics_listen {}", cfg.metrics_listen);
+        let l = std::net::TcpListener::bind(&cfg.metrics_listen)
+            .map_err(|source| ServeError::Io { what: what(), source })?;
+        let addr = l.local_addr().map_err(|source| ServeError::Io { what: what(), source })?;
+        let monitors: Vec<ServerMonitor> = handles.iter().map(|h| h.monitor()).collect();
+        let counters = move || {
+            let mut c = NbdCounters::default();
+            for m in &monitors {
+                let s = m.stats();
+                c.connections_open += m.connections() as u64;
+                c.connections_accepted += s.connections_accepted;
+                c.connections_refused += s.connections_refused;
+                c.connections_failed += s.connections_failed;
+                c.requests += s.requests;
+                c.request_errors += s.request_errors;
+            }
+            c
+        };
+        crate::metrics::spawn(l, engine.clone(), counters).map_err(|source| ServeError::Io { what: what(), source })?;
+        println!("sluice: metrics on http://{addr}/metrics");
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();

@@ -12,6 +12,12 @@ fn need(bin: &str) {
 
 /// Start the server; returns it and its TCP port (read from its first line).
 fn start(config: &Path) -> (Child, u16) {
+    let (child, port, _) = start_with_metrics(config);
+    (child, port)
+}
+
+/// Start the server; also returns the metrics address (its second line).
+fn start_with_metrics(config: &Path) -> (Child, u16, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--config"])
         .arg(config)
@@ -19,11 +25,20 @@ fn start(config: &Path) -> (Child, u16) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sluice serve");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().expect("stdout")).read_line(&mut line).expect("first line");
+    out.read_line(&mut line).expect("first line");
     let port =
         line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no port in {line:?}"));
-    (child, port)
+    let mut metrics = String::new();
+    out.read_line(&mut metrics).expect("second line");
+    let metrics = metrics
+        .trim()
+        .strip_prefix("sluice: metrics on http://")
+        .and_then(|m| m.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics address in {metrics:?}"))
+        .to_string();
+    (child, port, metrics)
 }
 
 fn stop(child: Child) {
@@ -55,7 +70,7 @@ fn small_config(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     std::fs::write(
         &config,
         format!(
-            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\n\
+            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\nmetrics_listen = \"127.0.0.1:0\"\n\
              [cache]\nsize = \"64m\"\n[capacity]\nsize = \"1g\"\n\
              [engine]\nchunk_size = \"4m\"\nband_size = \"32m\"\n\
              [[volume]]\nname = \"default\"\nsize = \"256m\"\n",
@@ -107,6 +122,58 @@ fn flushed_data_survives_kill_9() {
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("recovered from the devices") && err.contains("clean shutdown"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// GET `path` from the metrics endpoint: (status line, body).
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+#[test]
+fn metrics_endpoint_and_sluice_stats_report_the_traffic() {
+    need("qemu-io");
+    let (dir, config) = small_config("metrics");
+    let (server, port, metrics) = start_with_metrics(&config);
+    qemu_io(port, &["write -P 0x11 0 8M", "read -P 0x11 0 4M", "discard 4M 1M", "flush"]);
+    let (status, body) = http_get(&metrics, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    for want in [
+        "# TYPE sluice_volume_ops_total counter",
+        "sluice_volume_bytes_total{volume=\"default\",op=\"write\"} 8388608",
+        "sluice_volume_bytes_total{volume=\"default\",op=\"read\"} 4194304",
+        "sluice_volume_bytes_total{volume=\"default\",op=\"trim\"} 1048576",
+        "sluice_volume_latency_seconds{volume=\"default\",op=\"write\",quantile=\"0.99\"}",
+        "sluice_engine_user_write_bytes_total 8388608",
+        "sluice_device_host_write_bytes_total{device=\"cache\"}",
+        "sluice_nbd_connections_accepted_total",
+    ] {
+        assert!(body.contains(want), "missing {want:?} in\n{body}");
+    }
+    assert!(http_get(&metrics, "/nope").0.contains("404"));
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["stats", "--json", "--interval", "0.2", "--addr", &metrics])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["volumes"][0]["volume"], "default");
+    assert_eq!(v["volumes"][0]["user_write_bytes"], 8388608.0);
+    assert!(v["volumes"][0]["write_p99_us"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["host_waf"].as_f64().unwrap() >= 1.0, "{v}");
+    let table = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["stats", "--addr", &metrics]).output().unwrap();
+    assert!(String::from_utf8_lossy(&table.stdout).contains("cache occupancy"));
+    stop(server);
+    // No server there: a clear error, not a hang or a panic.
+    let dead = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["stats", "--addr", &metrics]).output().unwrap();
+    assert!(!dead.status.success());
+    assert!(String::from_utf8_lossy(&dead.stderr).contains("metrics endpoint"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
