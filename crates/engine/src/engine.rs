@@ -40,8 +40,11 @@ use std::sync::{Arc, Mutex};
 mod checkpoint;
 mod datapath;
 mod recover;
+mod zoned;
 
 use checkpoint::{checkpoint_bytes_max, decode_checkpoint, encode_checkpoint};
+use sluice_media::ZoneState;
+use zoned::CapGeometry;
 
 const BS: u64 = BLOCK_BYTES as u64;
 
@@ -230,6 +233,8 @@ impl EngineStats {
 
 struct Inner {
     cfg: EngineConfig,
+    /// The capacity device's band geometry (zones on a zoned device).
+    geo: CapGeometry,
     vols: Vec<Vol>,
     chunks: Vec<Chunk>,
     free_chunks: VecDeque<u32>,
@@ -282,9 +287,19 @@ impl Engine {
     pub fn create(
         cache: Arc<dyn BlockDevice>,
         capacity: Arc<dyn BlockDevice>,
-        cfg: EngineConfig,
+        mut cfg: EngineConfig,
         volumes: &[VolumeSpec],
     ) -> Result<Arc<Engine>, EngineError> {
+        // On a zoned capacity device, bands are its zones.
+        let geo = CapGeometry::of(&*capacity, cfg.band_bytes);
+        cfg.band_bytes = geo.band_bytes;
+        // Partially written zones: one open band per volume, the GC band, and
+        // (briefly, at shutdown) the checkpoint's last zone.
+        if geo.max_active != 0 && volumes.len() as u64 + 2 > geo.max_active as u64 {
+            return Err(EngineError::Config(
+                "more volumes than the zoned device's active-zone limit allows (volumes + 2)",
+            ));
+        }
         if !cfg.chunk_bytes.is_multiple_of(BS) || cfg.chunk_bytes < 2 * BS {
             return Err(EngineError::Config("chunk_bytes must be ≥ 2 blocks and a multiple of 4 KiB"));
         }
@@ -307,12 +322,13 @@ impl Engine {
         let all_bands = capacity.info().capacity_bytes / cfg.band_bytes;
         let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
         // The checkpoint region at the end of the capacity device, whole bands.
-        let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, all_bands, volumes.len() as u64, vols_blocks);
-        let ckpt_bands = ckpt_bytes.div_ceil(cfg.band_bytes);
+        let ckpt_bytes =
+            checkpoint_bytes_max(&cfg, geo.usable_blocks, chunk_count, all_bands, volumes.len() as u64, vols_blocks);
+        let ckpt_bands = ckpt_bytes.div_ceil(geo.usable_blocks * BS);
         let band_count = all_bands.saturating_sub(ckpt_bands);
         // Every volume may hold an open band, GC holds one, and GC needs its reserve.
         let reserve = volumes.len() as u64 + 1 + cfg.gc_free_bands_min as u64;
-        let usable_blocks = band_count.saturating_sub(reserve) * (cfg.band_bytes / BS);
+        let usable_blocks = band_count.saturating_sub(reserve) * geo.usable_blocks;
         if let Some(v) = volumes.iter().find(|v| v.size_bytes % BS != 0 || v.size_bytes == 0) {
             return Err(EngineError::TooBig(v.name.clone()));
         }
@@ -334,7 +350,7 @@ impl Engine {
             checkpoint_crc: 0,
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
         };
-        let inner = Inner::empty(cfg, sb, chunk_count, band_count);
+        let inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
         write_superblock(&*cache, &inner.sb)?;
         Ok(Engine::assemble(cache, capacity, inner, None))
     }
@@ -355,7 +371,11 @@ impl Engine {
             (Ok(a), Err(_)) | (Err(_), Ok(a)) => a.clone(),
             (Err(e), Err(_)) => return Err((*e).into()),
         };
-        if sb.cache_bytes != cache.info().capacity_bytes || sb.capacity_bytes != capacity.info().capacity_bytes {
+        let geo = CapGeometry::of(&*capacity, sb.band_bytes);
+        if sb.cache_bytes != cache.info().capacity_bytes
+            || sb.capacity_bytes != capacity.info().capacity_bytes
+            || geo.band_bytes != sb.band_bytes
+        {
             return Err(EngineError::Geometry);
         }
         let cfg = EngineConfig {
@@ -368,19 +388,20 @@ impl Engine {
         // Step 2: after a crash, rebuild everything from the media.
         if !sb.clean {
             let t = std::time::Instant::now();
-            let mut inner = recover::recover(&*cache, &*capacity, cfg, sb)?;
+            let mut inner = recover::recover(&*cache, &*capacity, cfg, geo, sb)?;
             inner.sb.generation += 1;
             write_superblock(&*cache, &inner.sb)?;
             let recovered_in = Some(t.elapsed());
             return Ok(Engine::assemble(cache, capacity, inner, recovered_in));
         }
         // Step 3: after a clean shutdown, the checkpoint, verified.
-        let raw = read_at(&*capacity, sb.checkpoint_offset, sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES)?;
+        let len = sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES;
+        let raw = zoned::read_region(&*capacity, &geo, sb.checkpoint_offset, len)?;
         let body = &raw[..sb.checkpoint_bytes as usize];
         if crc32c(body) != sb.checkpoint_crc {
             return Err(EngineError::CheckpointChecksum);
         }
-        let mut inner = decode_checkpoint(body, cfg, sb.clone())?;
+        let mut inner = decode_checkpoint(body, cfg, geo, sb.clone())?;
         // Step 4: dirty before the first change.
         inner.sb.clean = false;
         inner.sb.generation += 1;
@@ -406,7 +427,7 @@ impl Engine {
         let mut buf = IoBuf::zeroed(body.len().div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
         buf[..body.len()].copy_from_slice(&body);
         let at = inner.sb.checkpoint_offset;
-        sync_io(&*self.capacity, IoRequest::write(at, buf, 0)).result?;
+        zoned::write_region(&*self.capacity, &inner.geo, at, &buf)?;
         flush(&*self.capacity)?;
         inner.sb.checkpoint_bytes = body.len() as u64;
         inner.sb.checkpoint_crc = crc32c(&body);
@@ -497,9 +518,9 @@ impl Engine {
 
 impl Inner {
     /// A state with every volume unmapped and every chunk and band free.
-    fn empty(cfg: EngineConfig, sb: Superblock, chunk_count: u64, band_count: u64) -> Inner {
+    fn empty(cfg: EngineConfig, geo: CapGeometry, sb: Superblock, chunk_count: u64, band_count: u64) -> Inner {
         let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
-        let blocks_per_band = (cfg.band_bytes / BS) as usize;
+        let blocks_per_band = geo.usable_blocks as usize;
         Inner {
             vols: sb
                 .volumes
@@ -537,6 +558,7 @@ impl Inner {
             cache_flushed_seq: 0,
             cap_flushed_seq: 0,
             cfg,
+            geo,
         }
     }
 
@@ -557,8 +579,14 @@ impl Inner {
     fn blocks_per_chunk(&self) -> u64 {
         self.cfg.chunk_bytes / BS
     }
+    /// Address stride of a band, in blocks (capacity block = band × stride + i).
     fn blocks_per_band(&self) -> u64 {
         self.cfg.band_bytes / BS
+    }
+
+    /// Blocks a band can hold (≤ the stride; less on a zoned device).
+    fn band_usable(&self) -> u64 {
+        self.geo.usable_blocks
     }
 
     /// Forget where a block was (it was overwritten, trimmed or moved).

@@ -5,11 +5,18 @@
 use super::*;
 
 /// Upper bound of the checkpoint's size for this geometry.
-pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, vol_blocks: u64) -> u64 {
+pub(super) fn checkpoint_bytes_max(
+    cfg: &EngineConfig,
+    band_usable: u64,
+    chunks: u64,
+    bands: u64,
+    vols: u64,
+    vol_blocks: u64,
+) -> u64 {
     let fixed = 8 + 11 * 8 + 4 + 8 + 4 + 4;
     let per_vol = 4 + 4;
     let per_chunk = 1 + 8 + 4 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
-    let per_band = 1 + 4 + 8 + 8 + 12 * (cfg.band_bytes / BS) + 4;
+    let per_band = 1 + 4 + 8 + 8 + 12 * band_usable + 4;
     fixed + vols * per_vol + 4 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
 }
 
@@ -65,7 +72,12 @@ fn decode_state(x: u8, at: usize) -> Result<State, CheckpointError> {
     }
 }
 
-pub(super) fn decode_checkpoint(body: &[u8], cfg: EngineConfig, sb: Superblock) -> Result<Inner, EngineError> {
+pub(super) fn decode_checkpoint(
+    body: &[u8],
+    cfg: EngineConfig,
+    geo: CapGeometry,
+    sb: Superblock,
+) -> Result<Inner, EngineError> {
     let mut r = Reader::new(body);
     let bad = |r: &Reader| EngineError::Checkpoint(CheckpointError(r.at()));
     let seq = r.u64()?;
@@ -93,7 +105,7 @@ pub(super) fn decode_checkpoint(body: &[u8], cfg: EngineConfig, sb: Superblock) 
         }
         vols.push(Vol { name: name.clone(), l2p, open_band });
     }
-    let (bpc, bpb) = ((cfg.chunk_bytes / BS) as usize, (cfg.band_bytes / BS) as usize);
+    let (bpc, bpb) = ((cfg.chunk_bytes / BS) as usize, geo.usable_blocks as usize);
     let nc = r.u32()? as usize;
     let mut chunks = Vec::with_capacity(nc);
     for _ in 0..nc {
@@ -153,6 +165,7 @@ pub(super) fn decode_checkpoint(body: &[u8], cfg: EngineConfig, sb: Superblock) 
         failed: false,
         cache_flushed_seq: seq,
         cap_flushed_seq: seq,
+        geo,
     };
     inner.check_invariants();
     Ok(inner)

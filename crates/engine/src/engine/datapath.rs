@@ -250,13 +250,13 @@ impl Engine {
         tombs: &[u64],
     ) -> Result<u64, VolumeError> {
         let unit = inner.cfg.write_unit_bytes / BS;
-        let bpb = inner.blocks_per_band();
+        let (bpb, usable) = (inner.blocks_per_band(), inner.band_usable());
         let (mut rest, mut rest_t) = (blocks, tombs);
         let mut moved = 0;
         while !rest.is_empty() || !rest_t.is_empty() {
             let band = self.open_band(inner, vol, gc)?;
             let wp = inner.bands[band as usize].written;
-            let room = bpb - wp;
+            let room = usable - wp;
             let n = (rest.len() as u64).min(room - 1).min(RECORD_BLOCKS_MAX as u64) as usize;
             let t = rest_t.len().min(RECORD_BLOCKS_MAX - n);
             let padded = segment_blocks(n as u64, unit).min(room);
@@ -293,7 +293,7 @@ impl Engine {
             }
             let b = &mut inner.bands[band as usize];
             b.written += padded;
-            if b.written == bpb {
+            if b.written == usable {
                 b.state = State::Full;
                 b.closed_seq = inner.seq;
                 if gc {
@@ -313,9 +313,11 @@ impl Engine {
         let cur = if gc { inner.gc_band } else { inner.vols[vol as usize].open_band };
         if let Some(b) = cur {
             // A band with room for less than a header and one block is closed.
-            if inner.blocks_per_band() - inner.bands[b as usize].written >= 2 {
+            if inner.band_usable() - inner.bands[b as usize].written >= 2 {
                 return Ok(b);
             }
+            let start = b as u64 * inner.cfg.band_bytes;
+            zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
             let band = &mut inner.bands[b as usize];
             band.state = State::Full;
             band.closed_seq = inner.seq;
@@ -353,15 +355,15 @@ impl Engine {
 
     /// Reclaim one band by cost-benefit; false if nothing is reclaimable.
     fn collect_one(&self, inner: &mut Inner) -> Result<bool, VolumeError> {
-        let bpb = inner.blocks_per_band();
+        let (bpb, usable) = (inner.blocks_per_band(), inner.band_usable());
         let now = inner.seq;
         let victim = inner
             .bands
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.state == State::Full && (b.valid as u64) < bpb)
+            .filter(|(_, b)| b.state == State::Full && (b.valid as u64) < usable)
             .map(|(i, b)| {
-                let u = b.valid as f64 / bpb as f64;
+                let u = b.valid as f64 / usable as f64;
                 let age = (now - b.closed_seq) as f64 + 1.0;
                 (i, (1.0 - u) * age / (1.0 + u))
             })
@@ -436,7 +438,7 @@ impl Engine {
             self.flush_capacity(inner)?;
         }
         self.flush_cache(inner)?;
-        sluice_media::device::discard(&*self.capacity, first * BS, inner.cfg.band_bytes)?;
+        zoned::reclaim_band(&*self.capacity, inner.geo.zoned, first * BS, inner.cfg.band_bytes)?;
         inner.bands[v as usize].state = State::Free;
         inner.free_bands.push_back(v);
         inner.stats.bands_reclaimed += 1;

@@ -118,12 +118,13 @@ pub(super) fn recover(
     cache: &dyn BlockDevice,
     capacity: &dyn BlockDevice,
     cfg: EngineConfig,
+    geo: CapGeometry,
     sb: Superblock,
 ) -> Result<Inner, EngineError> {
     let chunk_count = sb.cache_bytes / cfg.chunk_bytes;
     let band_count = sb.checkpoint_offset / cfg.band_bytes;
-    let mut inner = Inner::empty(cfg, sb, chunk_count, band_count);
-    let (bpc, bpb) = (inner.blocks_per_chunk(), inner.blocks_per_band());
+    let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
+    let (bpc, bpb, usable) = (inner.blocks_per_chunk(), inner.blocks_per_band(), inner.band_usable());
     let unit = inner.cfg.write_unit_bytes / BS;
     let mut scan = Scan {
         best: inner.vols.iter().map(|v| vec![Best { seq: 0, loc: Loc::NONE }; v.l2p.len()]).collect(),
@@ -137,15 +138,15 @@ pub(super) fn recover(
     for band in 0..band_count as u32 {
         let first = band as u64 * bpb;
         let mut pos = 0u64;
-        while pos + 1 < bpb {
+        while pos + 1 < usable {
             let hb = read_at(capacity, (first + pos) * BS, BLOCK_BYTES)?;
             let Ok(h) = decode_header(&hb) else { break };
             let n = h.data_blocks() as u64;
-            if h.kind != RecordKind::Segment || pos + 1 + n > bpb || !fits(&vol_blocks, &h) {
+            if h.kind != RecordKind::Segment || pos + 1 + n > usable || !fits(&vol_blocks, &h) {
                 break;
             }
             cap_watermark = cap_watermark.max(h.flushed_seq);
-            let next = (pos + segment_blocks(n, unit)).min(bpb);
+            let next = (pos + segment_blocks(n, unit)).min(usable);
             segments.push(Segment { band, pos, header: h });
             pos = next;
         }
@@ -266,5 +267,7 @@ pub(super) fn recover(
     inner.cache_flushed_seq = inner.seq;
     inner.cap_flushed_seq = inner.seq;
     inner.check_invariants();
+    // On a zoned device: reset zones now free, finish zones now full.
+    zoned::reconcile(capacity, &inner)?;
     Ok(inner)
 }
