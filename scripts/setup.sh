@@ -8,6 +8,7 @@ set -euo pipefail
 # the io_uring benchmark; the NBD clients and peers test and measure the server.
 need=()
 command -v fio >/dev/null 2>&1 || need+=(fio)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v qemu-io >/dev/null 2>&1 || need+=(qemu-utils)
 command -v nbdinfo >/dev/null 2>&1 || need+=(libnbd-bin)
 command -v nbdkit >/dev/null 2>&1 || need+=(nbdkit)

@@ -3,8 +3,15 @@
 //!
 //! Owns: which options this server answers and how (EXPORT_NAME, ABORT,
 //! LIST, INFO, GO, STRUCTURED_REPLY, LIST/SET_META_CONTEXT for
-//! `base:allocation`; STARTTLS and EXTENDED_HEADERS are refused with
-//! `NBD_REP_ERR_UNSUP`, as is every unknown option, and the session goes on).
+//! `base:allocation`, STARTTLS when the server has TLS; EXTENDED_HEADERS is
+//! refused with `NBD_REP_ERR_UNSUP`, as is every unknown option, and the
+//! session goes on).
+//!
+//! TLS: STARTTLS is answered with ACK, then the TLS handshake runs and the
+//! haggling goes on encrypted, with everything negotiated before forgotten.
+//! A TLS-required server answers any other option before TLS with
+//! `NBD_REP_ERR_TLS_REQD` (EXPORT_NAME cannot carry an error: it closes the
+//! connection); a second STARTTLS gets `NBD_REP_ERR_INVALID`.
 //!
 //! Invariants: a malformed option payload gets `NBD_REP_ERR_INVALID` and the
 //! session continues; only a broken framing (bad magic, option data beyond
@@ -15,7 +22,7 @@
 //! read-modify-write; a client that does not ask for them still gets served
 //! and misaligned requests fail cleanly with `EINVAL`.
 
-use std::io::{BufRead, Write};
+use std::io::{BufReader, Read, Write};
 use std::sync::Arc;
 
 use sluice_engine::Volume;
@@ -64,8 +71,8 @@ struct State {
 }
 
 /// Runs the handshake. `Ok(None)` is a clean client abort.
-pub(crate) fn negotiate<R: BufRead>(
-    reader: &mut R,
+pub(crate) fn negotiate(
+    reader: &mut BufReader<Stream>,
     writer: &mut Stream,
     shared: &Shared,
 ) -> Result<Option<Session>, ConnError> {
@@ -75,7 +82,9 @@ pub(crate) fn negotiate<R: BufRead>(
     let mut cf = [0u8; 4];
     reader.read_exact(&mut cf)?;
     let client_flags = proto::decode_client_flags(&cf, offered)?;
-    let mut st = State { structured: false, no_zeroes: client_flags & proto::FLAG_C_NO_ZEROES != 0, meta: None };
+    let no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
+    let mut st = State { structured: false, no_zeroes, meta: None };
+    let mut tls_active = false;
 
     for _ in 0..HANDSHAKE_OPTIONS_MAX {
         let mut hb = [0u8; proto::OPTION_HEADER_BYTES];
@@ -83,6 +92,35 @@ pub(crate) fn negotiate<R: BufRead>(
         let hdr = OptionHeader::decode(&hb)?;
         let mut data = vec![0u8; hdr.len as usize];
         reader.read_exact(&mut data)?;
+        let is = |c: proto::OptionCode| hdr.option == c as u32;
+        if shared.opts.tls_required && !tls_active && !is(proto::OptionCode::StartTls) && !is(proto::OptionCode::Abort)
+        {
+            if is(proto::OptionCode::ExportName) {
+                return Err(ConnError::TlsRequired);
+            }
+            reply(writer, hdr.option, proto::REP_ERR_TLS_REQD, b"this server requires TLS: send NBD_OPT_STARTTLS")?;
+            continue;
+        }
+        if is(proto::OptionCode::StartTls) && !data.is_empty() {
+            reply(writer, hdr.option, proto::REP_ERR_INVALID, b"STARTTLS takes no data")?;
+            continue;
+        }
+        if is(proto::OptionCode::StartTls) {
+            match (&shared.opts.tls, tls_active) {
+                (None, _) => reply(writer, hdr.option, proto::REP_ERR_UNSUP, b"TLS is not configured on this server")?,
+                (Some(_), true) => reply(writer, hdr.option, proto::REP_ERR_INVALID, b"TLS is already active")?,
+                (Some(cfg), false) => {
+                    reply(writer, hdr.option, proto::REP_ACK, &[])?;
+                    let early = reader.buffer().to_vec();
+                    let tls = crate::tls::TlsStream::accept(writer.try_clone()?, &early, cfg.clone())?;
+                    *reader = BufReader::with_capacity(reader.capacity(), Stream::Tls(tls.try_clone()?));
+                    *writer = Stream::Tls(tls);
+                    tls_active = true;
+                    st = State { structured: false, no_zeroes, meta: None };
+                }
+            }
+            continue;
+        }
         let opt = match ClientOption::parse(hdr.option, &data) {
             Ok(o) => o,
             Err(ProtoError::UnknownOption(o)) => {
@@ -140,7 +178,7 @@ fn handle_option(
             }
             reply(w, code, proto::REP_ACK, &[])?;
         }
-        ClientOption::StartTls => reply(w, code, proto::REP_ERR_UNSUP, b"TLS is not supported by this server")?,
+        ClientOption::StartTls => unreachable!("STARTTLS is answered in negotiate"),
         ClientOption::ExtendedHeaders => reply(w, code, proto::REP_ERR_UNSUP, b"extended headers not supported")?,
         ClientOption::StructuredReply => {
             st.structured = true;

@@ -2,12 +2,14 @@
 //!
 //! `proto` is the wire format (pure, fuzzable); `server` owns listening,
 //! connections and shutdown; `handshake` negotiates options; `transmission`
-//! runs requests against an `Arc<dyn Volume>`; `stream` hides TCP vs Unix.
+//! runs requests against an `Arc<dyn Volume>`; `stream` hides TCP vs Unix vs TLS; `tls` builds the
+//! TLS configuration and the encrypted stream.
 
 pub mod handshake;
 pub mod proto;
 pub mod server;
 pub mod stream;
+pub mod tls;
 mod transmission;
 
 pub use server::{ConnError, Server, ServerError, ServerHandle, ServerMonitor, ServerOptions, StatsSnapshot};

@@ -56,6 +56,12 @@ pub struct ServerOptions {
     pub shutdown_grace: Duration,
     /// Text sent as `NBD_INFO_DESCRIPTION` / in `NBD_REP_SERVER`.
     pub description: String,
+    /// TLS (`NBD_OPT_STARTTLS`), or None: STARTTLS is answered `ERR_UNSUP`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// With `tls`: refuse every option but STARTTLS and ABORT before TLS
+    /// (`NBD_REP_ERR_TLS_REQD`; EXPORT_NAME, which has no error reply,
+    /// closes the connection), as the NBD spec's "TLS-only" server.
+    pub tls_required: bool,
 }
 
 impl Default for ServerOptions {
@@ -69,6 +75,8 @@ impl Default for ServerOptions {
             block_status_extents_max: 4096,
             shutdown_grace: Duration::from_secs(10),
             description: String::from("sluice volume"),
+            tls: None,
+            tls_required: false,
         }
     }
 }
@@ -105,6 +113,8 @@ pub enum ConnError {
     PayloadTooLarge { len: u32, max: u32 },
     #[error("more than {0} options in one handshake")]
     TooManyOptions(usize),
+    #[error("NBD_OPT_EXPORT_NAME before STARTTLS on a TLS-required server")]
+    TlsRequired,
 }
 
 /// Counters of one listener's activity.

@@ -14,6 +14,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::tls::TlsStream;
+
 /// Where a listener is bound.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ListenAddr {
@@ -122,11 +124,12 @@ impl From<TcpListener> for Listener {
     }
 }
 
-/// One connected client.
+/// One connected client: plain, or TLS after `NBD_OPT_STARTTLS`.
 #[derive(Debug)]
 pub enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Tls(TlsStream),
 }
 
 impl Stream {
@@ -134,6 +137,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.try_clone().map(Stream::Tcp),
             Stream::Unix(s) => s.try_clone().map(Stream::Unix),
+            Stream::Tls(s) => s.try_clone().map(Stream::Tls),
         }
     }
 
@@ -141,6 +145,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.shutdown(how),
             Stream::Unix(s) => s.shutdown(how),
+            Stream::Tls(s) => s.raw().shutdown(how),
         }
     }
 
@@ -148,6 +153,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tls(s) => s.raw().set_read_timeout(t),
         }
     }
 
@@ -155,6 +161,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_nonblocking(on),
             Stream::Unix(s) => s.set_nonblocking(on),
+            Stream::Tls(s) => s.raw().set_nonblocking(on),
         }
     }
 
@@ -163,6 +170,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "tcp:?".into()),
             Stream::Unix(_) => "unix".into(),
+            Stream::Tls(s) => format!("tls:{}", s.raw().peer()),
         }
     }
 }
@@ -172,6 +180,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -181,18 +190,21 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
         }
     }
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.write_vectored(bufs),
             Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tls(s) => s.write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.flush(),
             Stream::Unix(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
         }
     }
 }

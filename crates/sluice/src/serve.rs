@@ -34,6 +34,7 @@ pub struct Config {
     pub cache: DeviceConfig,
     pub capacity: DeviceConfig,
     pub engine: EngineSection,
+    pub tls: TlsSection,
     #[serde(rename = "volume")]
     pub volumes: Vec<VolumeConfig>,
 }
@@ -63,6 +64,19 @@ pub struct EngineSection {
     pub write_unit: String,
 }
 
+/// `[tls]`: NBD over TLS 1.3 (STARTTLS).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSection {
+    /// "off" (default): no TLS; "allow": clients may STARTTLS; "require":
+    /// clients must (plaintext option haggling is refused).
+    pub mode: String,
+    /// PEM certificate chain (server first); relative to `data_dir`.
+    pub cert: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1); relative to `data_dir`.
+    pub key: String,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeConfig {
@@ -86,6 +100,7 @@ impl Default for Config {
             cache: DeviceConfig { kind: "file".into(), path: "cache.img".into(), size: "1g".into() },
             capacity: DeviceConfig { kind: "file".into(), path: "capacity.img".into(), size: "8g".into() },
             engine: EngineSection::default(),
+            tls: TlsSection::default(),
             volumes: vec![VolumeConfig { name: "default".into(), size: "4g".into() }],
         }
     }
@@ -197,6 +212,28 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 /// Run the server until SIGTERM/SIGINT; prints one line per listener.
 pub fn run(cfg: Config) -> Result<(), ServeError> {
     let set = block_signals();
+    // TLS first: a bad [tls] section must not leave an opened engine behind.
+    let mut opts = ServerOptions::default();
+    match cfg.tls.mode.as_str() {
+        "" | "off" => {}
+        mode @ ("allow" | "require") => {
+            if cfg.tls.cert.is_empty() || cfg.tls.key.is_empty() {
+                return Err(ServeError::Config {
+                    path: "tls".into(),
+                    msg: format!("mode {mode:?} needs cert and key"),
+                });
+            }
+            let (cert, key) = (cfg.in_data_dir(&cfg.tls.cert), cfg.in_data_dir(&cfg.tls.key));
+            let tls = sluice_frontend::tls::server_config(&cert, &key)
+                .map_err(|e| ServeError::Config { path: "tls".into(), msg: e.to_string() })?;
+            opts.tls = Some(tls);
+            opts.tls_required = mode == "require";
+        }
+        other => {
+            let msg = format!("mode {other:?}: expected \"off\", \"allow\" or \"require\"");
+            return Err(ServeError::Config { path: "tls".into(), msg });
+        }
+    }
     let engine = open_engine(&cfg)?;
     if let Some(t) = engine.recovered_in() {
         eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64());
@@ -205,7 +242,7 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
     for v in &cfg.volumes {
         exports.push(Arc::new(engine.volume(&v.name)?));
     }
-    let server = Server::new(exports, ServerOptions::default()).map_err(|e| ServeError::Server(e.to_string()))?;
+    let server = Server::new(exports, opts).map_err(|e| ServeError::Server(e.to_string()))?;
     let mut handles = Vec::new();
     for addr in &cfg.listen {
         let l = Listener::bind_tcp(addr.as_str()).map_err(|source| ServeError::Io { what: addr.clone(), source })?;

@@ -1,0 +1,90 @@
+//! Helpers shared by the tests that run `sluice serve` as a real process.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+pub fn need(bin: &str) {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {bin}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success());
+    assert!(
+        ok.unwrap_or(false),
+        "{bin} is not installed: run scripts/setup.sh (it installs the NBD clients and openssl)"
+    );
+}
+
+/// Start the server; returns it and its TCP port (read from its first line).
+pub fn start(config: &Path) -> (Child, u16) {
+    let (child, port, _) = start_with_metrics(config);
+    (child, port)
+}
+
+/// Start the server; also returns the metrics address (its second line).
+pub fn start_with_metrics(config: &Path) -> (Child, u16, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice serve");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("first line");
+    let port =
+        line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no port in {line:?}"));
+    let mut metrics = String::new();
+    out.read_line(&mut metrics).expect("second line");
+    let metrics = metrics
+        .trim()
+        .strip_prefix("sluice: metrics on http://")
+        .and_then(|m| m.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics address in {metrics:?}"))
+        .to_string();
+    (child, port, metrics)
+}
+
+pub fn stop(child: Child) {
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "server exit: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("clean shutdown"));
+}
+
+pub fn qemu_io(port: u16, cmds: &[&str]) -> String {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw", &format!("nbd://127.0.0.1:{port}/default")]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = c.output().expect("qemu-io");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !text.contains("Pattern verification failed"), "qemu-io {cmds:?}: {text}");
+    text
+}
+
+/// A fresh directory with a small file-backed config; returns (dir, config).
+pub fn small_config(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\nmetrics_listen = \"127.0.0.1:0\"\n\
+             [cache]\nsize = \"64m\"\n[capacity]\nsize = \"1g\"\n\
+             [engine]\nchunk_size = \"4m\"\nband_size = \"32m\"\n\
+             [[volume]]\nname = \"default\"\nsize = \"256m\"\n",
+            dir.join("data")
+        ),
+    )
+    .unwrap();
+    (dir, config)
+}
