@@ -49,6 +49,32 @@ fn write_pooled(dev: &dyn BlockDevice, inner: &mut Inner, offset: u64, buf: IoBu
     c.result.map(|_| ()).map_err(Into::into)
 }
 
+/// The records of a log chunk read whole into `data` (`bpc` blocks), in
+/// order, as (block of the header within the chunk, header). Ends at the
+/// first block that does not start a whole write or trim record of the first
+/// record's epoch: never written, torn, a previous generation of a reused
+/// chunk, or a record whose data would run past the chunk's end.
+pub(super) fn chunk_records(data: &[u8], bpc: u64) -> impl Iterator<Item = (u64, Header)> + '_ {
+    let mut pos = 0u64;
+    let mut epoch = None;
+    std::iter::from_fn(move || {
+        if pos >= bpc {
+            return None;
+        }
+        let at = (pos * BS) as usize;
+        let h = decode_header(&data[at..at + BLOCK_BYTES]).ok()?;
+        let n = h.data_blocks() as u64;
+        let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim) && pos + 1 + n <= bpc;
+        if !whole || *epoch.get_or_insert(h.epoch) != h.epoch {
+            pos = bpc;
+            return None;
+        }
+        let here = pos;
+        pos += 1 + n;
+        Some((here, h))
+    })
+}
+
 /// Blocks a record or segment occupies: header + data, for segments padded to the unit.
 pub(super) fn segment_blocks(data_blocks: u64, unit_blocks: u64) -> u64 {
     (1 + data_blocks).div_ceil(unit_blocks) * unit_blocks
@@ -66,9 +92,6 @@ impl Engine {
     ) -> Result<(), VolumeError> {
         let n = data.len() / BLOCK_BYTES;
         debug_assert!((1..=RECORD_BLOCKS_MAX).contains(&n));
-        let need = n as u64 + 1;
-        let (chunk, off) = self.log_space(inner, need)?;
-        inner.seq += 1;
         let entries: Vec<Entry> = (0..n)
             .map(|i| Entry {
                 lba: lba0 + i as u64,
@@ -76,33 +99,20 @@ impl Engine {
                 tombstone: false,
             })
             .collect();
-        let mut rec = inner.take_buf((n + 1) * BLOCK_BYTES);
-        let h = Header {
-            kind: RecordKind::Write,
-            seq: inner.seq,
-            volume: vol,
-            epoch: inner.chunks[chunk as usize].epoch,
-            flushed_seq: inner.cache_flushed_seq,
-            entries,
-        };
-        encode_header(&mut rec[..BLOCK_BYTES], &h);
-        rec[BLOCK_BYTES..].copy_from_slice(data);
-        let first_block = chunk as u64 * inner.blocks_per_chunk() + off;
-        write_pooled(&*self.cache, inner, first_block * BS, rec)?;
+        let header_block = self.log_record(inner, vol, RecordKind::Write, entries, data)?;
         if fua {
             // A flush, not a FUA write: recovery walks a chunk record by
             // record, so a durable record needs every earlier one durable.
             self.flush_cache(inner)?;
         }
-        inner.stats.cache_write_bytes += need * BS;
-        inner.stats.cache_header_bytes += BS;
-        inner.open_chunk = Some((chunk, off + need));
+        let bpc = inner.blocks_per_chunk();
+        let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
         for i in 0..n as u64 {
             let lba = lba0 + i;
             let old = inner.vols[vol as usize].l2p[lba as usize];
             inner.invalidate(old);
-            inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(first_block + 1 + i);
-            let ch = &mut inner.chunks[chunk as usize];
+            inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(header_block + 1 + i);
+            let ch = &mut inner.chunks[chunk];
             ch.p2l[(off + 1 + i) as usize] = (vol, lba);
             ch.valid += 1;
         }
@@ -119,24 +129,8 @@ impl Engine {
         let l2p = &inner.vols[vol as usize].l2p;
         let mapped: Vec<u64> = lbas.filter(|&lba| !l2p[lba as usize].is_none()).collect();
         for part in mapped.chunks(RECORD_BLOCKS_MAX) {
-            let (chunk, off) = self.log_space(inner, 1)?;
-            inner.seq += 1;
             let entries: Vec<Entry> = part.iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }).collect();
-            let mut rec = inner.take_buf(BLOCK_BYTES);
-            let h = Header {
-                kind: RecordKind::Trim,
-                seq: inner.seq,
-                volume: vol,
-                epoch: inner.chunks[chunk as usize].epoch,
-                flushed_seq: inner.cache_flushed_seq,
-                entries,
-            };
-            encode_header(&mut rec, &h);
-            let at = chunk as u64 * inner.blocks_per_chunk() + off;
-            write_pooled(&*self.cache, inner, at * BS, rec)?;
-            inner.stats.cache_write_bytes += BS;
-            inner.stats.cache_header_bytes += BS;
-            inner.open_chunk = Some((chunk, off + 1));
+            self.log_record(inner, vol, RecordKind::Trim, entries, &[])?;
             for &lba in part {
                 let old = inner.vols[vol as usize].l2p[lba as usize];
                 inner.invalidate(old);
@@ -144,6 +138,39 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Append one log record with one device write: a header of `kind`
+    /// listing `entries`, then `data` (the blocks of its non-tombstone
+    /// entries). Returns the cache block of the header.
+    fn log_record(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        kind: RecordKind,
+        entries: Vec<Entry>,
+        data: &[u8],
+    ) -> Result<u64, VolumeError> {
+        let need = 1 + (data.len() / BLOCK_BYTES) as u64;
+        let (chunk, off) = self.log_space(inner, need)?;
+        inner.seq += 1;
+        let h = Header {
+            kind,
+            seq: inner.seq,
+            volume: vol,
+            epoch: inner.chunks[chunk as usize].epoch,
+            flushed_seq: inner.cache_flushed_seq,
+            entries,
+        };
+        let mut rec = inner.take_buf(need as usize * BLOCK_BYTES);
+        encode_header(&mut rec[..BLOCK_BYTES], &h);
+        rec[BLOCK_BYTES..].copy_from_slice(data);
+        let header_block = chunk as u64 * inner.blocks_per_chunk() + off;
+        write_pooled(&*self.cache, inner, header_block * BS, rec)?;
+        inner.stats.cache_write_bytes += need * BS;
+        inner.stats.cache_header_bytes += BS;
+        inner.open_chunk = Some((chunk, off + need));
+        Ok(header_block)
     }
 
     /// A place for `need` blocks in the log: the open chunk, or a fresh one
@@ -185,33 +212,25 @@ impl Engine {
         // Per volume: current data blocks (lba, offset in chunk) and live tombstones.
         let mut blocks: Vec<Vec<(u64, usize)>> = vec![Vec::new(); inner.vols.len()];
         let mut tombs: Vec<Vec<u64>> = vec![Vec::new(); inner.vols.len()];
-        let mut pos = 0u64;
-        while pos < bpc {
-            let at = (pos * BS) as usize;
-            let Ok(h) = decode_header(&data[at..at + BLOCK_BYTES]) else { break };
+        for (pos, h) in chunk_records(&data, bpc) {
             if h.epoch != epoch || h.volume as usize >= inner.vols.len() {
                 break;
             }
             let vol = h.volume as usize;
-            match h.kind {
-                RecordKind::Write => {
-                    for (i, e) in h.entries.iter().enumerate() {
-                        let cb = base + pos + 1 + i as u64;
-                        if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::cache(cb)) {
-                            blocks[vol].push((e.lba, ((pos + 1 + i as u64) * BS) as usize));
-                        }
+            if h.kind == RecordKind::Write {
+                for (i, e) in h.entries.iter().enumerate() {
+                    let cb = base + pos + 1 + i as u64;
+                    if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::cache(cb)) {
+                        blocks[vol].push((e.lba, ((pos + 1 + i as u64) * BS) as usize));
                     }
                 }
-                RecordKind::Trim => {
-                    for e in &h.entries {
-                        if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::NONE) {
-                            tombs[vol].push(e.lba);
-                        }
+            } else {
+                for e in &h.entries {
+                    if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::NONE) {
+                        tombs[vol].push(e.lba);
                     }
                 }
-                RecordKind::Segment => break,
             }
-            pos += 1 + h.data_blocks() as u64;
         }
         let mut wrote = false;
         for vol in 0..inner.vols.len() {

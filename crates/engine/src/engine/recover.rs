@@ -27,7 +27,7 @@
 //! Counters restart at zero after a crash (they are saved only by a clean
 //! shutdown).
 
-use super::datapath::segment_blocks;
+use super::datapath::{chunk_records, segment_blocks};
 use super::*;
 use crate::layout::{decode_header, Header, RecordKind};
 
@@ -78,15 +78,11 @@ fn fits(vol_blocks: &[usize], h: &Header) -> bool {
 fn walk_chunk(c: u32, bpc: u64, data: &[u8], vol_blocks: &[usize]) -> ChunkScan {
     let base = c as u64 * bpc;
     let mut out = ChunkScan { chunk: c, epoch: None, seq_max: 0, offers: Vec::new() };
-    let mut pos = 0u64;
-    while pos < bpc {
-        let at = (pos * BS) as usize;
-        let Ok(h) = decode_header(&data[at..at + BLOCK_BYTES]) else { break };
-        let n = h.data_blocks() as u64;
-        let ok_kind = matches!(h.kind, RecordKind::Write | RecordKind::Trim);
-        if !ok_kind || pos + 1 + n > bpc || !fits(vol_blocks, &h) || *out.epoch.get_or_insert(h.epoch) != h.epoch {
+    for (pos, h) in chunk_records(data, bpc) {
+        if !fits(vol_blocks, &h) {
             break;
         }
+        out.epoch.get_or_insert(h.epoch);
         out.seq_max = out.seq_max.max(h.seq).max(h.epoch);
         let mut data_i = 0u64;
         for e in &h.entries {
@@ -102,7 +98,6 @@ fn walk_chunk(c: u32, bpc: u64, data: &[u8], vol_blocks: &[usize]) -> ChunkScan 
                 data_i += 1;
             }
         }
-        pos += 1 + n;
     }
     out
 }
