@@ -20,6 +20,7 @@
 
 use super::*;
 use sluice_media::device::ZoneAction;
+use sluice_media::ZoneState;
 
 /// What the engine needs to know of the capacity device.
 #[derive(Clone, Copy, Debug)]

@@ -1,0 +1,223 @@
+//! The handle frontends hold to a volume (`EngineVolume`, the `Volume`
+//! trait on top of the engine) and the operator's view of the whole engine
+//! (`Engine::snapshot`).
+//!
+//! Every request through a handle is timed and counted in its volume's
+//! `VolumeMetrics`; every change runs under the engine lock through
+//! `change`, which stops all further changes after a device error.
+
+use super::*;
+
+impl Engine {
+    /// A handle to a volume by name.
+    pub fn volume(self: &Arc<Engine>, name: &str) -> Result<EngineVolume, EngineError> {
+        let inner = self.lock();
+        let id = inner.vols.iter().position(|v| v.name == name).ok_or_else(|| EngineError::NoVolume(name.into()))?;
+        let size_bytes = inner.vols[id].l2p.len() as u64 * BS;
+        Ok(EngineVolume {
+            engine: self.clone(),
+            id: id as u32,
+            name: name.to_string(),
+            size_bytes,
+            metrics: self.metrics[id].clone(),
+        })
+    }
+
+    /// Everything an operator watches, copied at one moment: counters, log
+    /// and band occupancy, both devices' counters, per-volume requests.
+    pub fn snapshot(&self) -> EngineSnapshot {
+        let inner = self.lock();
+        let chunks = inner.chunks.len() as u64 - 1; // chunk 0: superblock
+        let cache_valid: u64 = inner.chunks.iter().map(|c| c.valid as u64).sum();
+        let volumes = inner
+            .vols
+            .iter()
+            .zip(&self.metrics)
+            .map(|(v, m)| VolumeSnapshot {
+                name: v.name.clone(),
+                size_bytes: v.l2p.len() as u64 * BS,
+                ops: m.snapshot(),
+            })
+            .collect();
+        EngineSnapshot {
+            stats: inner.stats,
+            host_waf: inner.stats.host_waf(),
+            log_chunks: chunks,
+            log_chunks_free: inner.free_chunks.len() as u64,
+            log_chunk_bytes: inner.cfg.chunk_bytes,
+            cache_valid_bytes: cache_valid * BS,
+            bands: inner.bands.len() as u64,
+            bands_free: inner.free_bands.len() as u64,
+            band_bytes: inner.cfg.band_bytes,
+            failed: inner.failed,
+            cache_device: self.cache.stats(),
+            capacity_device: self.capacity.stats(),
+            volumes,
+        }
+    }
+}
+
+impl EngineVolume {
+    /// The engine's state, unless it was shut down.
+    fn live(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
+        let inner = self.engine.lock();
+        if inner.closed {
+            return Err(VolumeError::ReadOnly);
+        }
+        Ok(inner)
+    }
+
+    /// Run a change under the lock; a device error during it stops all
+    /// further changes (`Inner::failed`) until the engine is reopened.
+    fn change<T>(&self, f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>) -> Result<T, VolumeError> {
+        let mut inner = self.live()?;
+        if inner.failed {
+            return Err(VolumeError::Io("engine stopped after a device error; reopen it to recover".into()));
+        }
+        let r = f(&self.engine, &mut inner);
+        if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
+            inner.failed = true;
+        }
+        r
+    }
+}
+
+/// A volume of an engine: what frontends serve.
+pub struct EngineVolume {
+    engine: Arc<Engine>,
+    id: u32,
+    name: String,
+    size_bytes: u64,
+    metrics: Arc<VolumeMetrics>,
+}
+
+/// One volume in an [`EngineSnapshot`].
+#[derive(Clone, Debug, Serialize)]
+pub struct VolumeSnapshot {
+    pub name: String,
+    pub size_bytes: u64,
+    /// read, write, trim (incl. write-zeroes), flush.
+    pub ops: Vec<OpSnapshot>,
+}
+
+/// See [`Engine::snapshot`].
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineSnapshot {
+    pub stats: EngineStats,
+    pub host_waf: f64,
+    pub log_chunks: u64,
+    pub log_chunks_free: u64,
+    pub log_chunk_bytes: u64,
+    /// Bytes of current data in the cache log (the rest is stale or free).
+    pub cache_valid_bytes: u64,
+    pub bands: u64,
+    pub bands_free: u64,
+    pub band_bytes: u64,
+    /// A device failed under a change: writes are refused until reopen.
+    pub failed: bool,
+    pub cache_device: DeviceStats,
+    pub capacity_device: DeviceStats,
+    pub volumes: Vec<VolumeSnapshot>,
+}
+
+impl EngineVolume {
+    /// Run one request and count it (latency, bytes, error) in the metrics.
+    fn timed<T>(&self, op: Op, bytes: u64, f: impl FnOnce() -> Result<T, VolumeError>) -> Result<T, VolumeError> {
+        let t = std::time::Instant::now();
+        let r = f();
+        self.metrics.record(op, bytes, t.elapsed().as_nanos() as u64, r.is_ok());
+        r
+    }
+
+    fn trim_blocks(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
+        check(self, offset, len)?;
+        self.change(|e, inner| {
+            e.trim_logged(inner, self.id, offset / BS..(offset + len) / BS)?;
+            inner.stats.user_trim_bytes += len;
+            Ok(())
+        })
+    }
+
+    fn flush_both(&self) -> Result<(), VolumeError> {
+        self.change(|e, inner| {
+            e.flush_cache(inner)?;
+            e.flush_capacity(inner)
+        })
+    }
+}
+
+impl Volume for EngineVolume {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        self.timed(Op::Read, buf.len() as u64, || {
+            check(self, offset, buf.len() as u64)?;
+            let e = &self.engine;
+            let mut inner = self.live()?;
+            let lba0 = offset / BS;
+            for (i, out) in buf.chunks_mut(BLOCK_BYTES).enumerate() {
+                let loc = inner.vols[self.id as usize].l2p[(lba0 + i as u64) as usize];
+                e.read_block(loc, out)?;
+            }
+            inner.stats.user_read_bytes += buf.len() as u64;
+            Ok(())
+        })
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
+        self.timed(Op::Write, data.len() as u64, || {
+            check(self, offset, data.len() as u64)?;
+            self.change(|e, inner| {
+                let lba0 = offset / BS;
+                let per = RECORD_BLOCKS_MAX * BLOCK_BYTES;
+                let pieces = data.chunks(per).count();
+                for (i, piece) in data.chunks(per).enumerate() {
+                    // FUA covers the whole request: flush once, after the last piece.
+                    e.append(inner, self.id, lba0 + (i * RECORD_BLOCKS_MAX) as u64, piece, fua && i + 1 == pieces)?;
+                }
+                inner.stats.user_write_bytes += data.len() as u64;
+                Ok(())
+            })
+        })
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
+        self.timed(Op::Trim, len, || self.trim_blocks(offset, len))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolumeError> {
+        // Unmapped blocks read as zeros, so zeroing is deallocation.
+        self.timed(Op::Trim, len, || {
+            self.trim_blocks(offset, len)?;
+            if fua {
+                self.flush_both()?;
+            }
+            Ok(())
+        })
+    }
+
+    fn flush(&self) -> Result<(), VolumeError> {
+        self.timed(Op::Flush, 0, || self.flush_both())
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {
+        check(self, offset, len)?;
+        let inner = self.live()?;
+        let l2p = &inner.vols[self.id as usize].l2p;
+        let mut out: Vec<Extent> = Vec::new();
+        for lba in offset / BS..(offset + len) / BS {
+            let allocated = !l2p[lba as usize].is_none();
+            match out.last_mut() {
+                Some(e) if e.allocated == allocated => e.len += BS,
+                _ => out.push(Extent { len: BS, allocated }),
+            }
+        }
+        Ok(out)
+    }
+}
