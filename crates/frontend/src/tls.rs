@@ -74,16 +74,19 @@ impl TlsShared {
         Ok(())
     }
 
-    /// Feed received TLS bytes; send whatever that produced (alerts too).
-    fn receive(&mut self, mut data: &[u8]) -> io::Result<()> {
-        while !data.is_empty() {
-            self.conn.read_tls(&mut data)?;
-            if let Err(e) = self.conn.process_new_packets() {
-                let _ = self.send_pending();
-                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-            }
+    /// Hand rustls the next raw bytes of `pending` (it takes up to 4 KiB per
+    /// call), process them, send whatever that produced (alerts too).
+    /// Returns the bytes consumed. Call only while rustls holds no unread
+    /// plaintext: its received-plaintext buffer is bounded.
+    fn feed(&mut self, mut pending: &[u8]) -> io::Result<usize> {
+        let before = pending.len();
+        self.conn.read_tls(&mut pending)?;
+        if let Err(e) = self.conn.process_new_packets() {
+            let _ = self.send_pending();
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
         }
-        self.send_pending()
+        self.send_pending()?;
+        Ok(before - pending.len())
     }
 }
 
@@ -107,23 +110,30 @@ impl TlsStream {
     /// STARTTLS reply (a client's ClientHello a buffered reader took in).
     pub fn accept(raw: Stream, early: &[u8], cfg: Arc<ServerConfig>) -> io::Result<TlsStream> {
         let conn = ServerConnection::new(cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let mut sh = TlsShared { conn, wsock: raw.try_clone()? };
-        let mut rsock = raw;
-        sh.receive(early)?;
-        let mut buf = vec![0u8; TLS_READ_BYTES];
-        while sh.conn.is_handshaking() {
+        let shared = TlsShared { conn, wsock: raw.try_clone()? };
+        let mut rbuf = vec![0u8; TLS_READ_BYTES.max(early.len())];
+        rbuf[..early.len()].copy_from_slice(early);
+        let mut s =
+            TlsStream { rsock: Box::new(raw), shared: Arc::new(Mutex::new(shared)), rbuf, rpos: 0, rend: early.len() };
+        loop {
+            let mut sh = s.shared.lock().unwrap_or_else(PoisonError::into_inner);
             sh.send_pending()?;
             if !sh.conn.is_handshaking() {
+                // Bytes past the handshake stay buffered for `read`.
                 break;
             }
-            let n = rsock.read(&mut buf)?;
+            if s.rpos < s.rend {
+                s.rpos += sh.feed(&s.rbuf[s.rpos..s.rend])?;
+                continue;
+            }
+            drop(sh);
+            let n = s.rsock.read(&mut s.rbuf)?;
             if n == 0 {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "client closed during the TLS handshake"));
             }
-            sh.receive(&buf[..n])?;
+            (s.rpos, s.rend) = (0, n);
         }
-        sh.send_pending()?;
-        Ok(TlsStream { rsock: Box::new(rsock), shared: Arc::new(Mutex::new(sh)), rbuf: buf, rpos: 0, rend: 0 })
+        Ok(s)
     }
 
     pub fn try_clone(&self) -> io::Result<TlsStream> {
@@ -150,29 +160,19 @@ impl Read for TlsStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             {
-                let mut sh = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
-                match sh.conn.reader().read(buf) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
-                // Hand rustls the buffered bytes (it takes 4 KiB per call)
+                // Plaintext if there is some; else feed the buffered bytes
                 // until a record's plaintext comes out, all under one lock.
-                while self.rpos < self.rend {
-                    let mut pending = &self.rbuf[self.rpos..self.rend];
-                    let before = pending.len();
-                    sh.conn.read_tls(&mut pending)?;
-                    self.rpos += before - pending.len();
-                    if let Err(e) = sh.conn.process_new_packets() {
-                        let _ = sh.send_pending();
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-                    }
-                    sh.send_pending()?;
+                let mut sh = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+                loop {
                     match sh.conn.reader().read(buf) {
                         Ok(n) => return Ok(n),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }
+                    if self.rpos == self.rend {
+                        break;
+                    }
+                    self.rpos += sh.feed(&self.rbuf[self.rpos..self.rend])?;
                 }
             }
             // Nothing buffered: wait for the socket, without the lock.
@@ -182,8 +182,7 @@ impl Read for TlsStream {
                 // End of the TCP stream: rustls tells a clean close_notify
                 // (Ok(0)) from a truncation (UnexpectedEof).
                 let mut sh = self.lock();
-                sh.conn.read_tls(&mut &[][..])?;
-                sh.conn.process_new_packets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                sh.feed(&[])?;
                 return match sh.conn.reader().read(buf) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
                     r => r,
