@@ -7,7 +7,7 @@
 //! seconds of the calling thread. DRAM per block is the L2P entry size.
 
 use serde::Serialize;
-use sluice_engine::{Engine, EngineConfig, Volume, VolumeError, VolumeSpec};
+use sluice_engine::{Engine, EngineConfig, EngineVolume, Volume, VolumeError, VolumeSpec};
 use sluice_media::{BlockDevice, MemoryDevice};
 use std::sync::Arc;
 
@@ -51,23 +51,34 @@ fn cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-pub fn run(opts: &EngineBenchOpts) -> Result<EngineBenchReport, EngineBenchError> {
+/// An engine with one volume "bench" of `volume_bytes` on memory devices: a
+/// cache of `cache_bytes`, a capacity of the volume plus 25 % spare, the
+/// reserve bands and the checkpoint region; default geometry.
+fn bench_engine(volume_bytes: u64, cache_bytes: u64) -> Result<(Arc<Engine>, EngineVolume), EngineBenchError> {
     let cfg = EngineConfig::default();
-    // Capacity: the volume plus 25 % spare, the reserve bands and the checkpoint region.
-    let cap_bytes = (opts.volume_bytes * 5 / 4).div_ceil(cfg.band_bytes) * cfg.band_bytes + 6 * cfg.band_bytes;
-    let cache: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(opts.cache_bytes, 4096));
+    let cap_bytes = (volume_bytes * 5 / 4).div_ceil(cfg.band_bytes) * cfg.band_bytes + 6 * cfg.band_bytes;
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(cache_bytes, 4096));
     let capacity: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(cap_bytes, 4096));
     let engine =
-        Engine::create(cache, capacity, cfg, &[VolumeSpec { name: "bench".into(), size_bytes: opts.volume_bytes }])?;
+        Engine::create(cache, capacity, cfg, &[VolumeSpec { name: "bench".into(), size_bytes: volume_bytes }])?;
     let vol = engine.volume("bench")?;
-    let blocks = opts.volume_bytes / 4096;
-    let mut x = opts.seed | 1;
-    let mut next = move || {
+    Ok((engine, vol))
+}
+
+/// Uniformly random block numbers below `blocks` (xorshift64, seeded).
+fn random_blocks(seed: u64, blocks: u64) -> impl FnMut() -> u64 {
+    let mut x = seed | 1;
+    move || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         x % blocks
-    };
+    }
+}
+
+pub fn run(opts: &EngineBenchOpts) -> Result<EngineBenchReport, EngineBenchError> {
+    let (engine, vol) = bench_engine(opts.volume_bytes, opts.cache_bytes)?;
+    let mut next = random_blocks(opts.seed, opts.volume_bytes / 4096);
     let mut buf = vec![0u8; 4096];
     let t0 = cpu_seconds();
     for i in 0..opts.ios {
@@ -123,25 +134,17 @@ pub struct RecoveryReport {
 }
 
 pub fn recovery(opts: &RecoveryBenchOpts) -> Result<RecoveryReport, EngineBenchError> {
-    let cfg = EngineConfig::default();
-    let cap_bytes = (opts.volume_bytes * 5 / 4).div_ceil(cfg.band_bytes) * cfg.band_bytes + 6 * cfg.band_bytes;
-    let cache: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(opts.cache_bytes, 4096));
-    let capacity: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(cap_bytes, 4096));
-    let spec = [VolumeSpec { name: "bench".into(), size_bytes: opts.volume_bytes }];
-    let engine = Engine::create(cache.clone(), capacity.clone(), cfg.clone(), &spec)?;
-    let vol = engine.volume("bench")?;
+    let (engine, vol) = bench_engine(opts.volume_bytes, opts.cache_bytes)?;
+    let (cache, capacity) = engine.devices();
     // Each 4 KiB write is a 2-block record (header + data).
-    let log_blocks = (opts.cache_bytes / cfg.chunk_bytes - 1) * (cfg.chunk_bytes / 4096);
+    let chunk_bytes = EngineConfig::default().chunk_bytes;
+    let log_blocks = (opts.cache_bytes / chunk_bytes - 1) * (chunk_bytes / 4096);
     let writes = (log_blocks as f64 * opts.fill / 2.0) as u64;
-    let blocks = opts.volume_bytes / 4096;
-    let mut x = opts.seed | 1;
+    let mut next = random_blocks(opts.seed, opts.volume_bytes / 4096);
     let mut buf = vec![0u8; 4096];
     for i in 0..writes {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
         buf[..8].copy_from_slice(&i.to_le_bytes());
-        vol.write(x % blocks * 4096, &buf, false)?;
+        vol.write(next() * 4096, &buf, false)?;
     }
     let stats = engine.stats();
     drop(vol);
