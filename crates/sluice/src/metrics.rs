@@ -126,11 +126,12 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
         let _ = writeln!(o, "{name} {x}");
     }
     let devices = [("cache", &s.cache_device), ("capacity", &s.capacity_device)];
-    for (k, _) in fields(devices[0].1) {
+    let (cache_fields, capacity_fields) = (fields(&s.cache_device), fields(&s.capacity_device));
+    // Both are the same struct: the same fields in the same order.
+    for ((k, cache_x), (_, capacity_x)) in cache_fields.iter().zip(&capacity_fields) {
         let name = format!("sluice_device_{k}_total");
         family(&mut o, &name, "counter", "Device counter (docs/media.md).");
-        for (dev, st) in devices {
-            let x = fields(st).into_iter().find(|(f, _)| *f == k).map_or(0.0, |(_, x)| x);
+        for (dev, x) in [("cache", cache_x), ("capacity", capacity_x)] {
             let _ = writeln!(o, "{name}{{device=\"{dev}\"}} {x}");
         }
     }
