@@ -38,10 +38,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u8(c.state as u8);
         w.u64(c.epoch);
         w.u32(c.valid);
-        c.p2l.iter().for_each(|&(v, l)| {
-            w.u32(v);
-            w.u64(l);
-        });
+        put_p2l(&mut w, &c.p2l);
     }
     for list in [&inner.full_chunks, &inner.free_chunks] {
         w.u32(list.len() as u32);
@@ -53,14 +50,23 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u32(b.valid);
         w.u64(b.written);
         w.u64(b.closed_seq);
-        b.p2l.iter().for_each(|&(v, l)| {
-            w.u32(v);
-            w.u64(l);
-        });
+        put_p2l(&mut w, &b.p2l);
     }
     w.u32(inner.free_bands.len() as u32);
     inner.free_bands.iter().for_each(|&b| w.u32(b));
     w.0
+}
+
+/// A P2L list: (volume u32, LBA u64) per block.
+fn put_p2l(w: &mut Writer, p2l: &[(u32, u64)]) {
+    for &(v, l) in p2l {
+        w.u32(v);
+        w.u64(l);
+    }
+}
+
+fn get_p2l(r: &mut Reader, blocks: usize) -> Result<Vec<(u32, u64)>, CheckpointError> {
+    (0..blocks).map(|_| Ok((r.u32()?, r.u64()?))).collect()
 }
 
 fn decode_state(x: u8, at: usize) -> Result<State, CheckpointError> {
@@ -112,10 +118,7 @@ pub(super) fn decode_checkpoint(
         let state = decode_state(r.u8()?, r.at())?;
         let epoch = r.u64()?;
         let valid = r.u32()?;
-        let mut p2l = Vec::with_capacity(bpc);
-        for _ in 0..bpc {
-            p2l.push((r.u32()?, r.u64()?));
-        }
+        let p2l = get_p2l(&mut r, bpc)?;
         chunks.push(Chunk { state, epoch, p2l, valid });
     }
     let mut lists = [VecDeque::new(), VecDeque::new()];
@@ -133,10 +136,7 @@ pub(super) fn decode_checkpoint(
         let valid = r.u32()?;
         let written = r.u64()?;
         let closed_seq = r.u64()?;
-        let mut p2l = Vec::with_capacity(bpb);
-        for _ in 0..bpb {
-            p2l.push((r.u32()?, r.u64()?));
-        }
+        let p2l = get_p2l(&mut r, bpb)?;
         bands.push(Band { state, p2l, valid, written, closed_seq });
     }
     let n = r.u32()? as usize;
