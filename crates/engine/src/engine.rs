@@ -423,14 +423,14 @@ impl Engine {
             return Err(EngineError::Failed);
         }
         flush(&*self.cache)?;
-        let body = encode_checkpoint(&inner);
-        let mut buf = IoBuf::zeroed(body.len().div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
-        buf[..body.len()].copy_from_slice(&body);
+        let mut body = encode_checkpoint(&inner);
+        let (body_bytes, body_crc) = (body.len(), crc32c(&body));
+        body.resize(body_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES, 0);
         let at = inner.sb.checkpoint_offset;
-        zoned::write_region(&*self.capacity, &inner.geo, at, &buf)?;
+        zoned::write_region(&*self.capacity, &inner.geo, at, &body)?;
         flush(&*self.capacity)?;
-        inner.sb.checkpoint_bytes = body.len() as u64;
-        inner.sb.checkpoint_crc = crc32c(&body);
+        inner.sb.checkpoint_bytes = body_bytes as u64;
+        inner.sb.checkpoint_crc = body_crc;
         inner.sb.clean = true;
         inner.sb.generation += 1;
         write_superblock(&*self.cache, &inner.sb)?;
