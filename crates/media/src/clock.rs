@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync {
     /// Nanoseconds since this clock's origin.
     fn now_ns(&self) -> u64;
-    /// Block (real) or advance (virtual) until `now_ns() >= t_ns`.
+    /// Block (real) or advance (virtual) until `t_ns` counts as reached.
+    /// For both clocks here that means `now_ns() >= t_ns` afterwards; a
+    /// simulator's clock may instead only record that its caller waited.
     fn wait_until(&self, t_ns: u64);
     /// True when time only moves because somebody waits.
     fn is_virtual(&self) -> bool;

@@ -188,17 +188,20 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
 
     fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
         let mut n = 0;
+        // Completions up to here are due: the clock said so, or we waited for them.
+        let mut waited = 0;
         loop {
             let mut st = self.state.lock().expect("emulator lock");
             let Some(Reverse(head)) = st.pending.peek() else { return n };
             let due = head.0.completed_ns;
-            if due > self.clock.now_ns() {
+            if due > waited && due > self.clock.now_ns() {
                 if n >= min {
                     return n;
                 }
                 // Wait without the lock, so a live device keeps accepting work.
                 drop(st);
                 self.clock.wait_until(due);
+                waited = due;
                 continue;
             }
             let Reverse(Pending(c, _)) = st.pending.pop().expect("peeked");

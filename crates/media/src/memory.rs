@@ -2,8 +2,8 @@
 //! submission.
 //!
 //! `MemoryDevice::new` keeps data in lazily allocated 64 KiB pages, so a large
-//! sparse device costs only what was written; discard frees fully covered
-//! pages. `MemoryDevice::null` keeps no data at all (reads return zeros), like
+//! sparse device costs only what was written (zeros written to a hole leave it
+//! a hole, like a thin-provisioned disk); discard frees fully covered pages. `MemoryDevice::null` keeps no data at all (reads return zeros), like
 //! Linux null_blk: emulators use it to model a 16 TB drive's timing and wear
 //! without holding its bytes.
 
@@ -97,6 +97,10 @@ impl State {
             }),
             IoOp::Write => for_pieces(req.offset, req.len, |p, o, n| {
                 let src = &req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
+                // Zeros on a page never written already read back: keep it a hole.
+                if pages[p].is_none() && src.iter().all(|&b| b == 0) {
+                    return;
+                }
                 let page = pages[p].get_or_insert_with(|| match spare.pop() {
                     // A recycled page must read as zeros wherever this write does not reach.
                     Some(mut pg) => {
@@ -213,6 +217,19 @@ mod tests {
         assert!(b[..8192].iter().all(|&x| x == 0) && b[12288..].iter().all(|&x| x == 0));
         assert!(b[8192..12288].iter().all(|&x| x == 0x11));
         assert!(read_at(&d, 0, 65536).unwrap().iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn zeros_on_a_hole_allocate_nothing() {
+        let d = MemoryDevice::new(1 << 20, 4096);
+        write_at(&d, 0, &[0u8; 131072]).unwrap();
+        write_at(&d, 131072 + 4096, &pattern(4096, 7)).unwrap();
+        let allocated =
+            |d: &MemoryDevice| d.state.lock().unwrap().pages.as_ref().unwrap().iter().filter(|p| p.is_some()).count();
+        assert_eq!(allocated(&d), 1);
+        // Zeros over written data still overwrite it.
+        write_at(&d, 131072 + 4096, &[0u8; 4096]).unwrap();
+        assert!(read_at(&d, 0, 1 << 20).unwrap().iter().all(|&b| b == 0));
     }
 
     #[test]

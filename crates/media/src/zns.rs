@@ -165,6 +165,17 @@ impl ZnsProfile {
         }
     }
 
+    /// ZN540 timing and limits with zones `shrink`× smaller (size and
+    /// capacity alike, capacity rounded down to 4 KiB): for scaled-down
+    /// experiments, which need as many zones per volume as the full drive
+    /// has, not zones as large.
+    pub fn zn540_small_zones(zone_count: u64, shrink: u64) -> ZnsProfile {
+        let mut p = Self::zn540_scaled(zone_count);
+        p.zone_size_bytes /= shrink;
+        p.zone_capacity_bytes = p.zone_capacity_bytes / shrink / 4096 * 4096;
+        p
+    }
+
     /// A small device for rule tests: 8 zones of 64 KiB (48 KiB capacity), 3 open,
     /// 4 active, 16 KiB append limit, 16 KiB program units on 2 × 2 dies.
     pub fn tiny() -> ZnsProfile {
