@@ -50,6 +50,9 @@ use zoned::CapGeometry;
 
 const BS: u64 = BLOCK_BYTES as u64;
 
+/// Most capacity segment writes compaction and GC keep in flight.
+const CAP_QUEUE_DEPTH: usize = 16;
+
 /// Where a block lives: 0 = nowhere (reads zeros); top bit set = capacity
 /// block index; otherwise cache block index + 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,6 +264,25 @@ struct Inner {
     /// Highest sequence made durable on each device by a completed flush.
     cache_flushed_seq: u64,
     cap_flushed_seq: u64,
+    /// Set in virtual-time simulation only (`Engine::attach_sim_clock`).
+    sim: Option<SimGate>,
+    /// Capacity writes in flight: compaction and GC submit their segments
+    /// with queue depth and reap them all before flushing, so a device with
+    /// internal parallelism (NAND dies) works on many at once. Zero outside
+    /// `compact_oldest` and `collect_one`.
+    cap_inflight: usize,
+}
+
+/// Causality for simulating this synchronous engine as many concurrent
+/// callers on a virtual clock: each call runs at its caller's own time, so a
+/// call may free a chunk (or band) at a time later than another caller's
+/// present. No write may land in a chunk or band before it was freed; these
+/// are the times they were. This is what throttles simulated writers to the
+/// compaction rate, as a real background compactor would.
+struct SimGate {
+    clock: sluice_media::ClockRef,
+    chunk_free_at_ns: Vec<u64>,
+    band_free_at_ns: Vec<u64>,
 }
 
 /// The engine: owns the devices and every volume's map.
@@ -355,6 +377,16 @@ impl Engine {
         let inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
         write_superblock(&*cache, &inner.sb)?;
         Ok(Engine::assemble(cache, capacity, inner, None))
+    }
+
+    /// Simulation only: run on `clock` (the virtual clock the emulated devices
+    /// use, which the simulator sets to each caller's time before a call).
+    /// From now on a write waits until the chunk or band it lands in was
+    /// freed (`SimGate`). Without this the engine ignores time entirely.
+    pub fn attach_sim_clock(&self, clock: sluice_media::ClockRef) {
+        let mut inner = self.lock();
+        let (chunks, bands) = (inner.chunks.len(), inner.bands.len());
+        inner.sim = Some(SimGate { clock, chunk_free_at_ns: vec![0; chunks], band_free_at_ns: vec![0; bands] });
     }
 
     /// Reopen an engine from its devices after a clean shutdown.
@@ -470,6 +502,27 @@ impl Engine {
 }
 
 impl Inner {
+    /// Simulation: wait until chunk `c` (or band `b`) was freed.
+    fn sim_wait(&self, chunk: Option<u32>, band: Option<u32>) {
+        if let Some(g) = &self.sim {
+            let t = chunk.map_or(0, |c| g.chunk_free_at_ns[c as usize]);
+            g.clock.wait_until(t.max(band.map_or(0, |b| g.band_free_at_ns[b as usize])));
+        }
+    }
+
+    /// Simulation: chunk `c` (or band `b`) is free as of now.
+    fn sim_freed(&mut self, chunk: Option<u32>, band: Option<u32>) {
+        if let Some(g) = &mut self.sim {
+            let now = g.clock.now_ns();
+            if let Some(c) = chunk {
+                g.chunk_free_at_ns[c as usize] = now;
+            }
+            if let Some(b) = band {
+                g.band_free_at_ns[b as usize] = now;
+            }
+        }
+    }
+
     /// A state with every volume unmapped and every chunk and band free.
     fn empty(cfg: EngineConfig, geo: CapGeometry, sb: Superblock, chunk_count: u64, band_count: u64) -> Inner {
         let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
@@ -512,6 +565,8 @@ impl Inner {
             cap_flushed_seq: 0,
             cfg,
             geo,
+            sim: None,
+            cap_inflight: 0,
         }
     }
 
@@ -524,7 +579,7 @@ impl Inner {
     }
 
     fn give_buf(&mut self, b: IoBuf) {
-        if self.pool.len() < 8 {
+        if self.pool.len() < 2 * CAP_QUEUE_DEPTH {
             self.pool.push(b);
         }
     }

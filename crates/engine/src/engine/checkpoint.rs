@@ -166,6 +166,8 @@ pub(super) fn decode_checkpoint(
         cache_flushed_seq: seq,
         cap_flushed_seq: seq,
         geo,
+        sim: None,
+        cap_inflight: 0,
     };
     inner.check_invariants();
     Ok(inner)

@@ -166,6 +166,7 @@ impl Engine {
         encode_header(&mut rec[..BLOCK_BYTES], &h);
         rec[BLOCK_BYTES..].copy_from_slice(data);
         let header_block = chunk as u64 * inner.blocks_per_chunk() + off;
+        inner.sim_wait(Some(chunk), None);
         write_pooled(&*self.cache, inner, header_block * BS, rec)?;
         inner.stats.cache_write_bytes += need * BS;
         inner.stats.cache_header_bytes += BS;
@@ -244,6 +245,7 @@ impl Engine {
             wrote = true;
         }
         inner.give_buf(data);
+        self.drain_capacity(inner)?;
         assert_eq!(inner.chunks[c as usize].valid, 0, "every current block moved");
         // Rule 3: the copies, and whatever superseded the chunk's dropped
         // entries, are durable before the chunk can be reused.
@@ -252,6 +254,7 @@ impl Engine {
         }
         self.flush_cache(inner)?;
         inner.chunks[c as usize].state = State::Free;
+        inner.sim_freed(Some(c), None);
         inner.free_chunks.push_back(c);
         inner.stats.chunks_compacted += 1;
         Ok(())
@@ -298,7 +301,8 @@ impl Engine {
             }
             buf[(n + 1) * BLOCK_BYTES..].fill(0);
             let first = band as u64 * bpb + wp;
-            write_pooled(&*self.capacity, inner, first * BS, buf)?;
+            inner.sim_wait(None, Some(band));
+            self.submit_capacity(inner, first * BS, buf)?;
             inner.stats.capacity_write_bytes += padded * BS;
             inner.stats.compaction_pad_bytes += (padded - n as u64) * BS;
             for (i, &(lba, _)) in rest[..n].iter().enumerate() {
@@ -335,6 +339,10 @@ impl Engine {
             if inner.band_usable() - inner.bands[b as usize].written >= 2 {
                 return Ok(b);
             }
+        }
+        // Zone finish and GC are synchronous on the capacity device.
+        self.drain_capacity(inner)?;
+        if let Some(b) = cur {
             let start = b as u64 * inner.cfg.band_bytes;
             zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
             let band = &mut inner.bands[b as usize];
@@ -392,47 +400,57 @@ impl Engine {
         let unit = inner.cfg.write_unit_bytes / BS;
         let first = v as u64 * bpb;
         let written = inner.bands[v as usize].written;
-        let window_blocks = inner.blocks_per_chunk();
+        // Reads are whole windows of the band (≥ a chunk, ≥ the largest
+        // segment), not a header and then data per segment: a NAND device
+        // serves one large read from all its dies at once.
+        let window_blocks = inner.blocks_per_chunk().max(segment_blocks(RECORD_BLOCKS_MAX as u64, unit));
         // Walk the victim segment by segment, gathering current blocks and
-        // live tombstones per volume; every chunk-sized window of them goes
-        // to the GC band as full segments under fresh sequence numbers.
+        // live tombstones per volume; every window's worth of them goes to
+        // the GC band as full segments under fresh sequence numbers.
         let nv = inner.vols.len();
         let mut gathered: Vec<(Vec<u64>, Vec<u8>, Vec<u64>)> = vec![(Vec::new(), Vec::new(), Vec::new()); nv];
         let mut held = 0u64;
         let mut pos = 0u64;
         let mut wrote = false;
         while pos < written {
-            let hb = read_pooled(&*self.capacity, inner, (first + pos) * BS, BLOCK_BYTES)?;
-            let h = decode_header(&hb);
-            inner.give_buf(hb);
-            let h = h.map_err(|e| VolumeError::Io(format!("band {v} segment at block {pos}: {e}")))?;
-            let n = h.data_blocks() as u64;
-            let vol = h.volume as usize;
-            if vol >= nv {
-                return Err(VolumeError::Io(format!("band {v} segment at block {pos}: volume {vol} unknown")));
-            }
-            let l2p = &inner.vols[vol].l2p;
-            let live: Vec<(u64, usize)> = h
-                .entries
-                .iter()
-                .filter(|e| !e.tombstone)
-                .enumerate()
-                .filter(|(i, e)| l2p.get(e.lba as usize) == Some(&Loc::capacity(first + pos + 1 + *i as u64)))
-                .map(|(i, e)| (e.lba, i))
-                .collect();
-            let tombs = h.entries.iter().filter(|e| e.tombstone && l2p.get(e.lba as usize) == Some(&Loc::NONE));
-            gathered[vol].2.extend(tombs.map(|e| e.lba));
-            if !live.is_empty() {
-                let data = read_pooled(&*self.capacity, inner, (first + pos + 1) * BS, (n * BS) as usize)?;
-                let g = &mut gathered[vol];
-                for &(lba, i) in &live {
-                    g.0.push(lba);
-                    g.1.extend_from_slice(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]);
+            self.drain_capacity(inner)?;
+            let len = window_blocks.min(written - pos);
+            let win = read_pooled(&*self.capacity, inner, (first + pos) * BS, (len * BS) as usize)?;
+            // Segments whose data lies wholly in the window; `at` ends at the
+            // first that does not (the next window starts there).
+            let mut at = 0u64;
+            while at < len {
+                let h = decode_header(&win[(at * BS) as usize..((at + 1) * BS) as usize]);
+                let h = h.map_err(|e| VolumeError::Io(format!("band {v} segment at block {}: {e}", pos + at)))?;
+                let n = h.data_blocks() as u64;
+                if at + 1 + n > len {
+                    break;
                 }
-                inner.give_buf(data);
-                held += live.len() as u64;
+                let vol = h.volume as usize;
+                if vol >= nv {
+                    let msg = format!("band {v} segment at block {}: volume {vol} unknown", pos + at);
+                    return Err(VolumeError::Io(msg));
+                }
+                let seg = first + pos + at;
+                let l2p = &inner.vols[vol].l2p;
+                let g = &mut gathered[vol];
+                for (i, e) in h.entries.iter().filter(|e| !e.tombstone).enumerate() {
+                    if l2p.get(e.lba as usize) == Some(&Loc::capacity(seg + 1 + i as u64)) {
+                        let d = ((at + 1 + i as u64) * BS) as usize;
+                        g.0.push(e.lba);
+                        g.1.extend_from_slice(&win[d..d + BLOCK_BYTES]);
+                        held += 1;
+                    }
+                }
+                let tombs = h.entries.iter().filter(|e| e.tombstone && l2p.get(e.lba as usize) == Some(&Loc::NONE));
+                g.2.extend(tombs.map(|e| e.lba));
+                at += segment_blocks(n, unit);
             }
-            pos += segment_blocks(n, unit);
+            inner.give_buf(win);
+            if at == 0 {
+                return Err(VolumeError::Io(format!("band {v} segment at block {pos}: larger than a GC window")));
+            }
+            pos += at;
             if held >= window_blocks || pos >= written {
                 for (vol, g) in gathered.iter_mut().enumerate() {
                     if g.0.is_empty() && g.2.is_empty() {
@@ -450,6 +468,7 @@ impl Engine {
                 held = 0;
             }
         }
+        self.drain_capacity(inner)?;
         assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
         // Rule 3: relocations, and whatever made the victim's dropped entries
         // stale, are durable before the victim is discarded.
@@ -459,9 +478,57 @@ impl Engine {
         self.flush_cache(inner)?;
         zoned::reclaim_band(&*self.capacity, inner.geo.zoned, first * BS, inner.cfg.band_bytes)?;
         inner.bands[v as usize].state = State::Free;
+        inner.sim_freed(None, Some(v));
         inner.free_bands.push_back(v);
         inner.stats.bands_reclaimed += 1;
         Ok(true)
+    }
+
+    /// Submit a segment write to the capacity device without waiting (at most
+    /// `CAP_QUEUE_DEPTH` in flight); `drain_capacity` reaps them.
+    fn submit_capacity(&self, inner: &mut Inner, offset: u64, buf: IoBuf) -> Result<(), VolumeError> {
+        if inner.cap_inflight >= CAP_QUEUE_DEPTH {
+            self.reap_capacity(inner, 1)?;
+        }
+        self.capacity.submit(IoRequest::write(offset, buf, 0));
+        inner.cap_inflight += 1;
+        Ok(())
+    }
+
+    /// Reap at least `min` in-flight capacity writes; the first error fails the call.
+    fn reap_capacity(&self, inner: &mut Inner, min: usize) -> Result<(), VolumeError> {
+        let mut out = Vec::with_capacity(inner.cap_inflight);
+        let mut got = 0;
+        while got < min {
+            got += self.capacity.reap(min - got, &mut out);
+        }
+        inner.cap_inflight -= got;
+        let mut first_err = None;
+        if out.iter().any(|c| c.result.is_err()) && inner.cap_inflight > 0 {
+            // Failing: leave nothing in flight behind the error.
+            let rest = inner.cap_inflight;
+            let mut n = 0;
+            while n < rest {
+                n += self.capacity.reap(rest - n, &mut out);
+            }
+            inner.cap_inflight = 0;
+        }
+        for c in out {
+            if let Err(e) = c.result {
+                first_err.get_or_insert(e);
+            }
+            inner.give_buf(c.buf);
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Wait for every capacity write in flight.
+    pub(super) fn drain_capacity(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        let n = inner.cap_inflight;
+        if n == 0 {
+            return Ok(());
+        }
+        self.reap_capacity(inner, n)
     }
 
     /// Flush the cache device; every record written so far is durable.
@@ -480,17 +547,29 @@ impl Engine {
         Ok(())
     }
 
-    pub(super) fn read_block(&self, loc: Loc, out: &mut [u8]) -> Result<(), VolumeError> {
-        let (dev, block) = if let Some(cb) = loc.cache_block() {
-            (&self.cache, cb)
-        } else if let Some(pb) = loc.capacity_block() {
-            (&self.capacity, pb)
-        } else {
-            out.fill(0);
-            return Ok(());
+    /// Read the blocks at `locs` into `out` (one block each), one device read
+    /// per run of blocks stored back to back on the same device: a 64 KiB
+    /// read of data written or compacted together is one request, not 16.
+    pub(super) fn read_blocks(&self, locs: &[Loc], out: &mut [u8]) -> Result<(), VolumeError> {
+        let place = |l: Loc| -> Option<(bool, u64)> {
+            l.cache_block().map(|b| (true, b)).or_else(|| l.capacity_block().map(|b| (false, b)))
         };
-        let b = read_at(&**dev, block * BS, BLOCK_BYTES)?;
-        out.copy_from_slice(&b);
+        let mut i = 0;
+        while i < locs.len() {
+            let Some((in_cache, first)) = place(locs[i]) else {
+                out[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].fill(0);
+                i += 1;
+                continue;
+            };
+            let mut n = 1;
+            while i + n < locs.len() && place(locs[i + n]) == Some((in_cache, first + n as u64)) {
+                n += 1;
+            }
+            let dev = if in_cache { &self.cache } else { &self.capacity };
+            let b = read_at(&**dev, first * BS, n * BLOCK_BYTES)?;
+            out[i * BLOCK_BYTES..(i + n) * BLOCK_BYTES].copy_from_slice(&b);
+            i += n;
+        }
         Ok(())
     }
 }

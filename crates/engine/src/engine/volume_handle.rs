@@ -160,11 +160,9 @@ impl Volume for EngineVolume {
             check(self, offset, buf.len() as u64)?;
             let e = &self.engine;
             let mut inner = self.live()?;
-            let lba0 = offset / BS;
-            for (i, out) in buf.chunks_mut(BLOCK_BYTES).enumerate() {
-                let loc = inner.vols[self.id as usize].l2p[(lba0 + i as u64) as usize];
-                e.read_block(loc, out)?;
-            }
+            let lba0 = (offset / BS) as usize;
+            let n = buf.len() / BLOCK_BYTES;
+            e.read_blocks(&inner.vols[self.id as usize].l2p[lba0..lba0 + n], buf)?;
             inner.stats.user_read_bytes += buf.len() as u64;
             Ok(())
         })
