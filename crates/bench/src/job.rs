@@ -18,6 +18,7 @@
 
 use crate::runner::{self, Dir, Io, IoSource, Job, Limits, RunError, RunResult};
 use serde::Serialize;
+use sluice_engine::EngineConfig;
 use sluice_media::ssd::{ssd_device, SsdProfile};
 use sluice_media::{
     hdd_device, scm_device, zns_device, BlockDevice, ClockRef, DeviceStats, HddProfile, MemoryDevice, ScmProfile,
@@ -27,6 +28,7 @@ use sluice_workload::job::{parse_job_file, JobError, ResolveError, ResolvedJob};
 use sluice_workload::rng::mix_seed;
 use sluice_workload::{GenError, GenParams, IoGen, Op, Precondition, PreconditionGen, RwKind};
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// A system's device, ready to run on.
 pub struct Built {
@@ -35,6 +37,8 @@ pub struct Built {
     pub physical_bytes: Option<u64>,
     /// The device's (virtual) clock.
     pub clock: ClockRef,
+    /// On stacked systems: (cache, capacity) devices underneath.
+    pub tiers: Option<(Arc<dyn BlockDevice>, Arc<dyn BlockDevice>)>,
 }
 
 /// An emulated system a job can run on.
@@ -46,6 +50,15 @@ pub enum System {
     Scm,
     Zns,
     Hdd,
+    /// Sluice over SCM and QLC.
+    #[serde(rename = "sluice+qlc")]
+    SluiceQlc,
+    /// Sluice over SCM and ZNS.
+    #[serde(rename = "sluice+zns")]
+    SluiceZns,
+    /// A set-associative write-back cache (4 KiB lines, LRU) over SCM and QLC.
+    #[serde(rename = "setassoc+qlc")]
+    SetAssocQlc,
 }
 
 impl FromStr for System {
@@ -57,6 +70,9 @@ impl FromStr for System {
             "scm" => System::Scm,
             "zns" => System::Zns,
             "hdd" => System::Hdd,
+            "sluice+qlc" => System::SluiceQlc,
+            "sluice+zns" => System::SluiceZns,
+            "setassoc+qlc" => System::SetAssocQlc,
             other => return Err(BenchError::UnknownSystem(other.to_string())),
         })
     }
@@ -70,22 +86,52 @@ impl System {
             System::Scm => "scm",
             System::Zns => "zns",
             System::Hdd => "hdd",
+            System::SluiceQlc => "sluice+qlc",
+            System::SluiceZns => "sluice+zns",
+            System::SetAssocQlc => "setassoc+qlc",
         }
     }
+
+    /// Bytes the system exposes to jobs on a (capacity) device of `capacity_bytes`.
+    pub fn exposed_bytes(self, capacity_bytes: u64) -> u64 {
+        match self {
+            System::SluiceQlc | System::SluiceZns => stack_volume_bytes(capacity_bytes) * STACK_VOLUMES,
+            _ => capacity_bytes,
+        }
+    }
+
+    /// Every system, in table order.
+    pub const ALL: [System; 8] = [
+        System::Qlc,
+        System::Tlc,
+        System::Scm,
+        System::Zns,
+        System::Hdd,
+        System::SetAssocQlc,
+        System::SluiceQlc,
+        System::SluiceZns,
+    ];
 
     /// Default emulated capacity (bytes) when the user gives none.
     pub fn default_capacity_bytes(self) -> u64 {
         match self {
             System::Qlc => 64 << 30,
             System::Tlc => 16 << 30,
+            System::SluiceQlc | System::SluiceZns | System::SetAssocQlc => 16 << 30,
             System::Scm | System::Hdd => 16 << 30,
             System::Zns => ZnsProfile::zn540_scaled(64).zone_size_bytes * 64,
         }
     }
 
     /// Build the device on a fresh virtual clock; data is not stored (null
-    /// backend), only timing and wear are modelled.
+    /// backend), only timing and wear are modelled. On stacked systems
+    /// `capacity_bytes` is the capacity device's (usable) size; the cache is
+    /// `stack_cache_bytes` of it, and Sluice keeps metadata (sparse memory
+    /// backends, zeros unstored) because it reads its own records back.
     pub fn build(self, capacity_bytes: u64) -> Result<Built, BenchError> {
+        if let Some(b) = self.build_stack(capacity_bytes)? {
+            return Ok(b);
+        }
         let clock: ClockRef = VirtualClock::new();
         let c = clock.clone();
         let null = || Box::new(MemoryDevice::null(capacity_bytes, 4096));
@@ -99,17 +145,17 @@ impl System {
                     return Err(BenchError::BadCapacity { system: self.name(), capacity_bytes });
                 }
                 let phys = p.physical_blocks() as u64 * p.erase_block_ius as u64 * p.iu_bytes;
-                Built { dev: Box::new(ssd_device(p, null(), c)), physical_bytes: Some(phys), clock }
+                Built { dev: Box::new(ssd_device(p, null(), c)), physical_bytes: Some(phys), clock, tiers: None }
             }
             System::Scm => {
                 let mut p = ScmProfile::p5800x();
                 p.capacity_bytes = capacity_bytes;
-                Built { dev: Box::new(scm_device(p, null(), c)), physical_bytes: None, clock }
+                Built { dev: Box::new(scm_device(p, null(), c)), physical_bytes: None, clock, tiers: None }
             }
             System::Hdd => {
                 let mut p = HddProfile::hdd_7200();
                 p.capacity_bytes = capacity_bytes;
-                Built { dev: Box::new(hdd_device(p, null(), c)), physical_bytes: None, clock }
+                Built { dev: Box::new(hdd_device(p, null(), c)), physical_bytes: None, clock, tiers: None }
             }
             System::Zns => {
                 let zone = ZnsProfile::zn540_scaled(1).zone_size_bytes;
@@ -117,16 +163,105 @@ impl System {
                     return Err(BenchError::BadCapacity { system: self.name(), capacity_bytes });
                 }
                 let p = ZnsProfile::zn540_scaled(capacity_bytes / zone);
-                Built { dev: Box::new(zns_device(p, null(), c)), physical_bytes: None, clock }
+                Built { dev: Box::new(zns_device(p, null(), c)), physical_bytes: None, clock, tiers: None }
             }
+            System::SluiceQlc | System::SluiceZns | System::SetAssocQlc => unreachable!("built as stacks"),
         })
     }
+
+    /// Stacked systems: SCM cache over a QLC or ZNS capacity device.
+    fn build_stack(self, capacity_bytes: u64) -> Result<Option<Built>, BenchError> {
+        use crate::stacked::{setassoc_stack, sluice_stack, CallTime};
+        let capacity_device = match self {
+            System::SluiceQlc | System::SetAssocQlc => System::Qlc,
+            System::SluiceZns => System::Zns,
+            _ => return Ok(None),
+        };
+        let call = CallTime::new();
+        let inner = call.device_clock();
+        let bad = || BenchError::BadCapacity { system: self.name(), capacity_bytes };
+        let cache_bytes = stack_cache_bytes(capacity_bytes);
+        let keep_data = self != System::SetAssocQlc;
+        let backend = |bytes: u64| -> Box<dyn BlockDevice> {
+            if keep_data {
+                Box::new(MemoryDevice::new(bytes, 4096))
+            } else {
+                Box::new(MemoryDevice::null(bytes, 4096))
+            }
+        };
+        let mut scm = ScmProfile::p5800x();
+        scm.capacity_bytes = cache_bytes;
+        let cache: Arc<dyn BlockDevice> = Arc::new(scm_device(scm, backend(cache_bytes), inner.clone()));
+        let (capacity, physical_bytes, band_bytes): (Arc<dyn BlockDevice>, _, _) = if capacity_device == System::Qlc {
+            let p = SsdProfile::qlc(capacity_bytes);
+            let erase_block = p.erase_block_ius as u64 * p.iu_bytes;
+            if !capacity_bytes.is_multiple_of(erase_block) || capacity_bytes < 64 * erase_block {
+                return Err(bad());
+            }
+            let phys = p.physical_blocks() as u64 * erase_block;
+            // Bands of whole erase blocks, ~128 of them (at least one block).
+            let band = (capacity_bytes / 128 / erase_block).max(1) * erase_block;
+            (Arc::new(ssd_device(p, backend(capacity_bytes), inner.clone())), Some(phys), band)
+        } else {
+            // Zones 64× smaller than ZN540's, so a scaled-down drive has as many.
+            let p0 = ZnsProfile::zn540_small_zones(1, ZNS_ZONE_SHRINK);
+            let zones = capacity_bytes.div_ceil(p0.zone_capacity_bytes);
+            let p = ZnsProfile::zn540_small_zones(zones, ZNS_ZONE_SHRINK);
+            let bytes = zones * p.zone_size_bytes;
+            let band = p.zone_size_bytes;
+            (Arc::new(zns_device(p, backend(bytes), inner.clone())), None, band)
+        };
+        if cache_bytes < 16 << 20 {
+            return Err(bad());
+        }
+        let (dev, clock): (Box<dyn BlockDevice>, ClockRef) = if self == System::SetAssocQlc {
+            let s = setassoc_stack(cache.clone(), capacity.clone(), call, SETASSOC_WAYS);
+            let c = s.clock();
+            (Box::new(s), c)
+        } else {
+            let cfg = EngineConfig {
+                chunk_bytes: (cache_bytes / 32).clamp(4 << 20, 16 << 20),
+                band_bytes,
+                ..EngineConfig::default()
+            };
+            let vb = stack_volume_bytes(capacity_bytes);
+            let s = sluice_stack(cache.clone(), capacity.clone(), call, cfg, STACK_VOLUMES, vb)?;
+            let c = s.clock();
+            (Box::new(s), c)
+        };
+        Ok(Some(Built { dev, physical_bytes, clock, tiers: Some((cache, capacity)) }))
+    }
+}
+
+/// Volumes (tenants) Sluice serves in a stacked system: one per job of the
+/// CSAL experiments.
+pub const STACK_VOLUMES: u64 = 8;
+/// The capacity Sluice keeps spare for its own GC (SPDK FTL's default
+/// over-provisioning is 20 %).
+pub const ENGINE_SPARE: f64 = 0.20;
+/// Ways of the set-associative baseline.
+pub const SETASSOC_WAYS: usize = 8;
+/// How much smaller than ZN540's our emulated zones are.
+pub const ZNS_ZONE_SHRINK: u64 = 64;
+
+/// Each of Sluice's `STACK_VOLUMES` volumes on a capacity device of
+/// `capacity_bytes`: what remains after `ENGINE_SPARE`, 1 MiB aligned.
+pub fn stack_volume_bytes(capacity_bytes: u64) -> u64 {
+    (capacity_bytes as f64 * (1.0 - ENGINE_SPARE)) as u64 / STACK_VOLUMES / (1 << 20) * (1 << 20)
+}
+
+/// The SCM cache of a stacked system: 1/32 of the capacity device (a
+/// 400 GB Optane P5800X in front of a 15.36 TB QLC is 2.6 %), 1 MiB aligned.
+pub fn stack_cache_bytes(capacity_bytes: u64) -> u64 {
+    capacity_bytes / 32 / (1 << 20) * (1 << 20)
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("unknown system {0:?} (expected qlc, tlc, scm, zns or hdd)")]
+    #[error("unknown system {0:?} (expected qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+zns or setassoc+qlc)")]
     UnknownSystem(String),
+    #[error("engine: {0}")]
+    Engine(sluice_engine::EngineError),
     #[error("{system}: capacity {capacity_bytes} bytes is not a usable size for this medium")]
     BadCapacity { system: &'static str, capacity_bytes: u64 },
     #[error("job file: {0}")]
@@ -179,8 +314,16 @@ pub struct JobReport {
     pub read_mib_per_s: f64,
     pub write_iops: f64,
     pub read_iops: f64,
-    /// Device WAF over the measured phase (NAND programmed / host written).
+    /// WAF over the measured phase: bytes programmed to the (capacity)
+    /// device's media / bytes the jobs wrote — the CSAL paper's definition.
     pub waf: f64,
+    /// Bytes written to the devices (cache + capacity) / bytes the jobs
+    /// wrote; 1 on a plain device.
+    pub waf_host: f64,
+    /// The capacity device's own WAF (media programmed / its host writes).
+    pub waf_device: f64,
+    /// On stacked systems: each device's counters.
+    pub tiers: Option<TierStats>,
     pub write_lat_p50_us: f64,
     pub write_lat_p99_us: f64,
     pub read_lat_p50_us: f64,
@@ -241,8 +384,10 @@ pub fn run_job_text(
     progress: &mut dyn FnMut(&str, f64),
 ) -> Result<JobReport, BenchError> {
     let file = parse_job_file(text)?;
-    let Built { dev, physical_bytes, .. } = opts.system.build(opts.capacity_bytes)?;
-    let resolved = file.jobs.iter().map(|j| j.resolve(opts.capacity_bytes)).collect::<Result<Vec<_>, _>>()?;
+    let Built { dev, physical_bytes, tiers, .. } = opts.system.build(opts.capacity_bytes)?;
+    // Jobs address what the system exposes (a stack's volumes, not its devices).
+    let exposed = dev.info().capacity_bytes;
+    let resolved = file.jobs.iter().map(|j| j.resolve(exposed)).collect::<Result<Vec<_>, _>>()?;
 
     let mut pre = jobs_of(&resolved, Phase::Precondition { until_nand_steady: physical_bytes.is_some() })?;
     let pre_result = if pre.is_empty() {
@@ -251,6 +396,10 @@ pub fn run_job_text(
         let limits = Limits {
             media_program_bytes_max: physical_bytes
                 .map(|p| (p as f64 * opts.steady_state_drive_writes) as u64 + opts.capacity_bytes),
+            // A cache that absorbs a skewed workload may keep the NAND idle
+            // for ever: its own steady state is the fill plus the same number
+            // of drive writes of random writes (every block rewritten).
+            host_bytes_max: tiers.as_ref().map(|_| exposed + (exposed as f64 * opts.steady_state_drive_writes) as u64),
             ..Default::default()
         };
         Some(runner::run(&*dev, &mut pre, limits, &mut |f| progress("precondition", f))?)
@@ -259,8 +408,24 @@ pub fn run_job_text(
     let mut measured = jobs_of(&resolved, Phase::Measure)?;
     let runtime_ns = resolved.iter().filter_map(|r| r.spec.runtime).map(|d| d.as_nanos() as u64).max();
     let limits = Limits { device_ns_max: runtime_ns, ..Default::default() };
+    let before = tiers.as_ref().map(|(c, p)| (c.stats(), p.stats()));
     let r = runner::run(&*dev, &mut measured, limits, &mut |f| progress("measure", f))?;
-    Ok(report(opts, &r, pre_result.as_ref(), file.warnings.iter().map(|w| w.to_string()).collect()))
+    let mut rep = report(opts, &r, pre_result.as_ref(), file.warnings.iter().map(|w| w.to_string()).collect());
+    if let (Some((c, p)), Some((c0, p0))) = (tiers, before) {
+        let t = TierStats { cache: c.stats().since(&c0), capacity: p.stats().since(&p0) };
+        let user = r.device.host_write_bytes.max(1) as f64;
+        rep.waf_host = (t.cache.host_write_bytes + t.capacity.host_write_bytes) as f64 / user;
+        rep.waf_device = t.capacity.device_waf();
+        rep.tiers = Some(t);
+    }
+    Ok(rep)
+}
+
+/// What a stacked system's two devices did over the measured phase.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct TierStats {
+    pub cache: DeviceStats,
+    pub capacity: DeviceStats,
 }
 
 fn report(opts: &RunOptions, r: &RunResult, pre: Option<&RunResult>, warnings: Vec<String>) -> JobReport {
@@ -286,6 +451,9 @@ fn report(opts: &RunOptions, r: &RunResult, pre: Option<&RunResult>, warnings: V
         write_iops: if secs > 0.0 { writes as f64 / secs } else { 0.0 },
         read_iops: if secs > 0.0 { reads as f64 / secs } else { 0.0 },
         waf: r.device.device_waf(),
+        waf_host: 1.0,
+        waf_device: r.device.device_waf(),
+        tiers: None,
         write_lat_p50_us: wl.quantile(0.5) as f64 / 1e3,
         write_lat_p99_us: wl.quantile(0.99) as f64 / 1e3,
         read_lat_p50_us: rl.quantile(0.5) as f64 / 1e3,

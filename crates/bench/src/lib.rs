@@ -1,9 +1,11 @@
 //! Sluice's reproducible experiments: fio-style jobs driven against emulated
 //! media in virtual time, turned into tables and JSON.
 
+pub mod csal;
 pub mod engine;
 pub mod job;
 pub mod media;
 pub mod runner;
+pub mod stacked;
 pub mod trace;
 pub mod uring;

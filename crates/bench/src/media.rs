@@ -61,17 +61,30 @@ impl Scale {
     }
 }
 
-/// The job file of a workload on a device of `capacity_bytes`.
+/// The job file of a workload on a device of `capacity_bytes`, measured
+/// for `runtime_s` virtual seconds.
 pub fn job_text(workload: &str, capacity_bytes: u64, runtime_s: u64) -> String {
-    let part = capacity_bytes / 8;
+    job_text_with(workload, capacity_bytes, &format!("time_based=1\nruntime={runtime_s}s\n"))
+}
+
+/// Every workload `job_text_with` knows.
+pub const WORKLOADS: [&str; 7] =
+    ["4k-uniform", "4k-zipf1.2", "64k-zipf0.8", "64k-zipf0.9", "64k-zipf1.1", "64k-zipf1.2", "mixed"];
+
+/// The job file of a workload on `capacity_bytes` (8 equal partitions), with
+/// `measure` (job options saying how long the measured phase runs).
+pub fn job_text_with(workload: &str, capacity_bytes: u64, measure: &str) -> String {
+    let part = capacity_bytes / 8 / 4096 * 4096;
     let common = format!(
         "[global]\nrw=randwrite\niodepth=32\nsize={part}\noffset_increment={part}\nprecondition=seq+rand\n\
-         time_based=1\nruntime={runtime_s}s\nrandseed=20231\n"
+         {measure}randseed=20231\n"
     );
     let (bs, dist) = match workload {
         "4k-uniform" | "mixed" => ("4k", "random"),
         "4k-zipf1.2" => ("4k", "zipf:1.2"),
         "64k-zipf0.8" => ("64k", "zipf:0.8"),
+        "64k-zipf0.9" => ("64k", "zipf:0.9"),
+        "64k-zipf1.1" => ("64k", "zipf:1.1"),
         "64k-zipf1.2" => ("64k", "zipf:1.2"),
         other => panic!("unknown workload {other}"),
     };

@@ -13,9 +13,10 @@ mod serve;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use sluice_bench::csal::{self, CsalRow, CsalScale};
 use sluice_bench::engine;
 use sluice_bench::job::{run_job_text, RunOptions, System};
-use sluice_bench::media::{self, MediaRow, Scale, PAPER_ROWS};
+use sluice_bench::media::{self, MediaRow, Scale, PAPER_ROWS, WORKLOADS};
 use sluice_bench::trace;
 use sluice_bench::uring::{self, UringBenchOpts};
 use sluice_workload::{parse_bytes, TraceReader};
@@ -85,14 +86,28 @@ enum Bench {
         #[arg(long)]
         only: Option<String>,
     },
-    /// Run a fio-style job file on an emulated device in virtual time.
+    /// The CSAL paper's evaluation: QLC, TLC, a set-associative cache and
+    /// Sluice over SCM+QLC and SCM+ZNS, every workload, in virtual time.
+    Csal {
+        /// Every row at a smaller scale (under two minutes).
+        #[arg(long)]
+        quick: bool,
+        /// Where to write the JSON rows (the SVG chart goes beside it).
+        #[arg(long, default_value = "target/bench/csal.json")]
+        json: PathBuf,
+        /// Only rows whose workload or system contains this text.
+        #[arg(long)]
+        only: Option<String>,
+    },
+    /// Run a fio-style job file on an emulated system in virtual time.
     Job {
         /// The job file ([global] and job sections; see docs/workloads.md).
         file: PathBuf,
-        /// qlc, tlc, scm, zns or hdd.
+        /// qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+zns or setassoc+qlc.
         #[arg(long)]
         system: String,
-        /// Emulated capacity (fio size syntax, e.g. 64g); default per system.
+        /// Emulated capacity (fio size syntax, e.g. 64g; on stacks the
+        /// capacity device's); default per system.
         #[arg(long)]
         capacity: Option<String>,
         /// NAND drive writes that end preconditioning (on NAND devices).
@@ -218,6 +233,54 @@ fn bench_media(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliEr
     Ok(())
 }
 
+fn bench_csal(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliError> {
+    let scale = if quick { CsalScale::quick() } else { CsalScale::full() };
+    let jobs_dir = json.parent().unwrap_or(Path::new(".")).join("csal-jobs");
+    std::fs::create_dir_all(&jobs_dir)?;
+    let t0 = Instant::now();
+    let mut rows: Vec<CsalRow> = Vec::new();
+    for workload in WORKLOADS {
+        for system in csal::SYSTEMS {
+            if only.is_some_and(|o| !workload.contains(o) && !system.name().contains(o)) {
+                continue;
+            }
+            let label = format!("{} {}", system.name(), workload);
+            let exposed = system.exposed_bytes(scale.capacity_bytes);
+            let measure = format!("io_size={}\n", scale.io_bytes_per_job);
+            let file = jobs_dir.join(format!("{}-{}.fio", system.name(), workload));
+            std::fs::write(file, media::job_text_with(workload, exposed, &measure))?;
+            let pb = progress_bar(&label);
+            let r = csal::run_row(workload, system, &scale, &mut |phase, f| {
+                pb.set_message(phase.to_string());
+                pb.set_position((f.clamp(0.0, 1.0) * 1000.0) as u64);
+            })?;
+            pb.finish_and_clear();
+            eprintln!("{label:>24}: {:.2} MiB/s/job, WAF {:.3} ({:.1} s)", r.mib_per_s, r.waf, r.wall_seconds);
+            rows.push(r);
+        }
+    }
+    csal::add_speedups(&mut rows);
+    println!(
+        "\nsluice bench csal ({}): {} GiB capacity devices, SCM cache 1/32 of it on stacks, {} MiB per job measured; \
+         paper: 16 TB QLC\n",
+        if quick { "quick" } else { "full" },
+        scale.capacity_bytes >> 30,
+        scale.io_bytes_per_job >> 20
+    );
+    print!("{}", csal::table(&rows));
+    write_json(json, &rows)?;
+    let svg_path = json.with_extension("svg");
+    std::fs::write(&svg_path, csal::svg(&rows))?;
+    println!(
+        "wrote {}, {} and job files in {} ({:.1} s)",
+        json.display(),
+        svg_path.display(),
+        jobs_dir.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 /// `--system` and `--capacity` (default: the system's own).
 fn system_and_capacity(system: &str, capacity: Option<&str>) -> Result<(System, u64), CliError> {
     let system: System = system.parse()?;
@@ -262,7 +325,15 @@ fn bench_job(
         "read:  {:>10.2} MiB/s/job {:>10.0} IOPS  p50 {:>9.1} us  p99 {:>9.1} us",
         r.read_mib_per_s, r.read_iops, r.read_lat_p50_us, r.read_lat_p99_us
     );
-    println!("device WAF {:.3} (NAND programmed / host written)", r.waf);
+    println!("WAF {:.3} (capacity media programmed / bytes the jobs wrote)", r.waf);
+    if let Some(t) = &r.tiers {
+        println!(
+            "stack: cache writes {:.2}x user bytes, host WAF {:.3} (cache + capacity writes), capacity device WAF {:.3}",
+            t.cache.host_write_bytes as f64 / r.device.host_write_bytes.max(1) as f64,
+            r.waf_host,
+            r.waf_device
+        );
+    }
     if let Some(path) = json {
         write_json(path, &r)?;
     }
@@ -339,6 +410,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Serve { config } => Ok(serve::run(serve::Config::load(config.as_deref())?)?),
         Cmd::Bench { what } => match what {
             Bench::Media { quick, json, only } => bench_media(quick, &json, only.as_deref()),
+            Bench::Csal { quick, json, only } => bench_csal(quick, &json, only.as_deref()),
             Bench::Job { file, system, capacity, steady_state_drive_writes, json } => {
                 bench_job(&file, &system, capacity.as_deref(), steady_state_drive_writes, json.as_deref())
             }

@@ -1,0 +1,451 @@
+//! Stacked systems in virtual time: Sluice's engine (and, for comparison, a
+//! conventional set-associative write-back cache) over an emulated SCM cache
+//! device and an emulated QLC or ZNS capacity device, presented to the job
+//! runner as one `BlockDevice`.
+//!
+//! The engine is synchronous: a call runs to completion, doing its device
+//! I/O one request after another. To simulate many concurrent callers (8
+//! jobs × iodepth 32) on a virtual clock, every submitted request runs as
+//! its own call *at the time it was submitted* (`CallTime`): the devices see
+//! every I/O of the call issued at that time, and the request completes when
+//! the last of them does (or when the engine's `SimGate` says the log space
+//! it writes into was freed, if later). Submission times therefore never run
+//! backwards, so the emulators' resource timelines (dies, channels, cores,
+//! firmware) stay exact queues; the price is that I/O a call makes one after
+//! another (compaction's read, then its writes) is timed as if overlapped.
+//! Throughput in steady state is set by resource occupancy and by the gate —
+//! writers wait for the compaction that frees their chunk, as behind a real
+//! background compactor — so it is what the model measures faithfully;
+//! per-request latency of calls that compact is optimistic.
+//!
+//! Invariants: the runner's clock never runs backwards; no request is in
+//! flight on the inner devices between calls; every request yields exactly
+//! one completion.
+
+use crate::job::BenchError;
+use sluice_engine::{Engine, EngineConfig, EngineVolume, Volume, VolumeError, VolumeSpec};
+use sluice_media::device::{check_range, sync_io};
+use sluice_media::{
+    BlockDevice, Clock, ClockRef, DeviceError, DeviceInfo, DeviceStats, IoBuf, IoCompletion, IoOp, IoRequest,
+    VirtualClock,
+};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The time of the call being simulated: when it started, and the latest
+/// moment anything it waited for completes.
+#[derive(Debug, Default)]
+pub struct CallTime {
+    start_ns: AtomicU64,
+    latest_ns: AtomicU64,
+}
+
+impl CallTime {
+    pub fn new() -> Arc<CallTime> {
+        Arc::new(CallTime::default())
+    }
+    fn begin(&self, t_ns: u64) {
+        self.start_ns.store(t_ns, Ordering::Relaxed);
+        self.latest_ns.store(t_ns, Ordering::Relaxed);
+    }
+    fn end(&self) -> u64 {
+        self.latest_ns.load(Ordering::Relaxed)
+    }
+    /// The clock the devices run on: now is the call's start; waiting only
+    /// records how long the call takes.
+    pub fn device_clock(self: &Arc<CallTime>) -> ClockRef {
+        Arc::new(DeviceView(self.clone()))
+    }
+    /// The clock the engine's `SimGate` runs on: now is the latest moment
+    /// the call has reached.
+    pub fn engine_clock(self: &Arc<CallTime>) -> ClockRef {
+        Arc::new(EngineView(self.clone()))
+    }
+}
+
+struct DeviceView(Arc<CallTime>);
+struct EngineView(Arc<CallTime>);
+
+impl Clock for DeviceView {
+    fn now_ns(&self) -> u64 {
+        self.0.start_ns.load(Ordering::Relaxed)
+    }
+    fn wait_until(&self, t_ns: u64) {
+        self.0.latest_ns.fetch_max(t_ns, Ordering::Relaxed);
+    }
+    fn is_virtual(&self) -> bool {
+        true
+    }
+}
+
+impl Clock for EngineView {
+    fn now_ns(&self) -> u64 {
+        self.0.latest_ns.load(Ordering::Relaxed)
+    }
+    fn wait_until(&self, t_ns: u64) {
+        self.0.latest_ns.fetch_max(t_ns, Ordering::Relaxed);
+    }
+    fn is_virtual(&self) -> bool {
+        true
+    }
+}
+
+/// What a stack runs each request through, synchronously, on the inner clock.
+pub trait Executor: Send {
+    fn execute(&mut self, req: &mut IoRequest) -> Result<u64, DeviceError>;
+}
+
+struct Pending(IoCompletion, u64);
+
+impl PartialEq for Pending {
+    fn eq(&self, o: &Pending) -> bool {
+        self.cmp(o) == std::cmp::Ordering::Equal
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, o: &Pending) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, o: &Pending) -> std::cmp::Ordering {
+        (self.0.completed_ns, self.1).cmp(&(o.0.completed_ns, o.1))
+    }
+}
+
+struct StackState<E> {
+    exec: E,
+    pending: BinaryHeap<Reverse<Pending>>,
+    stats: DeviceStats,
+    seq: u64,
+}
+
+/// A cache device and a capacity device behind an `Executor`, as one device.
+pub struct Stack<E: Executor> {
+    info: DeviceInfo,
+    outer: Arc<VirtualClock>,
+    call: Arc<CallTime>,
+    cache: Arc<dyn BlockDevice>,
+    capacity: Arc<dyn BlockDevice>,
+    state: Mutex<StackState<E>>,
+}
+
+impl<E: Executor> Stack<E> {
+    /// The devices underneath: (cache, capacity).
+    pub fn tiers(&self) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
+        (self.cache.clone(), self.capacity.clone())
+    }
+
+    /// The runner's clock.
+    pub fn clock(&self) -> ClockRef {
+        self.outer.clone()
+    }
+}
+
+impl<E: Executor> BlockDevice for Stack<E> {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn submit(&self, mut req: IoRequest) {
+        let now = self.outer.now_ns();
+        let mut st = self.state.lock().expect("stack lock");
+        self.call.begin(now);
+        let result = if st.pending.len() >= self.info.queue_depth_max {
+            Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
+        } else {
+            check_range(&self.info, &req).and_then(|_| st.exec.execute(&mut req))
+        };
+        let done = self.call.end();
+        st.stats.count_host(req.op, req.len, result.is_ok());
+        if result.is_ok() {
+            st.stats.busy_ns += done - now;
+        }
+        st.seq += 1;
+        let seq = st.seq;
+        let c = IoCompletion {
+            user_data: req.user_data,
+            op: req.op,
+            result,
+            buf: req.buf,
+            submitted_ns: now,
+            completed_ns: done,
+        };
+        st.pending.push(Reverse(Pending(c, seq)));
+    }
+
+    fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
+        let mut st = self.state.lock().expect("stack lock");
+        let mut n = 0;
+        while let Some(Reverse(head)) = st.pending.peek() {
+            let due = head.0.completed_ns;
+            if due > self.outer.now_ns() {
+                if n >= min {
+                    break;
+                }
+                self.outer.wait_until(due);
+            }
+            let Reverse(Pending(c, _)) = st.pending.pop().expect("peeked");
+            out.push(c);
+            n += 1;
+        }
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.state.lock().expect("stack lock").pending.len()
+    }
+
+    /// Host counters are the users' requests; media counters are the
+    /// capacity device's, so `device_waf()` is the CSAL paper's WAF: bytes
+    /// programmed to the capacity medium per user byte written.
+    fn stats(&self) -> DeviceStats {
+        let mut s = self.state.lock().expect("stack lock").stats;
+        let cap = self.capacity.stats();
+        s.media_program_bytes = cap.media_program_bytes;
+        s.media_read_bytes = cap.media_read_bytes;
+        s.erases = cap.erases;
+        s
+    }
+}
+
+fn volume_error(e: VolumeError) -> DeviceError {
+    DeviceError::Io { errno: e.errno() }
+}
+
+/// Sluice's engine with equal volumes laid end to end: device offset `o` is
+/// volume `o / volume_bytes`, so fio jobs on equal partitions are tenants.
+pub struct SluiceExec {
+    vols: Vec<EngineVolume>,
+    volume_bytes: u64,
+}
+
+impl SluiceExec {
+    /// Run `f` on each volume piece of [offset, offset+len): (volume, offset in it, range in the request).
+    fn pieces(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(&EngineVolume, u64, std::ops::Range<usize>) -> Result<(), VolumeError>,
+    ) -> Result<(), VolumeError> {
+        let mut pos = offset;
+        while pos < offset + len {
+            let v = (pos / self.volume_bytes) as usize;
+            let in_vol = pos % self.volume_bytes;
+            let n = (self.volume_bytes - in_vol).min(offset + len - pos);
+            let at = (pos - offset) as usize;
+            f(&self.vols[v], in_vol, at..at + n as usize)?;
+            pos += n;
+        }
+        Ok(())
+    }
+}
+
+impl Executor for SluiceExec {
+    fn execute(&mut self, req: &mut IoRequest) -> Result<u64, DeviceError> {
+        let buf = &mut req.buf;
+        let r = match req.op {
+            IoOp::Read => self.pieces(req.offset, req.len, |v, o, r| v.read(o, &mut buf[r])),
+            IoOp::Write => self.pieces(req.offset, req.len, |v, o, r| v.write(o, &buf[r], req.fua)),
+            IoOp::Discard => self.pieces(req.offset, req.len, |v, o, r| v.trim(o, r.len() as u64)),
+            IoOp::Flush => self.vols[0].flush(),
+            op => return Err(DeviceError::Unsupported(op)),
+        };
+        r.map(|_| req.len).map_err(volume_error)
+    }
+}
+
+/// The shared clocks and outer description of a stack over `cache` and `capacity`.
+fn stack<E: Executor>(
+    name: &str,
+    capacity_bytes: u64,
+    exec: E,
+    call: Arc<CallTime>,
+    cache: Arc<dyn BlockDevice>,
+    capacity: Arc<dyn BlockDevice>,
+) -> Stack<E> {
+    Stack {
+        info: DeviceInfo {
+            name: name.to_string(),
+            capacity_bytes,
+            block_bytes: 4096,
+            queue_depth_max: 4096,
+            optimal_write_bytes: 4096,
+            zoned: false,
+        },
+        outer: VirtualClock::new(),
+        call,
+        cache,
+        capacity,
+        state: Mutex::new(StackState { exec, pending: BinaryHeap::new(), stats: DeviceStats::default(), seq: 0 }),
+    }
+}
+
+/// Sluice over `cache` and `capacity` (built on `call.device_clock()`):
+/// `volumes` volumes of `volume_bytes` each.
+pub fn sluice_stack(
+    cache: Arc<dyn BlockDevice>,
+    capacity: Arc<dyn BlockDevice>,
+    call: Arc<CallTime>,
+    cfg: EngineConfig,
+    volumes: u64,
+    volume_bytes: u64,
+) -> Result<Stack<SluiceExec>, BenchError> {
+    let specs: Vec<VolumeSpec> =
+        (0..volumes).map(|i| VolumeSpec { name: format!("job{i}"), size_bytes: volume_bytes }).collect();
+    let engine = Engine::create(cache.clone(), capacity.clone(), cfg, &specs).map_err(BenchError::Engine)?;
+    engine.attach_sim_clock(call.engine_clock());
+    let vols =
+        specs.iter().map(|s| engine.volume(&s.name)).collect::<Result<Vec<_>, _>>().map_err(BenchError::Engine)?;
+    let exec = SluiceExec { vols, volume_bytes };
+    Ok(stack("sluice", volume_bytes * volumes, exec, call, cache, capacity))
+}
+
+/// A conventional write-back cache, the CSAL paper's "traditional cache":
+/// 4 KiB lines on the cache device, `ways`-way set associative (set =
+/// hashed LBA), LRU replacement. A write hits or allocates a line (writing
+/// the cache device); allocating over a dirty LRU line first cleans it —
+/// read from the cache, written to the capacity device as the 4 KiB random
+/// write it is. Reads are served from a line if present, else from the
+/// capacity device (no read allocation). Flush flushes both devices.
+pub struct SetAssocExec {
+    cache: Arc<dyn BlockDevice>,
+    capacity: Arc<dyn BlockDevice>,
+    ways: usize,
+    sets: u64,
+    /// Per line: block + 1 (0 = empty).
+    tag: Vec<u64>,
+    dirty: Vec<bool>,
+    /// Per line: last use (LRU).
+    used: Vec<u64>,
+    tick: u64,
+    buf: IoBuf,
+}
+
+const LINE: u64 = 4096;
+
+impl SetAssocExec {
+    pub fn new(cache: Arc<dyn BlockDevice>, capacity: Arc<dyn BlockDevice>, ways: usize) -> SetAssocExec {
+        let lines = cache.info().capacity_bytes / LINE;
+        let sets = lines / ways as u64;
+        let n = (sets * ways as u64) as usize;
+        SetAssocExec {
+            cache,
+            capacity,
+            ways,
+            sets,
+            tag: vec![0; n],
+            dirty: vec![false; n],
+            used: vec![0; n],
+            tick: 0,
+            buf: IoBuf::zeroed(LINE as usize),
+        }
+    }
+
+    fn set_of(&self, block: u64) -> usize {
+        // A multiplicative hash spreads neighbouring blocks over sets.
+        let h = block.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((h >> 20) % self.sets) as usize * self.ways
+    }
+
+    fn find(&self, block: u64) -> Option<usize> {
+        let s = self.set_of(block);
+        (s..s + self.ways).find(|&l| self.tag[l] == block + 1)
+    }
+
+    fn io(dev: &dyn BlockDevice, op: IoOp, offset: u64, buf: IoBuf) -> Result<IoBuf, DeviceError> {
+        let len = buf.len() as u64;
+        let c = sync_io(dev, IoRequest { op, offset, len, buf, fua: false, user_data: 0 });
+        c.result.map(|_| c.buf)
+    }
+
+    /// The line `block` goes to: its own, a free one, or the LRU one cleaned.
+    fn allocate(&mut self, block: u64) -> Result<usize, DeviceError> {
+        if let Some(l) = self.find(block) {
+            return Ok(l);
+        }
+        let s = self.set_of(block);
+        let victim = (s..s + self.ways).min_by_key(|&l| (self.tag[l] != 0, self.used[l])).expect("ways ≥ 1");
+        if self.tag[victim] != 0 && self.dirty[victim] {
+            let old = self.tag[victim] - 1;
+            let b = std::mem::take(&mut self.buf);
+            let b = Self::io(&*self.cache, IoOp::Read, victim as u64 * LINE, b)?;
+            self.buf = Self::io(&*self.capacity, IoOp::Write, old * LINE, b)?;
+        }
+        self.tag[victim] = block + 1;
+        self.dirty[victim] = false;
+        Ok(victim)
+    }
+}
+
+impl Executor for SetAssocExec {
+    fn execute(&mut self, req: &mut IoRequest) -> Result<u64, DeviceError> {
+        match req.op {
+            IoOp::Write => {
+                for i in 0..req.len / LINE {
+                    let block = req.offset / LINE + i;
+                    let l = self.allocate(block)?;
+                    let mut b = std::mem::take(&mut self.buf);
+                    b.copy_from_slice(&req.buf[(i * LINE) as usize..((i + 1) * LINE) as usize]);
+                    self.buf = Self::io(&*self.cache, IoOp::Write, l as u64 * LINE, b)?;
+                    self.tick += 1;
+                    (self.dirty[l], self.used[l]) = (true, self.tick);
+                }
+            }
+            IoOp::Read => {
+                // Runs of misses go to the capacity device as one read.
+                let blocks = req.len / LINE;
+                let mut i = 0;
+                while i < blocks {
+                    let block = req.offset / LINE + i;
+                    let (dev, off, n) = match self.find(block) {
+                        Some(l) => {
+                            self.tick += 1;
+                            self.used[l] = self.tick;
+                            (&self.cache, l as u64 * LINE, 1)
+                        }
+                        None => {
+                            let mut n = 1;
+                            while i + n < blocks && self.find(block + n).is_none() {
+                                n += 1;
+                            }
+                            (&self.capacity, block * LINE, n)
+                        }
+                    };
+                    let b = Self::io(&**dev, IoOp::Read, off, IoBuf::zeroed((n * LINE) as usize))?;
+                    req.buf[(i * LINE) as usize..((i + n) * LINE) as usize].copy_from_slice(&b);
+                    i += n;
+                }
+            }
+            IoOp::Discard => {
+                for i in 0..req.len / LINE {
+                    if let Some(l) = self.find(req.offset / LINE + i) {
+                        (self.tag[l], self.dirty[l]) = (0, false);
+                    }
+                }
+                sync_io(&*self.capacity, IoRequest::discard(req.offset, req.len, 0)).result?;
+            }
+            IoOp::Flush => {
+                sync_io(&*self.cache, IoRequest::flush(0)).result?;
+                sync_io(&*self.capacity, IoRequest::flush(0)).result?;
+            }
+            op => return Err(DeviceError::Unsupported(op)),
+        }
+        Ok(req.len)
+    }
+}
+
+/// A set-associative write-back cache over `cache` and `capacity` (built on `call.device_clock()`).
+pub fn setassoc_stack(
+    cache: Arc<dyn BlockDevice>,
+    capacity: Arc<dyn BlockDevice>,
+    call: Arc<CallTime>,
+    ways: usize,
+) -> Stack<SetAssocExec> {
+    let bytes = capacity.info().capacity_bytes;
+    let exec = SetAssocExec::new(cache.clone(), capacity.clone(), ways);
+    stack("setassoc", bytes, exec, call, cache, capacity)
+}
