@@ -246,7 +246,7 @@ fn bench_csal(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliErr
             }
             let label = format!("{} {}", system.name(), workload);
             let exposed = system.exposed_bytes(scale.capacity_bytes);
-            let measure = format!("io_size={}\n", scale.io_bytes_per_job);
+            let measure = format!("io_size={}\n", csal::io_size(workload, &scale));
             let file = jobs_dir.join(format!("{}-{}.fio", system.name(), workload));
             std::fs::write(file, media::job_text_with(workload, exposed, &measure))?;
             let pb = progress_bar(&label);

@@ -15,7 +15,11 @@ use crate::metrics::NbdCounters;
 use serde::Deserialize;
 use sluice_engine::{Engine, EngineConfig, EngineError, Volume, VolumeSpec};
 use sluice_frontend::{Listener, Server, ServerMonitor, ServerOptions};
-use sluice_media::{BlockDevice, CacheMode, FileDevice, FileOptions, MemoryDevice};
+use sluice_media::ssd::{ssd_device, SsdProfile};
+use sluice_media::{
+    scm_device, zns_device, BlockDevice, CacheMode, ClockRef, FileDevice, FileOptions, MemoryDevice, RealClock,
+    ScmProfile, ZnsProfile,
+};
 use sluice_workload::parse_bytes;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,6 +54,11 @@ pub struct DeviceConfig {
     pub path: String,
     /// Size (fio syntax, e.g. "8g"); ignored for block devices.
     pub size: String,
+    /// Emulated medium in front of the storage, timed in real time so the
+    /// server feels it: "" (none), "scm", "qlc", "tlc", or "zns" (memory
+    /// only: the emulator's zone write pointers do not survive a restart).
+    #[serde(default)]
+    pub emulate: String,
 }
 
 fn default_kind() -> String {
@@ -97,8 +106,18 @@ impl Default for Config {
             listen: vec!["127.0.0.1:10809".into()],
             unix_socket: "sluice.sock".into(),
             metrics_listen: "127.0.0.1:10810".into(),
-            cache: DeviceConfig { kind: "file".into(), path: "cache.img".into(), size: "1g".into() },
-            capacity: DeviceConfig { kind: "file".into(), path: "capacity.img".into(), size: "8g".into() },
+            cache: DeviceConfig {
+                kind: "file".into(),
+                path: "cache.img".into(),
+                size: "1g".into(),
+                emulate: String::new(),
+            },
+            capacity: DeviceConfig {
+                kind: "file".into(),
+                path: "capacity.img".into(),
+                size: "8g".into(),
+                emulate: String::new(),
+            },
             engine: EngineSection::default(),
             tls: TlsSection::default(),
             volumes: vec![VolumeConfig { name: "default".into(), size: "4g".into() }],
@@ -142,9 +161,46 @@ impl Config {
     }
 
     fn open_device(&self, which: &str, d: &DeviceConfig) -> Result<Arc<dyn BlockDevice>, ServeError> {
-        let size = size_of(&format!("{which}.size"), &d.size)?;
-        match d.kind.as_str() {
-            "memory" => Ok(Arc::new(MemoryDevice::new(size, 4096))),
+        let mut size = size_of(&format!("{which}.size"), &d.size)?;
+        let bad = |msg: String| ServeError::Config { path: format!("{which}.emulate"), msg };
+        let zns = (d.emulate == "zns").then(|| {
+            let zone = ZnsProfile::zn540_small_zones(1, SERVE_ZONE_SHRINK).zone_size_bytes;
+            ZnsProfile::zn540_small_zones(size / zone, SERVE_ZONE_SHRINK)
+        });
+        if let Some(p) = &zns {
+            if d.kind != "memory" {
+                return Err(bad("zns emulation needs kind = \"memory\" (zone state is not persisted)".into()));
+            }
+            if p.zone_count < 8 {
+                return Err(bad(format!("zns needs at least 8 zones of {} MiB", p.zone_size_bytes >> 20)));
+            }
+            size = p.zone_count * p.zone_size_bytes;
+        }
+        // Check the medium before anything is created.
+        let ssd = match d.emulate.as_str() {
+            "qlc" => Some(SsdProfile::qlc(size)),
+            "tlc" => Some(SsdProfile::tlc(size)),
+            "" | "scm" | "zns" => None,
+            other => return Err(bad(format!("unknown medium {other:?} (scm, qlc, tlc or zns)"))),
+        };
+        let ssd_fits = |p: &SsdProfile, size: u64| {
+            let erase_block = p.erase_block_ius as u64 * p.iu_bytes;
+            if size.is_multiple_of(erase_block) && size >= 64 * erase_block {
+                Ok(())
+            } else {
+                Err(bad(format!(
+                    "{} needs a size that is a multiple of {} MiB and at least {} MiB",
+                    d.emulate,
+                    erase_block >> 20,
+                    (64 * erase_block) >> 20
+                )))
+            }
+        };
+        if let Some(p) = &ssd {
+            ssd_fits(p, size)?;
+        }
+        let backend: Box<dyn BlockDevice> = match d.kind.as_str() {
+            "memory" => Box::new(MemoryDevice::new(size, 4096)),
             "file" => {
                 let path = self.in_data_dir(if d.path.is_empty() { which } else { &d.path });
                 let opts = FileOptions {
@@ -154,15 +210,37 @@ impl Config {
                 };
                 let dev = FileDevice::open(&path, &opts)
                     .map_err(|e| ServeError::Device(format!("{which} device {}: {e}", path.display())))?;
-                Ok(Arc::new(dev))
+                size = dev.info().capacity_bytes;
+                Box::new(dev)
             }
-            other => Err(ServeError::Config {
-                path: format!("{which}.kind"),
-                msg: format!("unknown kind {other:?} (file or memory)"),
-            }),
-        }
+            other => {
+                return Err(ServeError::Config {
+                    path: format!("{which}.kind"),
+                    msg: format!("unknown kind {other:?} (file or memory)"),
+                })
+            }
+        };
+        let clock: ClockRef = RealClock::new();
+        Ok(match d.emulate.as_str() {
+            "" => Arc::from(backend),
+            "scm" => {
+                let mut p = ScmProfile::p5800x();
+                p.capacity_bytes = size;
+                Arc::new(scm_device(p, backend, clock))
+            }
+            "qlc" | "tlc" => {
+                // A raw block device's own size decides.
+                let p = if d.emulate == "qlc" { SsdProfile::qlc(size) } else { SsdProfile::tlc(size) };
+                ssd_fits(&p, size)?;
+                Arc::new(ssd_device(p, backend, clock))
+            }
+            _ => Arc::new(zns_device(zns.expect("zns profile"), backend, clock)),
+        })
     }
 }
+
+/// How much smaller than ZN540's (2 GiB) the zones of an emulated ZNS drive are.
+const SERVE_ZONE_SHRINK: u64 = 64;
 
 /// Open the engine on the configured devices, creating it on blank ones.
 pub fn open_engine(cfg: &Config) -> Result<Arc<Engine>, ServeError> {
@@ -292,4 +370,26 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
     engine.shutdown()?;
     eprintln!("sluice: clean shutdown");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_example_config_parses_and_its_sizes_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let cfg = Config::load(Some(&path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                for d in [&cfg.cache, &cfg.capacity] {
+                    size_of("size", &d.size).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                }
+                n += 1;
+            }
+        }
+        assert!(n >= 6, "examples found: {n}");
+    }
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{need, qemu_io, small_config, start, start_with_metrics, stop};
+use common::{device_config, need, qemu_io, small_config, start, start_with_metrics, stop};
 use std::process::Command;
 
 #[test]
@@ -112,4 +112,51 @@ fn bad_config_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_key"), "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serves_on_emulated_scm_and_qlc_and_reopens() {
+    need("qemu-io");
+    let (dir, config) =
+        device_config("emu-qlc", "size = \"64m\"\nemulate = \"scm\"", "size = \"1g\"\nemulate = \"qlc\"");
+    let (server, port) = start(&config);
+    // More than the cache holds, so compaction writes to the emulated QLC.
+    qemu_io(port, &["write -P 0x5a 0 80M", "write -P 0x33 100M 4k", "flush"]);
+    qemu_io(port, &["read -P 0x5a 0 80M", "read -P 0x33 100M 4k"]);
+    stop(server);
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0x5a 0 80M", "read -P 0x33 100M 4k", "read -P 0 101M 1M"]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serves_on_emulated_scm_and_zns_in_memory() {
+    need("qemu-io");
+    let (dir, config) = device_config(
+        "emu-zns",
+        "kind = \"memory\"\nsize = \"64m\"\nemulate = \"scm\"",
+        "kind = \"memory\"\nsize = \"1g\"\nemulate = \"zns\"",
+    );
+    let (server, port) = start(&config);
+    qemu_io(port, &["write -P 0x71 0 80M", "write -z 8M 1M", "flush"]);
+    qemu_io(port, &["read -P 0x71 0 8M", "read -P 0 8M 1M", "read -P 0x71 9M 71M"]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_emulation_is_a_clear_error() {
+    for (capacity, expect) in [
+        ("size = \"1g\"\nemulate = \"zns\"", "kind = \"memory\""),
+        ("size = \"1g\"\nemulate = \"floppy\"", "unknown medium"),
+        ("size = \"100m\"\nemulate = \"qlc\"", "multiple of 16 MiB"),
+    ] {
+        let (dir, config) = device_config("emu-bad", "size = \"64m\"", capacity);
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["serve", "--config"]).arg(&config).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("capacity.emulate") && err.contains(expect), "{err}");
+        assert!(!dir.join("data").join("capacity").exists(), "nothing created on a bad config");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

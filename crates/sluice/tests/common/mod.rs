@@ -71,6 +71,11 @@ pub fn qemu_io(port: u16, cmds: &[&str]) -> String {
 
 /// A fresh directory with a small file-backed config; returns (dir, config).
 pub fn small_config(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    device_config(name, "size = \"64m\"", "size = \"1g\"")
+}
+
+/// A small config whose `[cache]` and `[capacity]` tables have these bodies.
+pub fn device_config(name: &str, cache: &str, capacity: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -79,7 +84,7 @@ pub fn small_config(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
         &config,
         format!(
             "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\nmetrics_listen = \"127.0.0.1:0\"\n\
-             [cache]\nsize = \"64m\"\n[capacity]\nsize = \"1g\"\n\
+             [cache]\n{cache}\n[capacity]\n{capacity}\n\
              [engine]\nchunk_size = \"4m\"\nband_size = \"32m\"\n\
              [[volume]]\nname = \"default\"\nsize = \"256m\"\n",
             dir.join("data")
