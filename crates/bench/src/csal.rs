@@ -49,7 +49,7 @@ impl CsalScale {
         CsalScale { capacity_bytes: 16 << 30, io_bytes_per_job: 256 << 20, steady_state_drive_writes: 1.0 }
     }
     pub fn quick() -> CsalScale {
-        CsalScale { capacity_bytes: 2 << 30, io_bytes_per_job: 32 << 20, steady_state_drive_writes: 1.0 }
+        CsalScale { capacity_bytes: 1536 << 20, io_bytes_per_job: 32 << 20, steady_state_drive_writes: 1.0 }
     }
 }
 

@@ -94,7 +94,7 @@ pub fn run(opts: &EngineBenchOpts) -> Result<EngineBenchReport, EngineBenchError
     Ok(EngineBenchReport {
         write_iops_per_core: opts.ios as f64 / (t1 - t0),
         read_iops_per_core: opts.ios as f64 / (t2 - t1),
-        dram_bytes_per_block: engine.l2p_bytes_per_block(),
+        dram_bytes_per_block: engine.dram_bytes_per_block(),
         ios: opts.ios,
         host_waf: s.host_waf(),
         chunks_compacted: s.chunks_compacted,

@@ -189,19 +189,23 @@ impl System {
                 Box::new(MemoryDevice::null(bytes, 4096))
             }
         };
+        // Stacks report no NAND size: they precondition like any job file
+        // (the fill, then twice the region in random writes), whatever their
+        // capacity device, so Sluice over QLC and over ZNS start alike; a
+        // cache that absorbs a skewed workload could keep the NAND idle for
+        // ever, so a NAND-programmed bound might never end.
         let mut scm = ScmProfile::p5800x();
         scm.capacity_bytes = cache_bytes;
         let cache: Arc<dyn BlockDevice> = Arc::new(scm_device(scm, backend(cache_bytes), inner.clone()));
-        let (capacity, physical_bytes, band_bytes): (Arc<dyn BlockDevice>, _, _) = if capacity_device == System::Qlc {
+        let (capacity, band_bytes): (Arc<dyn BlockDevice>, _) = if capacity_device == System::Qlc {
             let p = SsdProfile::qlc(capacity_bytes);
             let erase_block = p.erase_block_ius as u64 * p.iu_bytes;
             if !capacity_bytes.is_multiple_of(erase_block) || capacity_bytes < 64 * erase_block {
                 return Err(bad());
             }
-            let phys = p.physical_blocks() as u64 * erase_block;
             // Bands of whole erase blocks, ~128 of them (at least one block).
             let band = (capacity_bytes / 128 / erase_block).max(1) * erase_block;
-            (Arc::new(ssd_device(p, backend(capacity_bytes), inner.clone())), Some(phys), band)
+            (Arc::new(ssd_device(p, backend(capacity_bytes), inner.clone())), band)
         } else {
             // Zones 64× smaller than ZN540's, so a scaled-down drive has as many.
             let p0 = ZnsProfile::zn540_small_zones(1, ZNS_ZONE_SHRINK);
@@ -209,7 +213,7 @@ impl System {
             let p = ZnsProfile::zn540_small_zones(zones, ZNS_ZONE_SHRINK);
             let bytes = zones * p.zone_size_bytes;
             let band = p.zone_size_bytes;
-            (Arc::new(zns_device(p, backend(bytes), inner.clone())), None, band)
+            (Arc::new(zns_device(p, backend(bytes), inner.clone())), band)
         };
         if cache_bytes < 16 << 20 {
             return Err(bad());
@@ -229,7 +233,7 @@ impl System {
             let c = s.clock();
             (Box::new(s), c)
         };
-        Ok(Some(Built { dev, physical_bytes, clock, tiers: Some((cache, capacity)) }))
+        Ok(Some(Built { dev, physical_bytes: None, clock, tiers: Some((cache, capacity)) }))
     }
 }
 
@@ -396,10 +400,6 @@ pub fn run_job_text(
         let limits = Limits {
             media_program_bytes_max: physical_bytes
                 .map(|p| (p as f64 * opts.steady_state_drive_writes) as u64 + opts.capacity_bytes),
-            // A cache that absorbs a skewed workload may keep the NAND idle
-            // for ever: its own steady state is the fill plus the same number
-            // of drive writes of random writes (every block rewritten).
-            host_bytes_max: tiers.as_ref().map(|_| exposed + (exposed as f64 * opts.steady_state_drive_writes) as u64),
             ..Default::default()
         };
         Some(runner::run(&*dev, &mut pre, limits, &mut |f| progress("precondition", f))?)

@@ -161,9 +161,12 @@ struct Chunk {
     valid: u32,
 }
 
+/// A band keeps no P2L in memory: its segments are self-describing, and GC
+/// reads them (headers and data) from the band itself. That keeps the
+/// engine's DRAM at the L2P's 4 bytes per volume block plus the small cache
+/// tier's P2L.
 struct Band {
     state: State,
-    p2l: Vec<(u32, u64)>,
     valid: u32,
     /// Blocks written so far (write pointer, relative).
     written: u64,
@@ -346,8 +349,7 @@ impl Engine {
         let all_bands = capacity.info().capacity_bytes / cfg.band_bytes;
         let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
         // The checkpoint region at the end of the capacity device, whole bands.
-        let ckpt_bytes =
-            checkpoint_bytes_max(&cfg, geo.usable_blocks, chunk_count, all_bands, volumes.len() as u64, vols_blocks);
+        let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, all_bands, volumes.len() as u64, vols_blocks);
         let ckpt_bands = ckpt_bytes.div_ceil(geo.usable_blocks * BS);
         let band_count = all_bands.saturating_sub(ckpt_bands);
         // Every volume may hold an open band, GC holds one, and GC needs its reserve.
@@ -485,10 +487,16 @@ impl Engine {
         (self.cache.clone(), self.capacity.clone())
     }
 
-    /// DRAM the maps take per 4 KiB block of volume capacity (L2P only; chunk
-    /// P2L is per cache block and band P2L per capacity block — see docs).
-    pub fn l2p_bytes_per_block(&self) -> f64 {
-        std::mem::size_of::<Loc>() as f64
+    /// DRAM the maps take per 4 KiB block of volume capacity: the L2P, the
+    /// chunk P2L of the cache tier and per-chunk and per-band state, over
+    /// the volumes' blocks.
+    pub fn dram_bytes_per_block(&self) -> f64 {
+        let inner = self.lock();
+        let blocks: usize = inner.vols.iter().map(|v| v.l2p.len()).sum();
+        let l2p = blocks * std::mem::size_of::<Loc>();
+        let chunks: usize = inner.chunks.iter().map(|c| std::mem::size_of::<Chunk>() + c.p2l.len() * 16).sum();
+        let bands = inner.bands.len() * std::mem::size_of::<Band>();
+        (l2p + chunks + bands) as f64 / blocks.max(1) as f64
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -526,7 +534,6 @@ impl Inner {
     /// A state with every volume unmapped and every chunk and band free.
     fn empty(cfg: EngineConfig, geo: CapGeometry, sb: Superblock, chunk_count: u64, band_count: u64) -> Inner {
         let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
-        let blocks_per_band = geo.usable_blocks as usize;
         Inner {
             vols: sb
                 .volumes
@@ -544,15 +551,7 @@ impl Inner {
             free_chunks: (1..chunk_count as u32).collect(),
             full_chunks: VecDeque::new(),
             open_chunk: None,
-            bands: (0..band_count)
-                .map(|_| Band {
-                    state: State::Free,
-                    p2l: vec![(u32::MAX, 0); blocks_per_band],
-                    valid: 0,
-                    written: 0,
-                    closed_seq: 0,
-                })
-                .collect(),
+            bands: (0..band_count).map(|_| Band { state: State::Free, valid: 0, written: 0, closed_seq: 0 }).collect(),
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
             seq: 0,
@@ -605,9 +604,7 @@ impl Inner {
             self.chunks[c].p2l[i].0 = u32::MAX;
             self.chunks[c].valid -= 1;
         } else if let Some(pb) = loc.capacity_block() {
-            let (b, i) = ((pb / self.blocks_per_band()) as usize, (pb % self.blocks_per_band()) as usize);
-            debug_assert_ne!(self.bands[b].p2l[i].0, u32::MAX);
-            self.bands[b].p2l[i].0 = u32::MAX;
+            let b = (pb / self.blocks_per_band()) as usize;
             self.bands[b].valid -= 1;
         }
     }
@@ -623,8 +620,11 @@ impl Inner {
                     assert_ne!(self.chunks[c].state, State::Free);
                     chunk_valid[c] += 1;
                 } else if let Some(pb) = loc.capacity_block() {
-                    let (b, i) = ((pb / self.blocks_per_band()) as usize, (pb % self.blocks_per_band()) as usize);
-                    assert_eq!(self.bands[b].p2l[i], (vi as u32, lba as u64), "band P2L names the block");
+                    let (b, i) = ((pb / self.blocks_per_band()) as usize, pb % self.blocks_per_band());
+                    assert!(
+                        i < self.bands[b].written,
+                        "capacity block {pb} of volume {vi} LBA {lba} past its band's pointer"
+                    );
                     assert_ne!(self.bands[b].state, State::Free);
                     band_valid[b] += 1;
                 }

@@ -16,7 +16,7 @@
 use crate::layout::{crc32c, BLOCK_BYTES};
 
 pub const SUPERBLOCK_MAGIC: u32 = 0x534c_5342; // "SLSB"
-pub const SUPERBLOCK_VERSION: u16 = 1;
+pub const SUPERBLOCK_VERSION: u16 = 2;
 pub const NAME_BYTES_MAX: usize = 63;
 /// Fixed part of the superblock before the volume table.
 const SB_FIXED_BYTES: usize = 96;

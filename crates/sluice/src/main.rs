@@ -261,10 +261,10 @@ fn bench_csal(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliErr
     }
     csal::add_speedups(&mut rows);
     println!(
-        "\nsluice bench csal ({}): {} GiB capacity devices, SCM cache 1/32 of it on stacks, {} MiB per job measured; \
+        "\nsluice bench csal ({}): {} MiB capacity devices, SCM cache 1/32 of it on stacks, {} MiB per job measured; \
          paper: 16 TB QLC\n",
         if quick { "quick" } else { "full" },
-        scale.capacity_bytes >> 30,
+        scale.capacity_bytes >> 20,
         scale.io_bytes_per_job >> 20
     );
     print!("{}", csal::table(&rows));

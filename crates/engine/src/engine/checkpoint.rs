@@ -5,18 +5,11 @@
 use super::*;
 
 /// Upper bound of the checkpoint's size for this geometry.
-pub(super) fn checkpoint_bytes_max(
-    cfg: &EngineConfig,
-    band_usable: u64,
-    chunks: u64,
-    bands: u64,
-    vols: u64,
-    vol_blocks: u64,
-) -> u64 {
+pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, vol_blocks: u64) -> u64 {
     let fixed = 8 + 11 * 8 + 4 + 8 + 4 + 4;
     let per_vol = 4 + 4;
     let per_chunk = 1 + 8 + 4 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
-    let per_band = 1 + 4 + 8 + 8 + 12 * band_usable + 4;
+    let per_band = 1 + 4 + 8 + 8 + 4;
     fixed + vols * per_vol + 4 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
 }
 
@@ -50,7 +43,6 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u32(b.valid);
         w.u64(b.written);
         w.u64(b.closed_seq);
-        put_p2l(&mut w, &b.p2l);
     }
     w.u32(inner.free_bands.len() as u32);
     inner.free_bands.iter().for_each(|&b| w.u32(b));
@@ -111,7 +103,7 @@ pub(super) fn decode_checkpoint(
         }
         vols.push(Vol { name: name.clone(), l2p, open_band });
     }
-    let (bpc, bpb) = ((cfg.chunk_bytes / BS) as usize, geo.usable_blocks as usize);
+    let bpc = (cfg.chunk_bytes / BS) as usize;
     let nc = r.u32()? as usize;
     let mut chunks = Vec::with_capacity(nc);
     for _ in 0..nc {
@@ -136,8 +128,7 @@ pub(super) fn decode_checkpoint(
         let valid = r.u32()?;
         let written = r.u64()?;
         let closed_seq = r.u64()?;
-        let p2l = get_p2l(&mut r, bpb)?;
-        bands.push(Band { state, p2l, valid, written, closed_seq });
+        bands.push(Band { state, valid, written, closed_seq });
     }
     let n = r.u32()? as usize;
     let mut free_bands = VecDeque::with_capacity(n);

@@ -309,9 +309,7 @@ impl Engine {
                 let loc = inner.vols[vol as usize].l2p[lba as usize];
                 inner.invalidate(loc);
                 inner.vols[vol as usize].l2p[lba as usize] = Loc::capacity(first + 1 + i as u64);
-                let b = &mut inner.bands[band as usize];
-                b.p2l[(wp + 1 + i as u64) as usize] = (vol, lba);
-                b.valid += 1;
+                inner.bands[band as usize].valid += 1;
                 moved += 1;
             }
             let b = &mut inner.bands[band as usize];
@@ -371,7 +369,6 @@ impl Engine {
         assert_eq!(band.valid, 0);
         band.state = State::Open;
         band.written = 0;
-        band.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
         if gc {
             inner.gc_band = Some(b);
         } else {

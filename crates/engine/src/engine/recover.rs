@@ -245,9 +245,7 @@ pub(super) fn recover(
                 ch.p2l[(cb % bpc) as usize] = owner;
                 ch.valid += 1;
             } else if let Some(pb) = b.loc.capacity_block() {
-                let band = &mut inner.bands[(pb / bpb) as usize];
-                band.p2l[(pb % bpb) as usize] = owner;
-                band.valid += 1;
+                inner.bands[(pb / bpb) as usize].valid += 1;
             }
         }
     }
