@@ -138,6 +138,9 @@ enum Bench {
         /// Volume size (fio size syntax).
         #[arg(long, default_value = "4g")]
         volume: String,
+        /// Cache device size.
+        #[arg(long, default_value = "1g")]
+        cache: String,
         #[arg(long, default_value = "target/bench/engine.json")]
         json: PathBuf,
     },
@@ -417,12 +420,17 @@ fn run(cli: Cli) -> Result<(), CliError> {
             Bench::Trace { file, system, capacity, inflight_max, json } => {
                 bench_trace(&file, &system, capacity.as_deref(), inflight_max, json.as_deref())
             }
-            Bench::Engine { ios, volume, json } => {
-                let opts = engine::EngineBenchOpts { ios, volume_bytes: parse_bytes(&volume)?, ..Default::default() };
+            Bench::Engine { ios, volume, cache, json } => {
+                let opts = engine::EngineBenchOpts {
+                    ios,
+                    volume_bytes: parse_bytes(&volume)?,
+                    cache_bytes: parse_bytes(&cache)?,
+                    ..Default::default()
+                };
                 let r = engine::run(&opts)?;
                 println!(
                     "engine, 4 KiB random, QD1 in process: write {:.0} IOPS/core, read {:.0} IOPS/core, \
-                     L2P {} bytes/block, host WAF {:.2}",
+                     DRAM {:.2} bytes/block (L2P 4 + chunk P2L 16 per cache block), host WAF {:.2}",
                     r.write_iops_per_core, r.read_iops_per_core, r.dram_bytes_per_block, r.host_waf
                 );
                 write_json(&json, &r)
