@@ -33,7 +33,9 @@ use std::sync::Arc;
 /// A system's device, ready to run on.
 pub struct Built {
     pub dev: Box<dyn BlockDevice>,
-    /// NAND capacity, on devices that model NAND.
+    /// NAND capacity, on devices that model NAND; on stacks, the capacity
+    /// device's size. Random preconditioning runs until the medium has
+    /// programmed this × `steady_state_drive_writes` beyond the fill.
     pub physical_bytes: Option<u64>,
     /// The device's (virtual) clock.
     pub clock: ClockRef,
@@ -189,11 +191,11 @@ impl System {
                 Box::new(MemoryDevice::null(bytes, 4096))
             }
         };
-        // Stacks report no NAND size: they precondition like any job file
-        // (the fill, then twice the region in random writes), whatever their
-        // capacity device, so Sluice over QLC and over ZNS start alike; a
-        // cache that absorbs a skewed workload could keep the NAND idle for
-        // ever, so a NAND-programmed bound might never end.
+        // Stacks precondition until their capacity device has been written
+        // `steady_state_drive_writes` times beyond the fill, whatever it is
+        // (QLC or ZNS), so both start alike and past the GC transient a
+        // skewed workload causes (cold fill data relocated once); a host
+        // bound in `run_job_text` ends it if the cache absorbs everything.
         let mut scm = ScmProfile::p5800x();
         scm.capacity_bytes = cache_bytes;
         let cache: Arc<dyn BlockDevice> = Arc::new(scm_device(scm, backend(cache_bytes), inner.clone()));
@@ -233,7 +235,7 @@ impl System {
             let c = s.clock();
             (Box::new(s), c)
         };
-        Ok(Some(Built { dev, physical_bytes: None, clock, tiers: Some((cache, capacity)) }))
+        Ok(Some(Built { dev, physical_bytes: Some(capacity_bytes), clock, tiers: Some((cache, capacity)) }))
     }
 }
 
@@ -400,6 +402,9 @@ pub fn run_job_text(
         let limits = Limits {
             media_program_bytes_max: physical_bytes
                 .map(|p| (p as f64 * opts.steady_state_drive_writes) as u64 + opts.capacity_bytes),
+            // A stack whose cache absorbs the workload may leave its capacity
+            // device idle: stop after the fill plus five times its volumes.
+            host_bytes_max: tiers.as_ref().map(|_| exposed * 6),
             ..Default::default()
         };
         Some(runner::run(&*dev, &mut pre, limits, &mut |f| progress("precondition", f))?)

@@ -95,6 +95,17 @@ impl Clock for EngineView {
 /// What a stack runs each request through, synchronously, on the inner clock.
 pub trait Executor: Send {
     fn execute(&mut self, req: &mut IoRequest) -> Result<u64, DeviceError>;
+
+    /// Split the requests `idx` (indexes into `reqs`, in submission order)
+    /// into groups that run as one call each; by default one each.
+    fn groups(&self, _reqs: &[IoRequest], idx: &[usize]) -> Vec<Vec<usize>> {
+        idx.iter().map(|&i| vec![i]).collect()
+    }
+
+    /// Run one group; one result per member.
+    fn execute_group(&mut self, reqs: &mut [IoRequest], group: &[usize]) -> Vec<Result<u64, DeviceError>> {
+        group.iter().map(|&i| self.execute(&mut reqs[i])).collect()
+    }
 }
 
 struct Pending(IoCompletion, u64);
@@ -118,6 +129,8 @@ impl Ord for Pending {
 
 struct StackState<E> {
     exec: E,
+    /// Submitted since the last reap, not yet run.
+    queued: Vec<IoRequest>,
     pending: BinaryHeap<Reverse<Pending>>,
     stats: DeviceStats,
     seq: u64,
@@ -134,6 +147,54 @@ pub struct Stack<E: Executor> {
 }
 
 impl<E: Executor> Stack<E> {
+    /// Run every queued request at the present time, in groups the executor
+    /// chooses; each group is one call and completes when it ends.
+    fn run_queued(&self, st: &mut StackState<E>) {
+        if st.queued.is_empty() {
+            return;
+        }
+        let now = self.outer.now_ns();
+        let mut reqs = std::mem::take(&mut st.queued);
+        let room = self.info.queue_depth_max.saturating_sub(st.pending.len());
+        let mut results: Vec<Option<Result<u64, DeviceError>>> = (0..reqs.len()).map(|_| None).collect();
+        let mut done = vec![now; reqs.len()];
+        for (i, r) in reqs.iter().enumerate() {
+            if i >= room {
+                results[i] = Some(Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max }));
+            } else if let Err(e) = check_range(&self.info, r) {
+                results[i] = Some(Err(e));
+            }
+        }
+        let runnable: Vec<usize> = (0..reqs.len()).filter(|&i| results[i].is_none()).collect();
+        for group in st.exec.groups(&reqs, &runnable) {
+            self.call.begin(now);
+            let rs = st.exec.execute_group(&mut reqs, &group);
+            let end = self.call.end();
+            for (&i, r) in group.iter().zip(rs) {
+                results[i] = Some(r);
+                done[i] = end;
+            }
+        }
+        for (i, req) in reqs.into_iter().enumerate() {
+            let result = results[i].take().expect("every request ran or was refused");
+            st.stats.count_host(req.op, req.len, result.is_ok());
+            if result.is_ok() {
+                st.stats.busy_ns += done[i] - now;
+            }
+            st.seq += 1;
+            let seq = st.seq;
+            let c = IoCompletion {
+                user_data: req.user_data,
+                op: req.op,
+                result,
+                buf: req.buf,
+                submitted_ns: now,
+                completed_ns: done[i],
+            };
+            st.pending.push(Reverse(Pending(c, seq)));
+        }
+    }
+
     /// The devices underneath: (cache, capacity).
     pub fn tiers(&self) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
         (self.cache.clone(), self.capacity.clone())
@@ -150,35 +211,17 @@ impl<E: Executor> BlockDevice for Stack<E> {
         &self.info
     }
 
-    fn submit(&self, mut req: IoRequest) {
-        let now = self.outer.now_ns();
+    /// Requests are queued and run at the next `reap`: everything submitted
+    /// at one moment is there together, so the executor may group them
+    /// (Sluice group-commits same-volume writes into shared log records).
+    fn submit(&self, req: IoRequest) {
         let mut st = self.state.lock().expect("stack lock");
-        self.call.begin(now);
-        let result = if st.pending.len() >= self.info.queue_depth_max {
-            Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
-        } else {
-            check_range(&self.info, &req).and_then(|_| st.exec.execute(&mut req))
-        };
-        let done = self.call.end();
-        st.stats.count_host(req.op, req.len, result.is_ok());
-        if result.is_ok() {
-            st.stats.busy_ns += done - now;
-        }
-        st.seq += 1;
-        let seq = st.seq;
-        let c = IoCompletion {
-            user_data: req.user_data,
-            op: req.op,
-            result,
-            buf: req.buf,
-            submitted_ns: now,
-            completed_ns: done,
-        };
-        st.pending.push(Reverse(Pending(c, seq)));
+        st.queued.push(req);
     }
 
     fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
         let mut st = self.state.lock().expect("stack lock");
+        self.run_queued(&mut st);
         let mut n = 0;
         while let Some(Reverse(head)) = st.pending.peek() {
             let due = head.0.completed_ns;
@@ -196,7 +239,8 @@ impl<E: Executor> BlockDevice for Stack<E> {
     }
 
     fn in_flight(&self) -> usize {
-        self.state.lock().expect("stack lock").pending.len()
+        let st = self.state.lock().expect("stack lock");
+        st.pending.len() + st.queued.len()
     }
 
     /// Host counters are the users' requests; media counters are the
@@ -244,7 +288,41 @@ impl SluiceExec {
     }
 }
 
+impl SluiceExec {
+    /// The volume a request lies wholly in, if it is a plain (non-FUA) write.
+    fn batchable(&self, r: &IoRequest) -> Option<usize> {
+        let v = r.offset / self.volume_bytes;
+        (r.op == IoOp::Write && !r.fua && (r.offset + r.len - 1) / self.volume_bytes == v).then_some(v as usize)
+    }
+}
+
 impl Executor for SluiceExec {
+    /// Plain writes to one volume submitted together form one group (group
+    /// commit); everything else runs alone.
+    fn groups(&self, reqs: &[IoRequest], idx: &[usize]) -> Vec<Vec<usize>> {
+        let mut by_vol: Vec<Vec<usize>> = vec![Vec::new(); self.vols.len()];
+        let mut out = Vec::new();
+        for &i in idx {
+            match self.batchable(&reqs[i]) {
+                Some(v) => by_vol[v].push(i),
+                None => out.push(vec![i]),
+            }
+        }
+        out.extend(by_vol.into_iter().filter(|g| !g.is_empty()));
+        out
+    }
+
+    fn execute_group(&mut self, reqs: &mut [IoRequest], group: &[usize]) -> Vec<Result<u64, DeviceError>> {
+        if group.len() == 1 {
+            return vec![self.execute(&mut reqs[group[0]])];
+        }
+        let v = self.batchable(&reqs[group[0]]).expect("groups hold batchable writes");
+        let writes: Vec<(u64, &[u8])> =
+            group.iter().map(|&i| (reqs[i].offset % self.volume_bytes, &reqs[i].buf[..])).collect();
+        let r = self.vols[v].write_batch(&writes, false).map_err(volume_error);
+        group.iter().map(|&i| r.clone().map(|_| reqs[i].len)).collect()
+    }
+
     fn execute(&mut self, req: &mut IoRequest) -> Result<u64, DeviceError> {
         let buf = &mut req.buf;
         let r = match req.op {
@@ -280,7 +358,13 @@ fn stack<E: Executor>(
         call,
         cache,
         capacity,
-        state: Mutex::new(StackState { exec, pending: BinaryHeap::new(), stats: DeviceStats::default(), seq: 0 }),
+        state: Mutex::new(StackState {
+            exec,
+            queued: Vec::new(),
+            pending: BinaryHeap::new(),
+            stats: DeviceStats::default(),
+            seq: 0,
+        }),
     }
 }
 

@@ -64,6 +64,19 @@ fn expect(vol: usize, lba: u64, version: u64) -> Vec<u8> {
     }
 }
 
+/// Fresh versions of `len` blocks of volume `v` from `lba` (numbered from
+/// `version` on): their data and numbers.
+fn new_versions(version: &mut u64, v: usize, lba: u64, len: u64) -> (Vec<u8>, Vec<u64>) {
+    let mut data = Vec::with_capacity(len as usize * BS);
+    let mut versions = Vec::with_capacity(len as usize);
+    for i in 0..len {
+        *version += 1;
+        data.extend_from_slice(&pattern(v, lba + i, *version));
+        versions.push(*version);
+    }
+    (data, versions)
+}
+
 struct Sim {
     seed: u64,
     rng: Rng,
@@ -92,14 +105,28 @@ impl Sim {
         let kind = self.rng.below(100);
         let fua = self.rng.below(8) == 0;
         let r = match kind {
-            0..=54 => {
-                let mut data = Vec::with_capacity(len as usize * BS);
-                let mut versions = Vec::with_capacity(len as usize);
-                for i in 0..len {
-                    self.version += 1;
-                    data.extend_from_slice(&pattern(v, lba + i, self.version));
-                    versions.push(self.version);
+            0..=14 => {
+                // A group commit: several writes, overlapping or repeating
+                // blocks, in shared records; later ones win.
+                let n = 2 + self.rng.below(6);
+                let mut writes: Vec<(u64, Vec<u8>, Vec<u64>)> = Vec::new();
+                for _ in 0..n {
+                    let len = 1 + self.rng.below(4.min(blocks));
+                    let lba = self.rng.below(blocks - len + 1);
+                    let (data, versions) = new_versions(&mut self.version, v, lba, len);
+                    writes.push((lba, data, versions));
                 }
+                let batch: Vec<(u64, &[u8])> = writes.iter().map(|(lba, d, _)| (lba * BS as u64, &d[..])).collect();
+                let r = vol.write_batch(&batch, false);
+                for (lba, _, versions) in &writes {
+                    for (i, &ver) in versions.iter().enumerate() {
+                        self.model[v][(lba + i as u64) as usize].put(ver);
+                    }
+                }
+                r
+            }
+            15..=54 => {
+                let (data, versions) = new_versions(&mut self.version, v, lba, len);
                 let r = vol.write(lba * BS as u64, &data, fua);
                 for (i, &ver) in versions.iter().enumerate() {
                     let b = &mut self.model[v][(lba + i as u64) as usize];

@@ -128,6 +128,8 @@ pub enum EngineError {
     Failed,
     #[error("the on-media geometry does not match these devices")]
     Geometry,
+    #[error("recovery: {0}")]
+    Recovery(String),
 }
 
 impl From<DeviceError> for VolumeError {
@@ -423,9 +425,11 @@ impl Engine {
         };
         // Step 2: after a crash, rebuild everything from the media; after a
         // clean shutdown, read the checkpoint, verified.
+        let mut relog = Vec::new();
         let (mut inner, recovered_in) = if !sb.clean {
             let t = std::time::Instant::now();
-            let inner = recover::recover(&*cache, &*capacity, cfg, geo, sb)?;
+            let (inner, superseded) = recover::recover(&*cache, &*capacity, cfg, geo, sb)?;
+            relog = superseded;
             (inner, Some(t.elapsed()))
         } else {
             let len = sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES;
@@ -440,7 +444,11 @@ impl Engine {
         inner.sb.clean = false;
         inner.sb.generation += 1;
         write_superblock(&*cache, &inner.sb)?;
-        Ok(Engine::assemble(cache, capacity, inner, recovered_in))
+        let engine = Engine::assemble(cache, capacity, inner, recovered_in);
+        if !relog.is_empty() {
+            engine.relog(&relog).map_err(|e| EngineError::Recovery(e.to_string()))?;
+        }
+        Ok(engine)
     }
 
     /// Clean shutdown: flush, write the checkpoint, mark the superblock

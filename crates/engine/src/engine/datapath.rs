@@ -81,39 +81,58 @@ pub(super) fn segment_blocks(data_blocks: u64, unit_blocks: u64) -> u64 {
 }
 
 impl Engine {
-    /// Append one write record (header + `data` blocks) for volume `vol`.
+    /// Append writes of volume `vol`, each (first LBA, data), as few records
+    /// as they fit in (group commit): a record takes blocks until it holds
+    /// `RECORD_BLOCKS_MAX` or the next block's LBA is already in it (so an
+    /// LBA appears at most once per record and replay needs no tie-break).
+    /// Many 4 KiB writes then share one header block and one device write.
     pub(super) fn append(
         &self,
         inner: &mut Inner,
         vol: u32,
-        lba0: u64,
-        data: &[u8],
+        writes: &[(u64, &[u8])],
         fua: bool,
     ) -> Result<(), VolumeError> {
-        let n = data.len() / BLOCK_BYTES;
-        debug_assert!((1..=RECORD_BLOCKS_MAX).contains(&n));
-        let entries: Vec<Entry> = (0..n)
-            .map(|i| Entry {
-                lba: lba0 + i as u64,
-                crc: crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]),
-                tombstone: false,
-            })
-            .collect();
-        let header_block = self.log_record(inner, vol, RecordKind::Write, entries, data)?;
+        let blocks = writes
+            .iter()
+            .flat_map(|&(lba0, data)| data.chunks(BLOCK_BYTES).enumerate().map(move |(i, b)| (lba0 + i as u64, b)));
+        let mut rec: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len().min(RECORD_BLOCKS_MAX));
+        let mut in_rec = std::collections::HashSet::new();
+        for (lba, b) in blocks {
+            if rec.len() == RECORD_BLOCKS_MAX || (writes.len() > 1 && !in_rec.insert(lba)) {
+                self.append_record(inner, vol, &rec)?;
+                rec.clear();
+                in_rec.clear();
+                in_rec.insert(lba);
+            }
+            rec.push((lba, b));
+        }
+        if !rec.is_empty() {
+            self.append_record(inner, vol, &rec)?;
+        }
         if fua {
             // A flush, not a FUA write: recovery walks a chunk record by
             // record, so a durable record needs every earlier one durable.
             self.flush_cache(inner)?;
         }
+        Ok(())
+    }
+
+    /// One write record of `blocks` (LBA, data) for `vol`, then the maps.
+    fn append_record(&self, inner: &mut Inner, vol: u32, blocks: &[(u64, &[u8])]) -> Result<(), VolumeError> {
+        debug_assert!((1..=RECORD_BLOCKS_MAX).contains(&blocks.len()));
+        let entries: Vec<Entry> =
+            blocks.iter().map(|&(lba, d)| Entry { lba, crc: crc32c(d), tombstone: false }).collect();
+        let data: Vec<&[u8]> = blocks.iter().map(|&(_, d)| d).collect();
+        let header_block = self.log_record(inner, vol, RecordKind::Write, entries, &data)?;
         let bpc = inner.blocks_per_chunk();
         let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
-        for i in 0..n as u64 {
-            let lba = lba0 + i;
+        for (i, &(lba, _)) in blocks.iter().enumerate() {
             let old = inner.vols[vol as usize].l2p[lba as usize];
             inner.invalidate(old);
-            inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(header_block + 1 + i);
+            inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(header_block + 1 + i as u64);
             let ch = &mut inner.chunks[chunk];
-            ch.p2l[(off + 1 + i) as usize] = (vol, lba);
+            ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
             ch.valid += 1;
         }
         Ok(())
@@ -142,16 +161,17 @@ impl Engine {
 
     /// Append one log record with one device write: a header of `kind`
     /// listing `entries`, then `data` (the blocks of its non-tombstone
-    /// entries). Returns the cache block of the header.
+    /// entries, in pieces). Returns the cache block of the header.
     fn log_record(
         &self,
         inner: &mut Inner,
         vol: u32,
         kind: RecordKind,
         entries: Vec<Entry>,
-        data: &[u8],
+        data: &[&[u8]],
     ) -> Result<u64, VolumeError> {
-        let need = 1 + (data.len() / BLOCK_BYTES) as u64;
+        let data_bytes: usize = data.iter().map(|d| d.len()).sum();
+        let need = 1 + (data_bytes / BLOCK_BYTES) as u64;
         let (chunk, off) = self.log_space(inner, need)?;
         inner.seq += 1;
         let h = Header {
@@ -164,7 +184,11 @@ impl Engine {
         };
         let mut rec = inner.take_buf(need as usize * BLOCK_BYTES);
         encode_header(&mut rec[..BLOCK_BYTES], &h);
-        rec[BLOCK_BYTES..].copy_from_slice(data);
+        let mut at = BLOCK_BYTES;
+        for d in data {
+            rec[at..at + d.len()].copy_from_slice(d);
+            at += d.len();
+        }
         let header_block = chunk as u64 * inner.blocks_per_chunk() + off;
         inner.sim_wait(Some(chunk), None);
         write_pooled(&*self.cache, inner, header_block * BS, rec)?;
@@ -479,6 +503,26 @@ impl Engine {
         inner.free_bands.push_back(v);
         inner.stats.bands_reclaimed += 1;
         Ok(true)
+    }
+
+    /// After recovery: write the current content of `blocks` (volume, LBA)
+    /// again under fresh sequence numbers — data as a write record, an
+    /// unmapped block as a tombstone — and flush, so a torn segment left on
+    /// the media with a higher sequence can never win a later recovery.
+    pub(super) fn relog(&self, blocks: &[(u32, u64)]) -> Result<(), VolumeError> {
+        let mut inner = self.lock();
+        for &(vol, lba) in blocks {
+            let loc = inner.vols[vol as usize].l2p[lba as usize];
+            if loc.is_none() {
+                let e = Entry { lba, crc: 0, tombstone: true };
+                self.log_record(&mut inner, vol, RecordKind::Trim, vec![e], &[])?;
+            } else {
+                let mut b = vec![0u8; BLOCK_BYTES];
+                self.read_blocks(&[loc], &mut b)?;
+                self.append(&mut inner, vol, &[(lba, &b)], false)?;
+            }
+        }
+        self.flush_cache(&mut inner)
     }
 
     /// Submit a segment write to the capacity device without waiting (at most

@@ -115,7 +115,7 @@ pub(super) fn recover(
     cfg: EngineConfig,
     geo: CapGeometry,
     sb: Superblock,
-) -> Result<Inner, EngineError> {
+) -> Result<(Inner, Vec<(u32, u64)>), EngineError> {
     let chunk_count = sb.cache_bytes / cfg.chunk_bytes;
     let band_count = sb.checkpoint_offset / cfg.band_bytes;
     let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
@@ -210,6 +210,7 @@ pub(super) fn recover(
     }
 
     // Step 3: segments, verifying data written after the last flush.
+    let mut torn: Vec<(u32, u64, u64)> = Vec::new();
     for s in &segments {
         let h = &s.header;
         scan.seq_max = scan.seq_max.max(h.seq);
@@ -227,6 +228,8 @@ pub(super) fn recover(
                 body.as_ref().is_none_or(|b| crc32c(&b[data_i * BLOCK_BYTES..(data_i + 1) * BLOCK_BYTES]) == e.crc);
             if intact {
                 scan.offer(h.volume, e.lba, h.seq, Loc::capacity(first + 1 + data_i as u64));
+            } else {
+                torn.push((h.volume, e.lba, h.seq));
             }
             data_i += 1;
         }
@@ -262,5 +265,15 @@ pub(super) fn recover(
     inner.check_invariants();
     // On a zoned device: reset zones now free, finish zones now full.
     zoned::reconcile(capacity, &inner)?;
-    Ok(inner)
+    // A torn segment stays on the media with a sequence above the copy that
+    // won instead; once later headers' watermarks pass it, a later recovery
+    // would trust it unverified. Such blocks are written again (`relog`).
+    let mut superseded: Vec<(u32, u64)> = torn
+        .into_iter()
+        .filter(|&(v, lba, seq)| scan.best[v as usize][lba as usize].seq < seq)
+        .map(|(v, lba, _)| (v, lba))
+        .collect();
+    superseded.sort_unstable();
+    superseded.dedup();
+    Ok((inner, superseded))
 }
