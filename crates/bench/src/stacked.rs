@@ -5,11 +5,13 @@
 //!
 //! The engine is synchronous: a call runs to completion, doing its device
 //! I/O one request after another. To simulate many concurrent callers (8
-//! jobs × iodepth 32) on a virtual clock, every submitted request runs as
-//! its own call *at the time it was submitted* (`CallTime`): the devices see
-//! every I/O of the call issued at that time, and the request completes when
-//! the last of them does (or when the engine's `SimGate` says the log space
-//! it writes into was freed, if later). Submission times therefore never run
+//! jobs × iodepth 32) on a virtual clock, requests submitted at one moment
+//! run at the next reap, at that moment (`CallTime`), one engine call per
+//! group the executor forms (Sluice group-commits plain writes to one
+//! volume; everything else runs alone): the devices see every I/O of the
+//! call issued at that time, and its requests complete when the last I/O
+//! does (or when the engine's `SimGate` says the log space it writes into
+//! was freed, if later). Submission times therefore never run
 //! backwards, so the emulators' resource timelines (dies, channels, cores,
 //! firmware) stay exact queues; the price is that I/O a call makes one after
 //! another (compaction's read, then its writes) is timed as if overlapped.
@@ -26,7 +28,7 @@ use crate::job::BenchError;
 use sluice_engine::{Engine, EngineConfig, EngineVolume, Volume, VolumeError, VolumeSpec};
 use sluice_media::device::{check_range, sync_io};
 use sluice_media::{
-    BlockDevice, Clock, ClockRef, DeviceError, DeviceInfo, DeviceStats, IoBuf, IoCompletion, IoOp, IoRequest,
+    BlockDevice, Clock, ClockRef, DeviceError, DeviceInfo, DeviceStats, IoBuf, IoCompletion, IoOp, IoRequest, Pending,
     VirtualClock,
 };
 use std::cmp::Reverse;
@@ -105,25 +107,6 @@ pub trait Executor: Send {
     /// Run one group; one result per member.
     fn execute_group(&mut self, reqs: &mut [IoRequest], group: &[usize]) -> Vec<Result<u64, DeviceError>> {
         group.iter().map(|&i| self.execute(&mut reqs[i])).collect()
-    }
-}
-
-struct Pending(IoCompletion, u64);
-
-impl PartialEq for Pending {
-    fn eq(&self, o: &Pending) -> bool {
-        self.cmp(o) == std::cmp::Ordering::Equal
-    }
-}
-impl Eq for Pending {}
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, o: &Pending) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Pending {
-    fn cmp(&self, o: &Pending) -> std::cmp::Ordering {
-        (self.0.completed_ns, self.1).cmp(&(o.0.completed_ns, o.1))
     }
 }
 

@@ -604,6 +604,18 @@ impl Inner {
         self.geo.usable_blocks
     }
 
+    /// Band `b`, the open band of `vol` (or of GC), is full: close it.
+    fn close_band(&mut self, b: u32, vol: u32, gc: bool) {
+        let band = &mut self.bands[b as usize];
+        band.state = State::Full;
+        band.closed_seq = self.seq;
+        if gc {
+            self.gc_band = None;
+        } else {
+            self.vols[vol as usize].open_band = None;
+        }
+    }
+
     /// Forget where a block was (it was overwritten, trimmed or moved).
     fn invalidate(&mut self, loc: Loc) {
         if let Some(cb) = loc.cache_block() {

@@ -61,7 +61,10 @@ pub trait MediaModel: Send {
     }
 }
 
-struct Pending(IoCompletion, u64);
+/// A completion waiting for its time: ordered by (completion time,
+/// submission sequence), so a min-heap of them reaps in device order. Shared
+/// with every simulated device that queues completions (bench stacks).
+pub struct Pending(pub IoCompletion, pub u64);
 
 impl PartialEq for Pending {
     fn eq(&self, o: &Self) -> bool {

@@ -27,7 +27,7 @@ pub use device::{
     BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoOp, IoRequest, ZoneAction, ZoneDesc, ZoneError,
     ZoneLimits, ZoneState, ZonedDevice,
 };
-pub use emulate::{BackendAction, Emulated, MediaModel, Service, Timelines};
+pub use emulate::{BackendAction, Emulated, MediaModel, Pending, Service, Timelines};
 pub use file::{CacheMode, FileDevice, FileError, FileOptions};
 pub use hdd::{hdd_device, HddModel, HddProfile};
 pub use memory::MemoryDevice;

@@ -336,16 +336,9 @@ impl Engine {
                 inner.bands[band as usize].valid += 1;
                 moved += 1;
             }
-            let b = &mut inner.bands[band as usize];
-            b.written += padded;
-            if b.written == usable {
-                b.state = State::Full;
-                b.closed_seq = inner.seq;
-                if gc {
-                    inner.gc_band = None;
-                } else {
-                    inner.vols[vol as usize].open_band = None;
-                }
+            inner.bands[band as usize].written += padded;
+            if inner.bands[band as usize].written == usable {
+                inner.close_band(band, vol, gc);
             }
             rest = &rest[n..];
             rest_t = &rest_t[t..];
@@ -367,14 +360,7 @@ impl Engine {
         if let Some(b) = cur {
             let start = b as u64 * inner.cfg.band_bytes;
             zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
-            let band = &mut inner.bands[b as usize];
-            band.state = State::Full;
-            band.closed_seq = inner.seq;
-            if gc {
-                inner.gc_band = None;
-            } else {
-                inner.vols[vol as usize].open_band = None;
-            }
+            inner.close_band(b, vol, gc);
         }
         if !gc {
             // Bounded: a victim that frees no more than its relocation takes
