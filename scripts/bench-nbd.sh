@@ -11,6 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --release -q -p sluice
+# SLUICE: the binary under test (default: the one just built), e.g. an older
+# build to measure a change before and after.
+SLUICE=$(realpath "${SLUICE:-target/release/sluice}")
 RUNTIME=${RUNTIME:-10}
 SIZE=${SIZE:-1g}
 PORT=${PORT:-10809}
@@ -53,7 +56,7 @@ bench_server() { # label export
 # sluice
 LABEL=sluice EXPORT=default
 sed "s/127.0.0.1:10809/127.0.0.1:$PORT/" examples/memory.toml > "$work/memory.toml"
-(cd "$work" && exec "$OLDPWD/target/release/sluice" serve --config "$work/memory.toml" >/dev/null 2>&1) &
+(cd "$work" && exec "$SLUICE" serve --config "$work/memory.toml" >/dev/null 2>&1) &
 pid=$!
 wait_port default
 # Fill the volume so reads hit written data.

@@ -22,14 +22,14 @@
 //! read-modify-write; a client that does not ask for them still gets served
 //! and misaligned requests fail cleanly with `EINVAL`.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::sync::Arc;
 
 use sluice_engine::Volume;
 
 use crate::proto::{self, ClientOption, Info, OptionHeader, OptionReply, ProtoError};
 use crate::server::{ConnError, Shared};
-use crate::stream::Stream;
+use crate::stream::{ConnReader, Stream};
 
 /// Options one client may send before it must pick an export.
 pub const HANDSHAKE_OPTIONS_MAX: usize = 256;
@@ -72,7 +72,7 @@ struct State {
 
 /// Runs the handshake. `Ok(None)` is a clean client abort.
 pub(crate) fn negotiate(
-    reader: &mut BufReader<Stream>,
+    reader: &mut ConnReader,
     writer: &mut Stream,
     shared: &Shared,
 ) -> Result<Option<Session>, ConnError> {
@@ -113,7 +113,7 @@ pub(crate) fn negotiate(
                     reply(writer, hdr.option, proto::REP_ACK, &[])?;
                     let early = reader.buffer().to_vec();
                     let tls = crate::tls::TlsStream::accept(writer.try_clone()?, &early, cfg.clone())?;
-                    *reader = BufReader::with_capacity(reader.capacity(), Stream::Tls(tls.try_clone()?));
+                    *reader = ConnReader::new(Stream::Tls(tls.try_clone()?), reader.capacity());
                     *writer = Stream::Tls(tls);
                     tls_active = true;
                     st = State { structured: false, no_zeroes, meta: None };

@@ -6,11 +6,15 @@
 //! TLS configuration and the encrypted stream.
 
 pub mod handshake;
+mod pool;
 pub mod proto;
 pub mod server;
 pub mod stream;
 pub mod tls;
 mod transmission;
 
-pub use server::{ConnError, Server, ServerError, ServerHandle, ServerMonitor, ServerOptions, StatsSnapshot};
-pub use stream::{ListenAddr, Listener, Stream};
+pub use server::{
+    raise_open_files_limit, ConnError, Server, ServerError, ServerHandle, ServerMonitor, ServerOptions, StatsSnapshot,
+    FDS_PER_CONNECTION,
+};
+pub use stream::{ConnReader, ListenAddr, Listener, Stream};

@@ -16,8 +16,11 @@
 //!   export, and only then returns.
 //!
 //! Why threads and blocking sockets: `Volume` is synchronous, so a worker
-//! thread per in-flight request is the natural unit; NBD connections are few
-//! (one per client queue), so a thread per connection costs little.
+//! thread per in-flight request is the natural unit. A connection costs one
+//! thread (its reader, with a small stack) while idle; workers are started
+//! when requests queue and leave when idle (see `transmission::Queue`), so
+//! 10,000 mostly idle connections cost tens of KiB each, not 5 threads each
+//! (`scripts/bench-connections.sh` measures it).
 
 use std::collections::HashMap;
 use std::io;
@@ -29,15 +32,17 @@ use std::time::{Duration, Instant};
 
 use sluice_engine::{Volume, VolumeError};
 
+use crate::pool::WorkerPool;
 use crate::proto::{self, ProtoError};
-use crate::stream::{ListenAddr, Listener, Stream};
+use crate::stream::{ConnReader, ListenAddr, Listener, Stream};
 use crate::{handshake, transmission};
 
 /// Tunables of a server; every bound says its unit in its name.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
-    /// Threads executing requests of one connection (its queue depth).
-    pub workers_per_connection: usize,
+    /// Threads executing requests, shared by all connections of a server;
+    /// started on demand, they leave when idle.
+    pub workers_max: usize,
     /// Bytes of request payload and read buffers one connection may hold at
     /// once; the reader stops reading requests while the bound is reached.
     pub inflight_bytes_max: u64,
@@ -67,10 +72,10 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
-            workers_per_connection: 4,
+            workers_max: 32,
             inflight_bytes_max: 64 << 20,
             request_bytes_max: 32 << 20,
-            connections_max: 128,
+            connections_max: 16384,
             handshake_timeout: Duration::from_secs(30),
             block_status_extents_max: 4096,
             shutdown_grace: Duration::from_secs(10),
@@ -156,6 +161,7 @@ impl ServerStats {
 pub(crate) struct Shared {
     pub(crate) exports: Vec<Arc<dyn Volume>>,
     pub(crate) opts: ServerOptions,
+    pub(crate) pool: Arc<WorkerPool>,
 }
 
 impl Shared {
@@ -211,8 +217,8 @@ impl Server {
                 return Err(ServerError::DuplicateExport(name));
             }
         }
-        if opts.workers_per_connection == 0 {
-            return Err(ServerError::BadOptions("workers_per_connection must be at least 1"));
+        if opts.workers_max == 0 {
+            return Err(ServerError::BadOptions("workers_max must be at least 1"));
         }
         if opts.connections_max == 0 {
             return Err(ServerError::BadOptions("connections_max must be at least 1"));
@@ -220,7 +226,8 @@ impl Server {
         if opts.description.len() > proto::STRING_BYTES_MAX || opts.description.contains('\0') {
             return Err(ServerError::BadOptions("description is not a valid NBD string"));
         }
-        Ok(Server { shared: Arc::new(Shared { exports, opts }) })
+        let pool = WorkerPool::new(opts.workers_max);
+        Ok(Server { shared: Arc::new(Shared { exports, opts, pool }) })
     }
 
     /// Serves `listener` on background threads; the handle stops it.
@@ -388,6 +395,46 @@ impl Drop for LiveGuard {
 }
 
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
+/// Stack of a connection thread (handshake, TLS, request reader). Only the
+/// pages touched cost memory; a small bound keeps 10,000 connections' address
+/// space modest too.
+const CONN_STACK_BYTES: usize = 512 << 10;
+/// Descriptors one connection holds: its socket, shared by the reader, the
+/// reply writer and the registry's handle for shutdown (see [`Stream`]).
+pub const FDS_PER_CONNECTION: u64 = 1;
+
+/// Raises this process's open-file limit to at least `wanted` descriptors if
+/// the hard limit (or, with the privilege, `/proc/sys/fs/nr_open`) allows;
+/// returns the soft limit now in force. A server holding many connections
+/// needs [`FDS_PER_CONNECTION`] per connection.
+pub fn raise_open_files_limit(wanted: u64) -> io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid out pointer for getrlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur >= wanted {
+        return Ok(lim.rlim_cur);
+    }
+    if lim.rlim_max < wanted {
+        let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(lim.rlim_max);
+        let raised = libc::rlimit { rlim_cur: wanted.min(nr_open), rlim_max: wanted.min(nr_open) };
+        // SAFETY: `raised` is a valid rlimit; failure (no privilege) leaves
+        // the limits as they were and is handled below.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Ok(raised.rlim_cur);
+        }
+    }
+    let soft = libc::rlimit { rlim_cur: wanted.min(lim.rlim_max), rlim_max: lim.rlim_max };
+    // SAFETY: as above; a soft limit up to the hard one needs no privilege.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &soft) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(soft.rlim_cur)
+}
 
 fn accept_loop(
     listener: Listener,
@@ -450,7 +497,7 @@ fn start_connection(
     stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
     let guard = LiveGuard { conns: conns.clone(), id };
     let (shared, stats) = (shared.clone(), stats.clone());
-    std::thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
+    std::thread::Builder::new().name(format!("nbd-conn-{id}")).stack_size(CONN_STACK_BYTES).spawn(move || {
         let _guard = guard;
         if serve_connection(stream, &shared, &stats).is_err() {
             stats.connections_failed.fetch_add(1, Ordering::Relaxed);
@@ -460,10 +507,10 @@ fn start_connection(
 }
 
 /// Handshake then transmission on one connection; closes it on return.
-fn serve_connection(stream: Stream, shared: &Shared, stats: &ServerStats) -> Result<(), ConnError> {
+fn serve_connection(stream: Stream, shared: &Shared, stats: &Arc<ServerStats>) -> Result<(), ConnError> {
     let writer = stream.try_clone()?;
     let closer = stream.try_clone()?;
-    let mut reader = io::BufReader::with_capacity(64 * 1024, stream);
+    let mut reader = ConnReader::new(stream, 64 * 1024);
     let result = (|| {
         let mut writer = writer;
         let Some(session) = handshake::negotiate(&mut reader, &mut writer, shared)? else {

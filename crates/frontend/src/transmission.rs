@@ -7,12 +7,13 @@
 //! negotiated).
 //!
 //! Design: the connection thread is the *reader*: it decodes a header, waits
-//! for room under `inflight_bytes_max`, reads the write payload, and queues
-//! the request. `workers_per_connection` workers execute requests and write
-//! each reply as one buffer under the writer lock, so replies never
-//! interleave on the wire. On NBD_CMD_DISC, end of stream or a framing error
-//! the reader stops; the workers finish every request already queued (their
-//! replies still go out when the socket allows) and the connection closes.
+//! for room under `inflight_bytes_max`, reads the write payload, and hands
+//! the request to the server's worker pool (`pool.rs`). A worker executes it
+//! and writes its reply as one buffer under the writer lock, so replies
+//! never interleave on the wire and may go out of order. On NBD_CMD_DISC,
+//! end of stream or a framing error the reader stops, waits until every
+//! request already read was answered (their replies still go out when the
+//! socket allows), and the connection closes.
 //!
 //! Invariants: a request is validated before any volume call, so a bad
 //! request never changes data; a read reply carries exactly the requested
@@ -23,12 +24,12 @@
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use sluice_engine::{Volume, VolumeError};
 
 use crate::handshake::Session;
+use crate::pool::WorkerPool;
 use crate::proto::{self, Chunk, Command, ProtoError, RequestHeader, SimpleReply};
 use crate::server::{ConnError, ServerStats, Shared};
 use crate::stream::Stream;
@@ -60,6 +61,14 @@ impl Budget {
         let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
         *used -= cost;
         self.freed.notify_all();
+    }
+
+    /// Blocks until every acquired byte was released.
+    fn wait_empty(&self) {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        while *used > 0 {
+            used = self.freed.wait(used).unwrap_or_else(PoisonError::into_inner);
+        }
     }
 }
 
@@ -101,16 +110,16 @@ struct Job {
     cost: u64,
 }
 
-/// Everything a worker needs, shared by reference within the scope.
-struct Conn<'a> {
-    export: &'a dyn Volume,
+/// Everything a worker needs to run one of this connection's requests.
+struct Conn {
+    export: Arc<dyn Volume>,
     structured: bool,
     base_allocation: Option<u32>,
     request_bytes_max: u32,
     block_status_extents_max: usize,
     out: ReplyWriter,
     budget: Budget,
-    stats: &'a ServerStats,
+    stats: Arc<ServerStats>,
 }
 
 /// How a request ended.
@@ -135,50 +144,34 @@ fn err(errno: u32, message: impl Into<String>) -> Outcome {
     Outcome::Err { errno, message: message.into() }
 }
 
-/// Runs the transmission phase until DISC, end of stream or a fatal error.
+/// Runs the transmission phase until DISC, end of stream or a fatal error;
+/// returns once every request read was answered (or its reply failed).
 pub(crate) fn run<R: Read>(
     session: Session,
     reader: &mut R,
     writer: Stream,
     shared: &Shared,
-    stats: &ServerStats,
+    stats: &Arc<ServerStats>,
 ) -> Result<(), ConnError> {
     let (_, _, request_bytes_max) = shared.block_sizes(session.export.as_ref());
-    let conn = Conn {
-        export: session.export.as_ref(),
+    let conn = Arc::new(Conn {
+        export: session.export.clone(),
         structured: session.structured,
         base_allocation: session.base_allocation,
         request_bytes_max,
         block_status_extents_max: shared.opts.block_status_extents_max.max(1),
         out: ReplyWriter { stream: Mutex::new(writer), broken: AtomicBool::new(false) },
         budget: Budget { used: Mutex::new(0), freed: Condvar::new(), max: shared.opts.inflight_bytes_max },
-        stats,
-    };
-    let (tx, rx) = mpsc::channel::<Job>();
-    let rx = Mutex::new(rx);
-    std::thread::scope(|s| {
-        for i in 0..shared.opts.workers_per_connection {
-            let (conn, rx) = (&conn, &rx);
-            let spawned = std::thread::Builder::new().name(format!("nbd-worker-{i}")).spawn_scoped(s, move || loop {
-                let job = {
-                    let rx = rx.lock().unwrap_or_else(PoisonError::into_inner);
-                    rx.recv()
-                };
-                let Ok(job) = job else { return };
-                conn.execute(job);
-            });
-            if let Err(e) = spawned {
-                return Err(ConnError::Io(e));
-            }
-        }
-        let r = read_requests(&conn, reader, &tx);
-        drop(tx); // workers drain the queue, then exit; the scope joins them
-        r
-    })
+        stats: stats.clone(),
+    });
+    let r = read_requests(&conn, reader, &shared.pool);
+    // Every queued request holds budget until it is answered.
+    conn.budget.wait_empty();
+    r
 }
 
 /// The reader loop: returns Ok on DISC or a clean end of stream.
-fn read_requests<R: Read>(conn: &Conn<'_>, reader: &mut R, tx: &mpsc::Sender<Job>) -> Result<(), ConnError> {
+fn read_requests<R: Read>(conn: &Arc<Conn>, reader: &mut R, pool: &Arc<WorkerPool>) -> Result<(), ConnError> {
     loop {
         let mut hb = [0u8; proto::REQUEST_HEADER_BYTES];
         if !read_exact_or_eof(reader, &mut hb)? {
@@ -221,11 +214,8 @@ fn read_requests<R: Read>(conn: &Conn<'_>, reader: &mut R, tx: &mpsc::Sender<Job
             conn.budget.acquire(cost);
         }
         let job = Job { header, command, payload, cost };
-        if let Err(mpsc::SendError(job)) = tx.send(job) {
-            // Only if every worker died (a panic in the volume).
-            conn.budget.release(job.cost);
-            return Err(ConnError::Io(io::Error::other("no worker left")));
-        }
+        let conn = conn.clone();
+        pool.submit(Box::new(move || conn.execute(job)));
     }
 }
 
@@ -247,7 +237,7 @@ fn read_exact_or_eof<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<bool, ConnErr
 }
 
 /// Skips the payload of a write that is refused before execution.
-fn discard_payload<R: Read>(conn: &Conn<'_>, reader: &mut R, len: u32) -> Result<(), ConnError> {
+fn discard_payload<R: Read>(conn: &Conn, reader: &mut R, len: u32) -> Result<(), ConnError> {
     if len > conn.request_bytes_max {
         return Err(ConnError::PayloadTooLarge { len, max: conn.request_bytes_max });
     }
@@ -258,7 +248,7 @@ fn discard_payload<R: Read>(conn: &Conn<'_>, reader: &mut R, len: u32) -> Result
     Ok(())
 }
 
-impl Conn<'_> {
+impl Conn {
     fn execute(&self, job: Job) {
         // Released even if the volume panics, so the reader never waits on
         // budget that will not come back.
@@ -272,7 +262,7 @@ impl Conn<'_> {
         if let Err(o) = self.check(job.command, h) {
             return o;
         }
-        let v = self.export;
+        let v = self.export.as_ref();
         let fua = h.flags & proto::CMD_FLAG_FUA != 0;
         let (off, len) = (h.offset, h.len as u64);
         let r = match job.command {
@@ -297,7 +287,7 @@ impl Conn<'_> {
 
     /// Validates alignment, bounds and sizes before any volume call.
     fn check(&self, command: Command, h: &RequestHeader) -> Result<(), Outcome> {
-        let v = self.export;
+        let v = self.export.as_ref();
         let bs = v.block_bytes();
         let (off, len) = (h.offset, h.len as u64);
         let ranged = match command {
@@ -350,7 +340,7 @@ impl Conn<'_> {
     }
 
     fn write_zeroes(&self, h: &RequestHeader, fua: bool) -> Outcome {
-        let v = self.export;
+        let v = self.export.as_ref();
         let (off, len) = (h.offset, h.len as u64);
         let fast = h.flags & proto::CMD_FLAG_FAST_ZERO != 0;
         let r = if h.flags & proto::CMD_FLAG_NO_HOLE == 0 {

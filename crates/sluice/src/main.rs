@@ -8,6 +8,7 @@
 //! compared run to run. `sluice sim` runs the engine's crash simulation over
 //! any range of seeds. Errors are typed below and print as one clear line.
 
+mod connections;
 mod metrics;
 mod serve;
 
@@ -155,6 +156,23 @@ enum Bench {
         volume: String,
         #[arg(long, default_value = "target/bench/recovery.json")]
         json: PathBuf,
+    },
+    /// Opens COUNT NBD connections to a running `sluice serve` (full
+    /// handshake), holds them, reads once on each, and reports the server's
+    /// memory and threads per idle connection (scripts/bench-connections.sh).
+    Connections {
+        /// The server's TCP address.
+        #[arg(long, default_value = "127.0.0.1:10809")]
+        addr: String,
+        #[arg(long, default_value = "default")]
+        export: String,
+        #[arg(long, default_value_t = 10_000)]
+        count: usize,
+        /// The server's process id, for /proc/PID/status.
+        #[arg(long)]
+        server_pid: u32,
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// 4 KiB random writes through the io_uring file backend.
     Uring {
@@ -451,6 +469,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     r.clean_reopen_s
                 );
                 write_json(&json, &r)
+            }
+            Bench::Connections { addr, export, count, server_pid, json } => {
+                let r = connections::run(&addr, &export, count, server_pid, std::time::Duration::from_secs(3))?;
+                if let Some(p) = &json {
+                    write_json(p, &r)?;
+                }
+                connections::print(&r, json.as_deref());
+                Ok(())
             }
             Bench::Uring { path, file_bytes, iodepth, seconds, json } => {
                 let opts = UringBenchOpts {

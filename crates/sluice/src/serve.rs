@@ -14,7 +14,7 @@
 use crate::metrics::NbdCounters;
 use serde::Deserialize;
 use sluice_engine::{Engine, EngineConfig, EngineError, Volume, VolumeSpec};
-use sluice_frontend::{Listener, Server, ServerMonitor, ServerOptions};
+use sluice_frontend::{raise_open_files_limit, Listener, Server, ServerMonitor, ServerOptions, FDS_PER_CONNECTION};
 use sluice_media::ssd::{ssd_device, SsdProfile};
 use sluice_media::{
     scm_device, zns_device, BlockDevice, CacheMode, ClockRef, FileDevice, FileOptions, MemoryDevice, RealClock,
@@ -38,6 +38,7 @@ pub struct Config {
     pub cache: DeviceConfig,
     pub capacity: DeviceConfig,
     pub engine: EngineSection,
+    pub server: ServerSection,
     pub tls: TlsSection,
     #[serde(rename = "volume")]
     pub volumes: Vec<VolumeConfig>,
@@ -71,6 +72,30 @@ pub struct EngineSection {
     pub chunk_size: String,
     pub band_size: String,
     pub write_unit: String,
+}
+
+/// `[server]`: bounds of the NBD server (per listener).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Connections served at once on each listener; more are closed at once.
+    pub connections_max: usize,
+    /// Threads executing requests for all connections; they start on
+    /// demand and leave when idle.
+    pub workers_max: usize,
+    /// Request and read-buffer bytes one connection may hold (fio size syntax).
+    pub inflight_bytes_max: String,
+}
+
+impl Default for ServerSection {
+    fn default() -> ServerSection {
+        let d = ServerOptions::default();
+        ServerSection {
+            connections_max: d.connections_max,
+            workers_max: d.workers_max,
+            inflight_bytes_max: format!("{}m", d.inflight_bytes_max >> 20),
+        }
+    }
 }
 
 /// `[tls]`: NBD over TLS 1.3 (STARTTLS).
@@ -119,6 +144,7 @@ impl Default for Config {
                 emulate: String::new(),
             },
             engine: EngineSection::default(),
+            server: ServerSection::default(),
             tls: TlsSection::default(),
             volumes: vec![VolumeConfig { name: "default".into(), size: "4g".into() }],
         }
@@ -291,7 +317,21 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 pub fn run(cfg: Config) -> Result<(), ServeError> {
     let set = block_signals();
     // TLS first: a bad [tls] section must not leave an opened engine behind.
-    let mut opts = ServerOptions::default();
+    let mut opts = ServerOptions {
+        connections_max: cfg.server.connections_max,
+        workers_max: cfg.server.workers_max,
+        inflight_bytes_max: size_of("server.inflight_bytes_max", &cfg.server.inflight_bytes_max)?,
+        ..ServerOptions::default()
+    };
+    let listeners = cfg.listen.len() as u64 + u64::from(!cfg.unix_socket.is_empty());
+    let fds_wanted = opts.connections_max as u64 * FDS_PER_CONNECTION * listeners + 256;
+    match raise_open_files_limit(fds_wanted) {
+        Ok(got) if got >= fds_wanted => {}
+        Ok(got) => eprintln!(
+            "sluice: warning: open-file limit {got} is below the {fds_wanted} that server.connections_max needs"
+        ),
+        Err(e) => eprintln!("sluice: warning: cannot raise the open-file limit: {e}"),
+    }
     match cfg.tls.mode.as_str() {
         "" | "off" => {}
         mode @ ("allow" | "require") => {
