@@ -22,8 +22,8 @@ mkdir -p "$OUT"
 work=$(mktemp -d /dev/shm/sluice-bench-nbd.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
-wait_port() {
-    for _ in $(seq 100); do
+wait_port() { # up to 60 s: examples/memory.toml touches 7 GiB at start
+    for _ in $(seq 600); do
         nbdinfo --size "nbd://127.0.0.1:$PORT/$1" >/dev/null 2>&1 && return 0
         sleep 0.1
     done

@@ -66,10 +66,31 @@ pub trait Volume: Send + Sync {
     fn flush(&self) -> Result<(), VolumeError>;
     /// Allocation status of [offset, offset+len): consecutive extents covering it.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError>;
+    /// Several writes as one request (group commit), as if applied in order.
+    /// Every range is checked before anything is written; on an error the
+    /// caller must assume any subset was written. The default writes them
+    /// one by one.
+    fn write_batch(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
+        for &(offset, data) in writes {
+            check(self, offset, data.len() as u64)?;
+        }
+        for &(offset, data) in writes {
+            self.write(offset, data, fua)?;
+        }
+        Ok(())
+    }
+    /// True when the volume runs one request at a time anyway (one lock held
+    /// across the whole call, device I/O included). A server then gains
+    /// nothing from running a connection's requests in parallel, and runs
+    /// them on the thread that read them instead: no thread hand-off, and
+    /// consecutive writes can share one `write_batch`.
+    fn serializes_requests(&self) -> bool {
+        false
+    }
 }
 
 /// The shared range check.
-pub fn check(v: &dyn Volume, offset: u64, len: u64) -> Result<(), VolumeError> {
+pub fn check<V: Volume + ?Sized>(v: &V, offset: u64, len: u64) -> Result<(), VolumeError> {
     let bs = v.block_bytes();
     if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
         return Err(VolumeError::Misaligned { offset, len, block_bytes: bs });

@@ -263,6 +263,11 @@ impl ConnReader {
         self.capacity
     }
 
+    /// Marks `n` buffered bytes as read (at most `buffer().len()`).
+    pub fn consume(&mut self, n: usize) {
+        self.pos += n.min(self.end - self.pos);
+    }
+
     /// Bytes of buffer held now (0 while idle).
     pub fn held_bytes(&self) -> usize {
         self.buf.len()

@@ -32,7 +32,7 @@ use crate::handshake::Session;
 use crate::pool::WorkerPool;
 use crate::proto::{self, Chunk, Command, ProtoError, RequestHeader, SimpleReply};
 use crate::server::{ConnError, ServerStats, Shared};
-use crate::stream::Stream;
+use crate::stream::{ConnReader, Stream};
 
 /// Budget charged for a request beyond its data bytes (bounds the number of
 /// queued zero-length requests too).
@@ -113,6 +113,8 @@ struct Job {
 /// Everything a worker needs to run one of this connection's requests.
 struct Conn {
     export: Arc<dyn Volume>,
+    /// Run requests on the reader thread (the volume serializes them anyway).
+    inline: bool,
     structured: bool,
     base_allocation: Option<u32>,
     request_bytes_max: u32,
@@ -146,9 +148,9 @@ fn err(errno: u32, message: impl Into<String>) -> Outcome {
 
 /// Runs the transmission phase until DISC, end of stream or a fatal error;
 /// returns once every request read was answered (or its reply failed).
-pub(crate) fn run<R: Read>(
+pub(crate) fn run(
     session: Session,
-    reader: &mut R,
+    reader: &mut ConnReader,
     writer: Stream,
     shared: &Shared,
     stats: &Arc<ServerStats>,
@@ -156,6 +158,7 @@ pub(crate) fn run<R: Read>(
     let (_, _, request_bytes_max) = shared.block_sizes(session.export.as_ref());
     let conn = Arc::new(Conn {
         export: session.export.clone(),
+        inline: session.export.serializes_requests(),
         structured: session.structured,
         base_allocation: session.base_allocation,
         request_bytes_max,
@@ -171,8 +174,11 @@ pub(crate) fn run<R: Read>(
 }
 
 /// The reader loop: returns Ok on DISC or a clean end of stream.
-fn read_requests<R: Read>(conn: &Arc<Conn>, reader: &mut R, pool: &Arc<WorkerPool>) -> Result<(), ConnError> {
+fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPool>) -> Result<(), ConnError> {
     loop {
+        if conn.inline && buffered_writes(conn, reader) > 0 {
+            continue;
+        }
         let mut hb = [0u8; proto::REQUEST_HEADER_BYTES];
         if !read_exact_or_eof(reader, &mut hb)? {
             return Ok(());
@@ -214,9 +220,63 @@ fn read_requests<R: Read>(conn: &Arc<Conn>, reader: &mut R, pool: &Arc<WorkerPoo
             conn.budget.acquire(cost);
         }
         let job = Job { header, command, payload, cost };
-        let conn = conn.clone();
-        pool.submit(Box::new(move || conn.execute(job)));
+        if conn.inline {
+            conn.execute(job);
+        } else {
+            let conn = conn.clone();
+            pool.submit(Box::new(move || conn.execute(job)));
+        }
     }
+}
+
+/// Most writes, and most bytes, one group commit takes.
+const BATCH_WRITES_MAX: usize = 64;
+const BATCH_BYTES_MAX: usize = 1 << 20;
+
+/// On an inline connection: if the reader's buffer starts with plain
+/// (non-FUA) writes received whole, runs them straight from the buffer as
+/// one `write_batch` — no copy, no wait for more bytes — answers them all in
+/// one send, and returns how many. Stops at the first request that is
+/// anything else, incomplete, or would be refused, which the reader loop
+/// then handles as usual.
+fn buffered_writes(conn: &Conn, reader: &mut ConnReader) -> usize {
+    let buffered = reader.buffer();
+    let mut taken: Vec<(RequestHeader, std::ops::Range<usize>)> = Vec::new();
+    let (mut pos, mut bytes) = (0, 0);
+    while taken.len() < BATCH_WRITES_MAX {
+        let Some(hb) = buffered.get(pos..pos + proto::REQUEST_HEADER_BYTES) else { break };
+        let Ok(header) = RequestHeader::decode(hb) else { break };
+        let (len, data) = (header.len as usize, pos + proto::REQUEST_HEADER_BYTES);
+        let plain_write = header.validate(conn.structured) == Ok(Command::Write)
+            && header.flags & proto::CMD_FLAG_FUA == 0
+            && len > 0
+            && bytes + len <= BATCH_BYTES_MAX
+            && buffered.len() >= data + len
+            && conn.check(Command::Write, &header).is_ok();
+        if !plain_write {
+            break;
+        }
+        taken.push((header, data..data + len));
+        pos = data + len;
+        bytes += len;
+    }
+    if taken.is_empty() {
+        return 0;
+    }
+    conn.stats.requests.fetch_add(taken.len() as u64, Ordering::Relaxed);
+    let writes: Vec<(u64, &[u8])> = taken.iter().map(|(h, r)| (h.offset, &buffered[r.clone()])).collect();
+    let result = conn.export.write_batch(&writes, false);
+    let mut out = Vec::with_capacity(taken.len() * proto::SIMPLE_REPLY_BYTES);
+    for (h, _) in &taken {
+        let outcome = match &result {
+            Ok(()) => Outcome::Ok,
+            Err(e) => volume_err(Command::Write, e),
+        };
+        conn.encode_reply(h, Some(Command::Write), outcome, &mut out);
+    }
+    conn.out.send(&out);
+    reader.consume(pos);
+    taken.len()
 }
 
 /// Reads `buf` fully; `Ok(false)` on end of stream before its first byte.
@@ -405,6 +465,29 @@ impl Conn {
     /// Sends the reply for one request. `command` is None for a request
     /// refused before it was understood.
     fn reply(&self, h: &RequestHeader, command: Option<Command>, outcome: Outcome) {
+        if let Outcome::Data { buf, prefix } = outcome {
+            self.out.send(&self.data_reply(h, buf, prefix));
+            return;
+        }
+        let mut out = Vec::new();
+        self.encode_reply(h, command, outcome, &mut out);
+        self.out.send(&out);
+    }
+
+    /// A read's reply: the data is already in place after `prefix` bytes of
+    /// header space, which this fills.
+    fn data_reply(&self, h: &RequestHeader, mut buf: Vec<u8>, prefix: usize) -> Vec<u8> {
+        let data_len = (buf.len() - prefix) as u32;
+        if self.structured {
+            proto::encode_offset_data_prefix(&mut buf, h.cookie, h.offset, data_len, true);
+        } else {
+            SimpleReply { error: 0, cookie: h.cookie }.encode_into(&mut buf);
+        }
+        buf
+    }
+
+    /// Appends the reply for one request to `out`.
+    fn encode_reply(&self, h: &RequestHeader, command: Option<Command>, outcome: Outcome, out: &mut Vec<u8>) {
         let cookie = h.cookie;
         if let Outcome::Err { .. } = outcome {
             self.stats.request_errors.fetch_add(1, Ordering::Relaxed);
@@ -412,25 +495,17 @@ impl Conn {
         // A READ must never get a simple reply once structured replies are on.
         let is_read = command == Some(Command::Read) || h.command == Command::Read as u16;
         match outcome {
-            Outcome::Data { mut buf, prefix } => {
-                let data_len = (buf.len() - prefix) as u32;
-                if self.structured {
-                    proto::encode_offset_data_prefix(&mut buf, cookie, h.offset, data_len, true);
-                } else {
-                    SimpleReply { error: 0, cookie }.encode_into(&mut buf);
-                }
-                self.out.send(&buf);
-            }
-            Outcome::Ok if self.structured && is_read => self.out.send(&Chunk::None.encode(cookie, true)),
-            Outcome::Ok => self.out.send(&SimpleReply { error: 0, cookie }.encode()),
+            Outcome::Data { buf, prefix } => out.extend_from_slice(&self.data_reply(h, buf, prefix)),
+            Outcome::Ok if self.structured && is_read => out.extend_from_slice(&Chunk::None.encode(cookie, true)),
+            Outcome::Ok => out.extend_from_slice(&SimpleReply { error: 0, cookie }.encode()),
             Outcome::BlockStatus { context_id, descriptors } => {
-                self.out.send(&Chunk::BlockStatus { context_id, descriptors }.encode(cookie, true))
+                out.extend_from_slice(&Chunk::BlockStatus { context_id, descriptors }.encode(cookie, true))
             }
             Outcome::Err { errno, message } => {
                 if self.structured {
-                    self.out.send(&Chunk::Error { error: errno, message }.encode(cookie, true));
+                    out.extend_from_slice(&Chunk::Error { error: errno, message }.encode(cookie, true));
                 } else {
-                    self.out.send(&SimpleReply { error: errno, cookie }.encode());
+                    out.extend_from_slice(&SimpleReply { error: errno, cookie }.encode());
                 }
             }
         }

@@ -452,3 +452,44 @@ fn random_garbage_after_the_handshake_never_hurts_the_server() {
     healthy_round_trip(port, 5 * MIB, 5);
     h.shutdown().expect("shutdown");
 }
+
+#[test]
+fn inline_write_batches_stop_at_refused_and_fua_writes_and_answer_each() {
+    let vol = MemVolume::new("default", SIZE).serializing();
+    let h = start(vec![vol.clone()]);
+    let (mut c, _, _) = Raw::go(h.port().expect("tcp"), "default", false, false);
+    // (cookie, flags, offset): plain, plain, misaligned, FUA, plain, plain,
+    // past the end, plain — sent in one go so they arrive buffered together.
+    let reqs: [(u64, u16, u64); 8] = [
+        (1, 0, 0),
+        (2, 0, 8192),
+        (3, 0, 100),
+        (4, proto::CMD_FLAG_FUA, 16384),
+        (5, 0, 24576),
+        (6, 0, 32768),
+        (7, 0, SIZE),
+        (8, 0, 40960),
+    ];
+    let mut wire = Vec::new();
+    for &(cookie, flags, offset) in &reqs {
+        let header = proto::RequestHeader { flags, command: WRITE, cookie, offset, len: 4096 };
+        wire.extend_from_slice(&header.encode());
+        wire.extend_from_slice(&pattern(cookie, 4096));
+    }
+    c.send(&wire);
+    for &(cookie, _, offset) in &reqs {
+        let expected = match cookie {
+            3 => proto::EINVAL,
+            7 => proto::ENOSPC,
+            _ => 0,
+        };
+        assert_eq!(c.reply(0).0, Reply::Simple { error: expected, cookie }, "request {cookie}");
+        if expected == 0 {
+            assert_eq!(vol.snapshot(offset, 4096), pattern(cookie, 4096), "data of request {cookie}");
+        }
+    }
+    assert_eq!(vol.fua_writes.load(Ordering::Relaxed), 1);
+    assert!(vol.batch_writes_max.load(Ordering::Relaxed) >= 2, "the plain writes were not batched");
+    assert_eq!(vol.snapshot(4096, 4096), vec![0u8; 4096], "the misaligned write changed data");
+    h.shutdown().expect("shutdown");
+}

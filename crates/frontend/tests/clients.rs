@@ -7,6 +7,9 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use sluice_engine::Volume;
 
 use common::*;
 
@@ -178,12 +181,22 @@ fn nbdcopy_in_and_out_byte_identical() {
 
 #[test]
 fn libnbd_python_exercises_every_command() {
+    libnbd_python_on(MemVolume::new("default", 32 * MIB));
+}
+
+/// The same client against a volume that serializes its requests: the
+/// server runs them on the reader thread and batches buffered writes.
+#[test]
+fn libnbd_python_exercises_every_command_inline() {
+    libnbd_python_on(MemVolume::new("default", 32 * MIB).serializing());
+}
+
+fn libnbd_python_on(vol: Arc<MemVolume>) {
     let python = "/usr/bin/python3";
     require(python, "python3");
     let probe = Command::new(python).args(["-c", "import nbd"]).output().expect("run python3");
     assert!(probe.status.success(), "python3 cannot import nbd: install it with `apt-get install -y python3-libnbd`");
-    let size = 32 * MIB;
-    let vol = MemVolume::new("default", size);
+    let size = vol.size_bytes();
     let h = start(vec![vol.clone(), MemVolume::new("second", 8 * MIB)]);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/nbd_client.py");
     let out = run(Command::new(python).args([script, &uri(&h, "default"), &size.to_string()]));
@@ -195,8 +208,20 @@ fn libnbd_python_exercises_every_command() {
 
 #[test]
 fn fio_nbd_engine_verifies_crc32c() {
+    fio_verify_on(MemVolume::new("default", 32 * MIB));
+}
+
+/// Inline execution: fio's pipelined 4 KiB writes arrive several to a
+/// socket read, so some must go to the volume as one batch.
+#[test]
+fn fio_nbd_engine_verifies_crc32c_inline_with_batched_writes() {
+    let vol = MemVolume::new("default", 32 * MIB).serializing();
+    fio_verify_on(vol.clone());
+    assert!(vol.batch_writes_max.load(Ordering::Relaxed) > 1, "no write batch carried more than one write");
+}
+
+fn fio_verify_on(vol: Arc<MemVolume>) {
     require("fio", "fio");
-    let vol = MemVolume::new("default", 32 * MIB);
     let h = start(vec![vol.clone()]);
     let out = run(Command::new("fio").args([
         "--name=verify",

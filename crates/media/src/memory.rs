@@ -23,6 +23,9 @@ struct State {
     pages: Option<Vec<Option<Box<[u8]>>>>,
     /// Discarded pages, contents undefined, ready for reuse.
     spare: Vec<Box<[u8]>>,
+    /// Most spare pages kept: `SPARE_PAGES_MAX`, or every page of a
+    /// preallocated device (which never gives memory back).
+    spare_max: usize,
     done: VecDeque<IoCompletion>,
     stats: DeviceStats,
 }
@@ -37,6 +40,33 @@ impl MemoryDevice {
     pub fn new(capacity_bytes: u64, block_bytes: u64) -> MemoryDevice {
         let pages = capacity_bytes.div_ceil(PAGE_BYTES) as usize;
         Self::build("memory", capacity_bytes, block_bytes, Some((0..pages).map(|_| None).collect()))
+    }
+
+    /// Like [`MemoryDevice::new`], but with every page allocated and touched
+    /// up front (kept as spare pages: the device still reads as zeros and
+    /// reports holes). Writes then never wait on the kernel to fault in and
+    /// clear fresh memory — which otherwise dominates a log-structured
+    /// engine's first pass over a large memory device — at the price of the
+    /// whole capacity resident from the start.
+    pub fn preallocated(capacity_bytes: u64, block_bytes: u64) -> MemoryDevice {
+        let dev = Self::new(capacity_bytes, block_bytes);
+        {
+            let mut st = dev.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let pages = capacity_bytes.div_ceil(PAGE_BYTES) as usize;
+            st.spare.reserve_exact(pages);
+            st.spare_max = st.spare_max.max(pages);
+            for _ in 0..pages {
+                let mut pg = vec![0u8; PAGE_BYTES as usize].into_boxed_slice();
+                // Fresh allocator memory may be untouched zero pages: write
+                // each 4 KiB page once so it is resident now.
+                for off in (0..pg.len()).step_by(4096) {
+                    // SAFETY: `off` is in bounds of `pg`.
+                    unsafe { std::ptr::write_volatile(pg.as_mut_ptr().add(off), 0) };
+                }
+                st.spare.push(pg);
+            }
+        }
+        dev
     }
 
     /// A device that stores nothing: writes vanish, reads return zeros.
@@ -59,7 +89,13 @@ impl MemoryDevice {
                 optimal_write_bytes: block_bytes,
                 zoned: false,
             },
-            state: Mutex::new(State { pages, spare: Vec::new(), done: VecDeque::new(), stats: DeviceStats::default() }),
+            state: Mutex::new(State {
+                pages,
+                spare: Vec::new(),
+                spare_max: SPARE_PAGES_MAX,
+                done: VecDeque::new(),
+                stats: DeviceStats::default(),
+            }),
         }
     }
 }
@@ -87,6 +123,7 @@ impl State {
         };
         let base = req.offset;
         let spare = &mut self.spare;
+        let spare_max = self.spare_max;
         match req.op {
             IoOp::Read => for_pieces(req.offset, req.len, |p, o, n| {
                 let dst = &mut req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
@@ -116,7 +153,7 @@ impl State {
             IoOp::Discard => for_pieces(req.offset, req.len, |p, o, n| {
                 if n as u64 == PAGE_BYTES {
                     if let Some(pg) = pages[p].take() {
-                        if spare.len() < SPARE_PAGES_MAX {
+                        if spare.len() < spare_max {
                             spare.push(pg);
                         }
                     }
@@ -230,6 +267,17 @@ mod tests {
         // Zeros over written data still overwrite it.
         write_at(&d, 131072 + 4096, &[0u8; 4096]).unwrap();
         assert!(read_at(&d, 0, 1 << 20).unwrap().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_preallocated_device_reads_zeros_and_reads_back_writes() {
+        let d = MemoryDevice::preallocated(4 * PAGE_BYTES, 4096);
+        assert!(read_at(&d, PAGE_BYTES, 3 * 4096).unwrap().iter().all(|&b| b == 0));
+        let data = vec![0x5au8; 4096];
+        write_at(&d, PAGE_BYTES + 8192, &data).unwrap();
+        let back = read_at(&d, PAGE_BYTES, 3 * 4096).unwrap();
+        assert!(back[..8192].iter().all(|&b| b == 0));
+        assert_eq!(&back[8192..], &data[..]);
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub struct DeviceConfig {
     /// only: the emulator's zone write pointers do not survive a restart).
     #[serde(default)]
     pub emulate: String,
+    /// kind = "memory" only: allocate and touch all of it at start, so writes
+    /// never wait for the kernel to fault in fresh pages (benchmarks).
+    #[serde(default)]
+    pub prealloc: bool,
 }
 
 fn default_kind() -> String {
@@ -136,12 +140,14 @@ impl Default for Config {
                 path: "cache.img".into(),
                 size: "1g".into(),
                 emulate: String::new(),
+                prealloc: false,
             },
             capacity: DeviceConfig {
                 kind: "file".into(),
                 path: "capacity.img".into(),
                 size: "8g".into(),
                 emulate: String::new(),
+                prealloc: false,
             },
             engine: EngineSection::default(),
             server: ServerSection::default(),
@@ -189,6 +195,10 @@ impl Config {
     fn open_device(&self, which: &str, d: &DeviceConfig) -> Result<Arc<dyn BlockDevice>, ServeError> {
         let mut size = size_of(&format!("{which}.size"), &d.size)?;
         let bad = |msg: String| ServeError::Config { path: format!("{which}.emulate"), msg };
+        if d.prealloc && d.kind != "memory" {
+            let msg = format!("prealloc needs kind = \"memory\", not {:?}", d.kind);
+            return Err(ServeError::Config { path: format!("{which}.prealloc"), msg });
+        }
         let zns = (d.emulate == "zns").then(|| {
             let zone = ZnsProfile::zn540_small_zones(1, SERVE_ZONE_SHRINK).zone_size_bytes;
             ZnsProfile::zn540_small_zones(size / zone, SERVE_ZONE_SHRINK)
@@ -226,6 +236,7 @@ impl Config {
             ssd_fits(p, size)?;
         }
         let backend: Box<dyn BlockDevice> = match d.kind.as_str() {
+            "memory" if d.prealloc => Box::new(MemoryDevice::preallocated(size, 4096)),
             "memory" => Box::new(MemoryDevice::new(size, 4096)),
             "file" => {
                 let path = self.in_data_dir(if d.path.is_empty() { which } else { &d.path });

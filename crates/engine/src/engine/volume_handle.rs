@@ -121,22 +121,6 @@ pub struct EngineSnapshot {
 }
 
 impl EngineVolume {
-    /// Several writes (offset, data) as one group commit: they share log
-    /// records (one header block and one device write per up to 253 blocks)
-    /// instead of a record each. Every range is checked first; on a bad one
-    /// nothing is written. Counted in the metrics as one request per write,
-    /// each with the batch's latency. Later writes win over earlier ones to
-    /// the same block, as if applied in order.
-    pub fn write_batch(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
-        let t = std::time::Instant::now();
-        let r = self.write_batch_inner(writes, fua);
-        let ns = t.elapsed().as_nanos() as u64;
-        for (_, d) in writes {
-            self.metrics.record(Op::Write, d.len() as u64, ns, r.is_ok());
-        }
-        r
-    }
-
     fn write_batch_inner(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
         for &(offset, data) in writes {
             check(self, offset, data.len() as u64)?;
@@ -224,6 +208,27 @@ impl Volume for EngineVolume {
 
     fn flush(&self) -> Result<(), VolumeError> {
         self.timed(Op::Flush, 0, || self.flush_both())
+    }
+
+    /// Several writes (offset, data) as one group commit: they share log
+    /// records (one header block and one device write per up to 253 blocks)
+    /// instead of a record each. Every range is checked first; on a bad one
+    /// nothing is written. Counted in the metrics as one request per write,
+    /// each with the batch's latency. Later writes win over earlier ones to
+    /// the same block, as if applied in order.
+    fn write_batch(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
+        let t = std::time::Instant::now();
+        let r = self.write_batch_inner(writes, fua);
+        let ns = t.elapsed().as_nanos() as u64;
+        for (_, d) in writes {
+            self.metrics.record(Op::Write, d.len() as u64, ns, r.is_ok());
+        }
+        r
+    }
+
+    /// The engine's one lock covers every request, device I/O included.
+    fn serializes_requests(&self) -> bool {
+        true
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {

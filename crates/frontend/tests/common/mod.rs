@@ -32,6 +32,12 @@ pub struct MemVolume {
     pub writes_waiting: AtomicU64,
     /// Event log: "w" per completed write, "f" per flush (in order).
     pub log: Mutex<String>,
+    /// Claim `serializes_requests`: the server then runs this volume's
+    /// requests on the reader thread and batches buffered writes.
+    pub serializes: std::sync::atomic::AtomicBool,
+    /// `write_batch` calls, and the most writes one of them carried.
+    pub batches: AtomicU64,
+    pub batch_writes_max: AtomicU64,
 }
 
 impl MemVolume {
@@ -47,7 +53,16 @@ impl MemVolume {
             released: Condvar::new(),
             writes_waiting: AtomicU64::new(0),
             log: Mutex::new(String::new()),
+            serializes: std::sync::atomic::AtomicBool::new(false),
+            batches: AtomicU64::new(0),
+            batch_writes_max: AtomicU64::new(0),
         })
+    }
+
+    /// The same volume, marked as serializing its requests (see `serializes`).
+    pub fn serializing(self: Arc<Self>) -> Arc<Self> {
+        self.serializes.store(true, Ordering::Relaxed);
+        self
     }
 
     pub fn allocated_blocks(&self) -> usize {
@@ -135,6 +150,20 @@ impl Volume for MemVolume {
     fn flush(&self) -> Result<(), VolumeError> {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         self.log.lock().unwrap().push('f');
+        Ok(())
+    }
+    fn serializes_requests(&self) -> bool {
+        self.serializes.load(Ordering::Relaxed)
+    }
+    fn write_batch(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
+        for &(offset, data) in writes {
+            check(self, offset, data.len() as u64)?;
+        }
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batch_writes_max.fetch_max(writes.len() as u64, Ordering::Relaxed);
+        for &(offset, data) in writes {
+            self.write(offset, data, fua)?;
+        }
         Ok(())
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {
