@@ -24,6 +24,10 @@
 use super::*;
 use crate::layout::{decode_header, Entry, Header, RecordKind};
 
+/// A block moved to the capacity device: its LBA, the CRC it was logged
+/// with, and its data.
+type Moved<'a> = (u64, u32, &'a [u8]);
+
 /// Read `len` bytes at `offset` into a pooled buffer.
 pub(super) fn read_pooled(
     dev: &dyn BlockDevice,
@@ -235,7 +239,7 @@ impl Engine {
         let data = read_pooled(&*self.cache, inner, base * BS, (bpc * BS) as usize)?;
         let epoch = inner.chunks[c as usize].epoch;
         // Per volume: current data blocks (lba, offset in chunk) and live tombstones.
-        let mut blocks: Vec<Vec<(u64, usize)>> = vec![Vec::new(); inner.vols.len()];
+        let mut blocks: Vec<Vec<(u64, u32, usize)>> = vec![Vec::new(); inner.vols.len()];
         let mut tombs: Vec<Vec<u64>> = vec![Vec::new(); inner.vols.len()];
         for (pos, h) in chunk_records(&data, bpc) {
             if h.epoch != epoch || h.volume as usize >= inner.vols.len() {
@@ -246,7 +250,7 @@ impl Engine {
                 for (i, e) in h.entries.iter().enumerate() {
                     let cb = base + pos + 1 + i as u64;
                     if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::cache(cb)) {
-                        blocks[vol].push((e.lba, ((pos + 1 + i as u64) * BS) as usize));
+                        blocks[vol].push((e.lba, e.crc, ((pos + 1 + i as u64) * BS) as usize));
                     }
                 }
             } else {
@@ -262,8 +266,8 @@ impl Engine {
             if blocks[vol].is_empty() && tombs[vol].is_empty() {
                 continue;
             }
-            let payload: Vec<(u64, &[u8])> =
-                blocks[vol].iter().map(|&(lba, at)| (lba, &data[at..at + BLOCK_BYTES])).collect();
+            let payload: Vec<Moved<'_>> =
+                blocks[vol].iter().map(|&(lba, crc, at)| (lba, crc, &data[at..at + BLOCK_BYTES])).collect();
             let moved = self.write_segments(inner, vol as u32, false, &payload, &tombs[vol])?;
             inner.stats.compaction_bytes += moved * BS;
             wrote = true;
@@ -284,15 +288,18 @@ impl Engine {
         Ok(())
     }
 
-    /// Write `blocks` (lba, data) and `tombs` of `vol` as segments into its open
-    /// band (or the GC band), each padded to the write unit, under fresh
-    /// sequence numbers; remap the blocks. Returns blocks moved.
+    /// Write `blocks` (lba, crc, data) and `tombs` of `vol` as segments into
+    /// its open band (or the GC band), each padded to the write unit, under
+    /// fresh sequence numbers; remap the blocks. Returns blocks moved. The
+    /// CRC is the one the block was first logged with, carried along rather
+    /// than recomputed: it costs nothing, and a block damaged while it sat
+    /// on a device keeps a CRC that says so.
     pub(super) fn write_segments(
         &self,
         inner: &mut Inner,
         vol: u32,
         gc: bool,
-        blocks: &[(u64, &[u8])],
+        blocks: &[Moved<'_>],
         tombs: &[u64],
     ) -> Result<u64, VolumeError> {
         let unit = inner.cfg.write_unit_bytes / BS;
@@ -308,7 +315,7 @@ impl Engine {
             let padded = segment_blocks(n as u64, unit).min(room);
             inner.seq += 1;
             let mut entries: Vec<Entry> =
-                rest[..n].iter().map(|&(lba, d)| Entry { lba, crc: crc32c(d), tombstone: false }).collect();
+                rest[..n].iter().map(|&(lba, crc, _)| Entry { lba, crc, tombstone: false }).collect();
             entries.extend(rest_t[..t].iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }));
             let mut buf = inner.take_buf((padded * BS) as usize);
             let h = Header {
@@ -320,7 +327,7 @@ impl Engine {
                 entries,
             };
             encode_header(&mut buf[..BLOCK_BYTES], &h);
-            for (i, (_, d)) in rest[..n].iter().enumerate() {
+            for (i, (_, _, d)) in rest[..n].iter().enumerate() {
                 buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(d);
             }
             buf[(n + 1) * BLOCK_BYTES..].fill(0);
@@ -329,7 +336,7 @@ impl Engine {
             self.submit_capacity(inner, first * BS, buf)?;
             inner.stats.capacity_write_bytes += padded * BS;
             inner.stats.compaction_pad_bytes += (padded - n as u64) * BS;
-            for (i, &(lba, _)) in rest[..n].iter().enumerate() {
+            for (i, &(lba, _, _)) in rest[..n].iter().enumerate() {
                 let loc = inner.vols[vol as usize].l2p[lba as usize];
                 inner.invalidate(loc);
                 inner.vols[vol as usize].l2p[lba as usize] = Loc::capacity(first + 1 + i as u64);
@@ -415,7 +422,9 @@ impl Engine {
         // live tombstones per volume; every window's worth of them goes to
         // the GC band as full segments under fresh sequence numbers.
         let nv = inner.vols.len();
-        let mut gathered: Vec<(Vec<u64>, Vec<u8>, Vec<u64>)> = vec![(Vec::new(), Vec::new(), Vec::new()); nv];
+        // Per volume: current blocks (lba, crc), their data, live tombstones.
+        type Gathered = (Vec<(u64, u32)>, Vec<u8>, Vec<u64>);
+        let mut gathered: Vec<Gathered> = vec![(Vec::new(), Vec::new(), Vec::new()); nv];
         let mut held = 0u64;
         let mut pos = 0u64;
         let mut wrote = false;
@@ -444,7 +453,7 @@ impl Engine {
                 for (i, e) in h.entries.iter().filter(|e| !e.tombstone).enumerate() {
                     if l2p.get(e.lba as usize) == Some(&Loc::capacity(seg + 1 + i as u64)) {
                         let d = ((at + 1 + i as u64) * BS) as usize;
-                        g.0.push(e.lba);
+                        g.0.push((e.lba, e.crc));
                         g.1.extend_from_slice(&win[d..d + BLOCK_BYTES]);
                         held += 1;
                     }
@@ -463,8 +472,8 @@ impl Engine {
                     if g.0.is_empty() && g.2.is_empty() {
                         continue;
                     }
-                    let payload: Vec<(u64, &[u8])> =
-                        g.0.iter().zip(g.1.chunks(BLOCK_BYTES)).map(|(&lba, d)| (lba, d)).collect();
+                    let payload: Vec<Moved<'_>> =
+                        g.0.iter().zip(g.1.chunks(BLOCK_BYTES)).map(|(&(lba, crc), d)| (lba, crc, d)).collect();
                     let moved = self.write_segments(inner, vol as u32, true, &payload, &g.2)?;
                     inner.stats.gc_bytes += moved * BS;
                     g.0.clear();
