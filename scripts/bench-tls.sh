@@ -40,7 +40,8 @@ plain="nbd://127.0.0.1:$PORT/default"
 mkdir -p "$work/home/.pki/libnbd"
 cp "$pki/ca-cert.pem" "$work/home/.pki/libnbd/"
 tls="nbds://127.0.0.1:$PORT/default"
-for _ in $(seq 100); do nbdinfo --size "$plain" >/dev/null 2>&1 && break; sleep 0.1; done
+# up to 60 s: examples/memory.toml touches 7 GiB at start
+for _ in $(seq 600); do nbdinfo --size "$plain" >/dev/null 2>&1 && break; sleep 0.1; done
 fio --name=fill --ioengine=nbd --uri="$plain" --rw=write --bs=1m --iodepth=8 --size="$SIZE" >/dev/null
 
 run_fio() { # name uri rw
