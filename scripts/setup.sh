@@ -12,6 +12,8 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v qemu-io >/dev/null 2>&1 || need+=(qemu-utils)
 command -v nbdinfo >/dev/null 2>&1 || need+=(libnbd-bin)
 command -v nbdkit >/dev/null 2>&1 || need+=(nbdkit)
+command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v losetup >/dev/null 2>&1 || need+=(mount)
 /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || need+=(python3-libnbd)
 if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
