@@ -113,8 +113,10 @@ pub(crate) fn negotiate(
                     reply(writer, hdr.option, proto::REP_ACK, &[])?;
                     let early = reader.buffer().to_vec();
                     let tls = crate::tls::TlsStream::accept(writer.try_clone()?, &early, cfg.clone())?;
-                    *reader = ConnReader::new(Stream::Tls(tls.try_clone()?), reader.capacity());
-                    *writer = Stream::Tls(tls);
+                    // The reader keeps `tls` itself: it holds any bytes that
+                    // came after the client's Finished (clones start empty).
+                    *writer = Stream::Tls(tls.try_clone()?);
+                    *reader = ConnReader::new(Stream::Tls(tls), reader.capacity());
                     tls_active = true;
                     st = State { structured: false, no_zeroes, meta: None };
                 }

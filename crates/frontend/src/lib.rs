@@ -11,6 +11,7 @@ pub mod proto;
 pub mod server;
 pub mod stream;
 pub mod tls;
+mod tls_records;
 mod transmission;
 
 pub use server::{

@@ -2,14 +2,18 @@
 //! files, rustls with the `ring` provider) and the encrypted stream a
 //! connection switches to after `NBD_OPT_STARTTLS`.
 //!
-//! Why this shape: a connection is served by one reader thread and several
-//! workers that each write whole replies under a writer lock. A TLS session
-//! is one state machine for both directions, so it lives in a mutex together
-//! with the socket half that writes records: a worker encrypts and sends
-//! under it; the reader reads raw bytes from its own socket half *without*
-//! it (a blocked read must not stall replies), then takes it only to decrypt.
-//! Alerts and post-handshake messages the reader's input produces are sent at
-//! once, under the same lock.
+//! Why this shape: rustls runs the handshake (fed whole records only, so it
+//! holds no byte of what follows), then hands its traffic keys and sequence
+//! numbers over (`dangerous_extract_secrets`) to our record layer
+//! (`tls_records`), as kTLS would take them into the kernel. From then on the
+//! reader decrypts records in its own read buffer with no lock shared with
+//! the writers, and a writer seals a reply in its send buffer and writes it
+//! under the sending direction's lock (records must hit the wire in
+//! sequence order). rustls's buffered connection copied every received byte
+//! three more times and put both directions behind one lock: TLS writes ran
+//! at 0.5–0.67 of plaintext. Not supported after the handshake:
+//! renegotiation-like post-handshake messages (KeyUpdate) — the connection
+//! ends with an error, never silently.
 //!
 //! AES-GCM comes from `ring`, whose assembly uses the CPU's AES-NI and
 //! carry-less multiply (and AVX2/VAES where present), chosen at run time.
@@ -23,9 +27,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, ServerConnection};
 
 use crate::stream::Stream;
+use crate::tls_records::{self, Direction};
 
-/// Bytes read from the socket at once (several TLS records: fewer syscalls).
-const TLS_READ_BYTES: usize = 64 * 1024;
+/// The read buffer: many TLS records per system call, and a partial record
+/// moved to its front only once the largest record no longer fits behind.
+const TLS_READ_BYTES: usize = 256 * 1024;
 
 /// Why a TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -55,94 +61,107 @@ pub fn server_config(cert_pem: &Path, key_pem: &Path) -> Result<Arc<ServerConfig
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_no_client_auth()
         .with_single_cert(certs, key)?;
+    let mut cfg = cfg;
+    // After the handshake the keys move to our own record layer
+    // (`tls_records`), which needs them.
+    cfg.enable_secret_extraction = true;
     Ok(Arc::new(cfg))
 }
 
-/// The shared half of a TLS stream: the session and the socket it writes to.
+/// The sending direction: sealing and writing happen under one lock, so
+/// records reach the wire in sequence-number order.
 #[derive(Debug)]
-pub struct TlsShared {
-    conn: ServerConnection,
+struct TxRecords {
+    dir: Direction,
     wsock: Stream,
+    /// Reused buffer of sealed records.
+    out: Vec<u8>,
 }
 
-impl TlsShared {
-    /// Send every TLS record the session has ready.
-    fn send_pending(&mut self) -> io::Result<()> {
-        while self.conn.wants_write() {
-            self.conn.write_tls(&mut self.wsock)?;
-        }
-        Ok(())
-    }
-
-    /// Hand rustls the next raw bytes of `pending` (it takes up to 4 KiB per
-    /// call), process them, send whatever that produced (alerts too).
-    /// Returns the bytes consumed. Call only while rustls holds no unread
-    /// plaintext: its received-plaintext buffer is bounded.
-    fn feed(&mut self, mut pending: &[u8]) -> io::Result<usize> {
-        let before = pending.len();
-        self.conn.read_tls(&mut pending)?;
-        if let Err(e) = self.conn.process_new_packets() {
-            let _ = self.send_pending();
-            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-        }
-        self.send_pending()?;
-        Ok(before - pending.len())
-    }
-}
-
-/// The encrypted stream: this clone's reading socket half plus the shared
-/// session (see the module comment).
+/// The encrypted stream: this clone's reading socket half, and the two
+/// directions' record state shared by all clones.
 #[derive(Debug)]
 pub struct TlsStream {
     rsock: Box<Stream>,
-    shared: Arc<Mutex<TlsShared>>,
-    /// Raw bytes read from the socket (per clone); `rbuf[rpos..rend]` are
-    /// not yet handed to rustls, which takes more only once the plaintext it
-    /// holds was read (its received-plaintext buffer is bounded).
+    tx: Arc<Mutex<TxRecords>>,
+    rx: Arc<Mutex<Direction>>,
+    /// Raw bytes read from the socket (per clone, allocated on first read);
+    /// `rbuf[rpos..rend]` are not yet opened.
     rbuf: Vec<u8>,
     rpos: usize,
     rend: usize,
+    /// The opened record's plaintext not yet read, within `rbuf`.
+    plain: std::ops::Range<usize>,
+    /// The peer sent close_notify.
+    closed: bool,
 }
 
 impl TlsStream {
     /// Run the server side of the TLS handshake on `raw` (whose read timeout
     /// bounds it). `early` are bytes already read from the socket past the
     /// STARTTLS reply (a client's ClientHello a buffered reader took in).
+    ///
+    /// rustls is fed whole records only, so when the handshake completes it
+    /// holds no byte of what follows; its keys then move to the record layer.
     pub fn accept(raw: Stream, early: &[u8], cfg: Arc<ServerConfig>) -> io::Result<TlsStream> {
-        let conn = ServerConnection::new(cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let shared = TlsShared { conn, wsock: raw.try_clone()? };
+        let mut conn = ServerConnection::new(cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let mut wsock = raw.try_clone()?;
         let mut rbuf = vec![0u8; TLS_READ_BYTES.max(early.len())];
         rbuf[..early.len()].copy_from_slice(early);
-        let mut s =
-            TlsStream { rsock: Box::new(raw), shared: Arc::new(Mutex::new(shared)), rbuf, rpos: 0, rend: early.len() };
-        loop {
-            let mut sh = s.shared.lock().unwrap_or_else(PoisonError::into_inner);
-            sh.send_pending()?;
-            if !sh.conn.is_handshaking() {
-                // Bytes past the handshake stay buffered for `read`.
-                break;
+        let (mut rpos, mut rend) = (0, early.len());
+        while conn.is_handshaking() {
+            while conn.wants_write() {
+                conn.write_tls(&mut wsock)?;
             }
-            if s.rpos < s.rend {
-                s.rpos += sh.feed(&s.rbuf[s.rpos..s.rend])?;
+            let have = &rbuf[rpos..rend];
+            let whole = (have.len() >= tls_records::HEADER_BYTES)
+                .then(|| tls_records::HEADER_BYTES + u16::from_be_bytes([have[3], have[4]]) as usize)
+                .filter(|&n| n <= have.len());
+            if let Some(n) = whole {
+                let mut rec = &have[..n];
+                while !rec.is_empty() {
+                    conn.read_tls(&mut rec)?;
+                    if let Err(e) = conn.process_new_packets() {
+                        let _ = conn.write_tls(&mut wsock);
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                    }
+                }
+                rpos += n;
                 continue;
             }
-            drop(sh);
-            let n = s.rsock.read(&mut s.rbuf)?;
+            // Need more of this record: keep its start, read after it.
+            rbuf.copy_within(rpos..rend, 0);
+            (rpos, rend) = (0, rend - rpos);
+            if rend == rbuf.len() {
+                rbuf.resize(rbuf.len() * 2, 0);
+            }
+            let n = raw.try_clone()?.read(&mut rbuf[rend..])?;
             if n == 0 {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "client closed during the TLS handshake"));
             }
-            (s.rpos, s.rend) = (0, n);
+            rend += n;
         }
-        Ok(s)
+        while conn.wants_write() {
+            conn.write_tls(&mut wsock)?;
+        }
+        let secrets = conn.dangerous_extract_secrets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let rx = Direction::new(secrets.rx.0, secrets.rx.1)?;
+        let tx = TxRecords { dir: Direction::new(secrets.tx.0, secrets.tx.1)?, wsock, out: Vec::new() };
+        let (tx, rx) = (Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
+        // Bytes past the handshake stay buffered for `read`.
+        Ok(TlsStream { rsock: Box::new(raw), tx, rx, rbuf, rpos, rend, plain: 0..0, closed: false })
     }
 
     pub fn try_clone(&self) -> io::Result<TlsStream> {
         Ok(TlsStream {
             rsock: Box::new(self.rsock.try_clone()?),
-            shared: self.shared.clone(),
-            rbuf: vec![0u8; TLS_READ_BYTES],
+            tx: self.tx.clone(),
+            rx: self.rx.clone(),
+            rbuf: Vec::new(),
             rpos: 0,
             rend: 0,
+            plain: 0..0,
+            closed: false,
         })
     }
 
@@ -151,66 +170,100 @@ impl TlsStream {
         &self.rsock
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, TlsShared> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Opens the next record into `self.plain`; Ok(false) at the end of the
+    /// stream.
+    fn next_record(&mut self) -> io::Result<bool> {
+        loop {
+            if self.closed {
+                return Ok(false);
+            }
+            if let Some(n) = Direction::record_len(&self.rbuf[self.rpos..self.rend])? {
+                let rec = self.rpos..self.rpos + n;
+                self.rpos += n;
+                let mut rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
+                let (ct, plain) = rx.open(&mut self.rbuf[rec.clone()])?;
+                drop(rx);
+                match ct {
+                    tls_records::CONTENT_APPLICATION_DATA => {
+                        self.plain = rec.start + plain.start..rec.start + plain.end;
+                        return Ok(true);
+                    }
+                    tls_records::CONTENT_ALERT
+                        if self.rbuf[rec.start + plain.start..rec.start + plain.end] == [1, 0] =>
+                    {
+                        self.closed = true; // close_notify
+                    }
+                    tls_records::CONTENT_ALERT => {
+                        return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "TLS: the client sent an alert"));
+                    }
+                    tls_records::CONTENT_HANDSHAKE => {
+                        let msg = "TLS: post-handshake message (KeyUpdate?) not supported";
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, msg));
+                    }
+                    other => {
+                        let msg = format!("TLS: unexpected inner content type {other}");
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, msg));
+                    }
+                }
+                continue;
+            }
+            // An incomplete record: read after it, first moving it to the
+            // front if the largest record would not fit behind it.
+            if self.rbuf.len() < TLS_READ_BYTES {
+                self.rbuf.resize(TLS_READ_BYTES, 0);
+            }
+            if self.rbuf.len() - self.rpos < tls_records::HEADER_BYTES + tls_records::BODY_MAX {
+                self.rbuf.copy_within(self.rpos..self.rend, 0);
+                (self.rpos, self.rend) = (0, self.rend - self.rpos);
+            }
+            let n = self.rsock.read(&mut self.rbuf[self.rend..])?;
+            if n == 0 {
+                if self.rend == 0 {
+                    return Ok(false);
+                }
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "TLS: the stream ended inside a record"));
+            }
+            self.rend += n;
+        }
     }
 }
 
 impl Read for TlsStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            {
-                // Plaintext if there is some; else feed the buffered bytes
-                // until a record's plaintext comes out, all under one lock.
-                let mut sh = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
-                loop {
-                    match sh.conn.reader().read(buf) {
-                        Ok(n) => return Ok(n),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e),
-                    }
-                    if self.rpos == self.rend {
-                        break;
-                    }
-                    self.rpos += sh.feed(&self.rbuf[self.rpos..self.rend])?;
-                }
-            }
-            // Nothing buffered: wait for the socket, without the lock.
-            let n = self.rsock.read(&mut self.rbuf)?;
-            (self.rpos, self.rend) = (0, n);
-            if n == 0 {
-                // End of the TCP stream: rustls tells a clean close_notify
-                // (Ok(0)) from a truncation (UnexpectedEof).
-                let mut sh = self.lock();
-                sh.feed(&[])?;
-                return match sh.conn.reader().read(buf) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
-                    r => r,
-                };
+        while self.plain.is_empty() {
+            if !self.next_record()? {
+                return Ok(0);
             }
         }
+        let n = buf.len().min(self.plain.len());
+        buf[..n].copy_from_slice(&self.rbuf[self.plain.start..self.plain.start + n]);
+        self.plain.start += n;
+        Ok(n)
     }
 }
 
 impl Write for TlsStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let mut sh = self.lock();
-        let n = sh.conn.writer().write(buf)?;
-        sh.send_pending()?;
-        Ok(n)
+        self.write_vectored(&[io::IoSlice::new(buf)])
     }
 
+    /// Seals every slice and sends the records with one write.
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        let mut sh = self.lock();
-        let n = sh.conn.writer().write_vectored(bufs)?;
-        sh.send_pending()?;
-        Ok(n)
+        let mut tx = self.tx.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = &mut *tx;
+        tx.out.clear();
+        for b in bufs {
+            tx.dir.seal(b, &mut tx.out)?;
+        }
+        let r = tx.wsock.write_all(&tx.out);
+        if tx.out.capacity() > 4 * TLS_READ_BYTES {
+            tx.out = Vec::new(); // do not keep a large reply's buffer
+        }
+        r?;
+        Ok(bufs.iter().map(|b| b.len()).sum())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        let mut sh = self.lock();
-        sh.conn.writer().flush()?;
-        sh.send_pending()?;
-        sh.wsock.flush()
+        self.tx.lock().unwrap_or_else(PoisonError::into_inner).wsock.flush()
     }
 }
