@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Sluice's NBD server against its peers, back to back in one run: the same fio
-# ioengine=nbd jobs (4 KiB randwrite and randread at iodepth 32, 128 KiB
-# sequential write) against
+# ioengine=nbd jobs (4 KiB randwrite and randread at iodepth 32, with one and
+# with two fio jobs — one NBD connection each —, and 128 KiB sequential write)
+# against
 #   - sluice serve on memory-backed devices, emulation off (examples/memory.toml)
 #   - nbdkit memory
 #   - qemu-nbd on a tmpfs file
-# Prints a table and writes target/bench/nbd-peers.json.
+# Prints a table and writes target/bench/nbd-peers.json. Besides IOPS it
+# reports the server's CPU time per request (utime+stime from /proc over the
+# run): with one job the fio client saturates a core before the servers do
+# on this 2-core machine, so IOPS alone hides the servers' own cost.
 # Environment: RUNTIME (s per job, default 10), SIZE (default 1g), PORT (default 10809).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,25 +35,34 @@ wait_port() { # up to 60 s: examples/memory.toml touches 7 GiB at start
     return 1
 }
 
-run_fio() { # name export rw bs
+cpu_ticks() { # pid: utime + stime in clock ticks
+    awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
+run_fio() { # name export rw bs numjobs
+    local t0 t1
+    t0=$(cpu_ticks "$pid")
     fio --name="$1" --ioengine=nbd --uri="nbd://127.0.0.1:$PORT/$2" --rw="$3" --bs="$4" \
-        --iodepth=32 --size="$SIZE" --time_based --runtime="$RUNTIME" --numjobs=1 \
+        --iodepth=32 --size="$SIZE" --time_based --runtime="$RUNTIME" --numjobs="$5" --group_reporting \
         --output-format=json --output="$work/$1.json" >/dev/null
-    python3 - "$work/$1.json" "$3" <<'PY'
+    t1=$(cpu_ticks "$pid")
+    python3 - "$work/$1.json" "$3" "$((t1 - t0))" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
 side = "read" if "read" in sys.argv[2] else "write"
-print(f'{j[side]["iops"]:.0f} {j[side]["bw"] / 1024:.1f}')
+ios = j[side]["total_ios"] or 1
+cpu_us = int(sys.argv[3]) / int(sys.argv[4]) * 1e6 / ios
+print(f'{j[side]["iops"]:.0f} {j[side]["bw"] / 1024:.1f} {cpu_us:.2f}')
 PY
 }
 
 declare -A result
 bench_server() { # label export
-    for job in "randwrite 4k" "randread 4k" "write 128k"; do
+    for job in "randwrite 4k 1" "randread 4k 1" "randwrite 4k 2" "randread 4k 2" "write 128k 1"; do
         set -- $job
-        r=$(run_fio "$LABEL-$1-$2" "$EXPORT" "$1" "$2")
-        result["$LABEL,$1-$2"]="$r"
-        echo "$LABEL $1 $2: $r (IOPS MiB/s)" >&2
+        r=$(run_fio "$LABEL-$1-$2-$3" "$EXPORT" "$1" "$2" "$3")
+        result["$LABEL,$1-$2-j$3"]="$r"
+        echo "$LABEL $1 $2 x$3: $r (IOPS MiB/s server-CPU-us/IO)" >&2
     done
 }
 
@@ -88,15 +101,18 @@ import json, sys
 rows = []
 data = """$(for k in "${!result[@]}"; do echo "$k ${result[$k]}"; done)"""
 for line in data.strip().splitlines():
-    key, iops, mib = line.split()
+    key, iops, mib, cpu_us = line.split()
     server, job = key.split(",")
-    rows.append({"server": server, "job": job, "iops": float(iops), "mib_per_s": float(mib)})
+    rows.append({"server": server, "job": job, "iops": float(iops), "mib_per_s": float(mib),
+                 "server_cpu_us_per_io": float(cpu_us)})
 json.dump(rows, open(sys.argv[1], "w"), indent=1)
 by = {(r["server"], r["job"]): r for r in rows}
-print(f'{"job":<15}{"sluice":>12}{"nbdkit":>12}{"qemu-nbd":>12}{"vs nbdkit":>11}{"vs qemu-nbd":>13}')
-for job in ["randwrite-4k", "randread-4k", "write-128k"]:
+print(f'{"job (x fio jobs)":<18}{"sluice":>10}{"nbdkit":>10}{"qemu-nbd":>10}{"vs nbdkit":>11}{"vs qemu-nbd":>13}'
+      f'   server CPU us/IO: sluice / nbdkit / qemu-nbd')
+for job in ["randwrite-4k-j1", "randread-4k-j1", "randwrite-4k-j2", "randread-4k-j2", "write-128k-j1"]:
     s, n, q = (by[(x, job)] for x in ["sluice", "nbdkit", "qemu-nbd"])
     unit = "iops" if "4k" in job else "mib_per_s"
-    print(f'{job:<15}{s[unit]:>12.0f}{n[unit]:>12.0f}{q[unit]:>12.0f}{s[unit]/n[unit]:>10.2f}x{s[unit]/q[unit]:>12.2f}x')
+    cpu = " / ".join(f'{r["server_cpu_us_per_io"]:.1f}' for r in (s, n, q))
+    print(f'{job:<18}{s[unit]:>10.0f}{n[unit]:>10.0f}{q[unit]:>10.0f}{s[unit]/n[unit]:>10.2f}x{s[unit]/q[unit]:>12.2f}x   {cpu}')
 print("4 KiB rows in IOPS, 128 KiB row in MiB/s; goal: sluice >= 1.2x nbdkit and >= 1.5x qemu-nbd on 4 KiB IOPS")
 PY

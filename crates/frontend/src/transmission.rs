@@ -85,13 +85,53 @@ impl Drop for Release<'_> {
 
 /// Serialises replies; once a write fails the socket is shut down so the
 /// reader stops too.
+///
+/// On an inline connection the reader alone replies, and small replies are
+/// held and sent together (`flush`) when it has no further request to run:
+/// one system call per burst of requests instead of one per reply.
 struct ReplyWriter {
     stream: Mutex<Stream>,
     broken: AtomicBool,
+    /// Some while replies are held (inline connections only).
+    held: Option<Mutex<Vec<u8>>>,
 }
+
+/// Replies from this size on are sent at once rather than held (holding
+/// would only add a copy), and held replies are sent once they reach it.
+const HELD_BYTES_MAX: usize = 64 << 10;
 
 impl ReplyWriter {
     fn send(&self, buf: &[u8]) {
+        if let Some(held) = &self.held {
+            let mut h = held.lock().unwrap_or_else(PoisonError::into_inner);
+            if buf.len() < HELD_BYTES_MAX {
+                h.extend_from_slice(buf);
+                if h.len() >= HELD_BYTES_MAX {
+                    self.write(&h);
+                    h.clear();
+                }
+                return;
+            }
+            if !h.is_empty() {
+                self.write(&h);
+                h.clear();
+            }
+        }
+        self.write(buf);
+    }
+
+    /// Sends every held reply.
+    fn flush(&self) {
+        if let Some(held) = &self.held {
+            let mut h = held.lock().unwrap_or_else(PoisonError::into_inner);
+            if !h.is_empty() {
+                self.write(&h);
+                h.clear();
+            }
+        }
+    }
+
+    fn write(&self, buf: &[u8]) {
         if self.broken.load(Ordering::Relaxed) {
             return;
         }
@@ -156,18 +196,24 @@ pub(crate) fn run(
     stats: &Arc<ServerStats>,
 ) -> Result<(), ConnError> {
     let (_, _, request_bytes_max) = shared.block_sizes(session.export.as_ref());
+    let inline = session.export.serializes_requests();
     let conn = Arc::new(Conn {
         export: session.export.clone(),
-        inline: session.export.serializes_requests(),
+        inline,
         structured: session.structured,
         base_allocation: session.base_allocation,
         request_bytes_max,
         block_status_extents_max: shared.opts.block_status_extents_max.max(1),
-        out: ReplyWriter { stream: Mutex::new(writer), broken: AtomicBool::new(false) },
+        out: ReplyWriter {
+            stream: Mutex::new(writer),
+            broken: AtomicBool::new(false),
+            held: inline.then(|| Mutex::new(Vec::new())),
+        },
         budget: Budget { used: Mutex::new(0), freed: Condvar::new(), max: shared.opts.inflight_bytes_max },
         stats: stats.clone(),
     });
     let r = read_requests(&conn, reader, &shared.pool);
+    conn.out.flush();
     // Every queued request holds budget until it is answered.
     conn.budget.wait_empty();
     r
@@ -178,6 +224,10 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
     loop {
         if conn.inline && buffered_writes(conn, reader) > 0 {
             continue;
+        }
+        if reader.buffer().len() < proto::REQUEST_HEADER_BYTES {
+            // About to wait for the client: answer what was run.
+            conn.out.flush();
         }
         let mut hb = [0u8; proto::REQUEST_HEADER_BYTES];
         if !read_exact_or_eof(reader, &mut hb)? {
