@@ -63,6 +63,17 @@ fn nbdinfo(uri: &str) -> (bool, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
 }
 
+/// Adds `[tls] mode = "require"` with `pki_dir`'s server certificate.
+fn require_tls(config: &Path, pki_dir: &Path) {
+    let mut text = std::fs::read_to_string(config).unwrap();
+    text += &format!(
+        "[tls]\nmode = \"require\"\ncert = {:?}\nkey = {:?}\n",
+        pki_dir.join("server-cert.pem"),
+        pki_dir.join("server-key.pem")
+    );
+    std::fs::write(config, text).unwrap();
+}
+
 #[test]
 fn tls_required_serves_verified_clients_and_refuses_plaintext() {
     need("openssl");
@@ -72,13 +83,7 @@ fn tls_required_serves_verified_clients_and_refuses_plaintext() {
     let (pki_dir, other_ca) = (dir.join("pki"), dir.join("other-ca"));
     pki(&pki_dir, true);
     pki(&other_ca, false);
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    text += &format!(
-        "[tls]\nmode = \"require\"\ncert = {:?}\nkey = {:?}\n",
-        pki_dir.join("server-cert.pem"),
-        pki_dir.join("server-key.pem")
-    );
-    std::fs::write(&config, text).unwrap();
+    require_tls(&config, &pki_dir);
     let (server, port) = start(&config);
 
     let certs = pki_dir.display();
@@ -154,13 +159,7 @@ fn an_option_sent_with_the_tls_finished_is_answered() {
     let (dir, config) = small_config("tls-finished");
     let pki_dir = dir.join("pki");
     pki(&pki_dir, true);
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    text += &format!(
-        "[tls]\nmode = \"require\"\ncert = {:?}\nkey = {:?}\n",
-        pki_dir.join("server-cert.pem"),
-        pki_dir.join("server-key.pem")
-    );
-    std::fs::write(&config, text).unwrap();
+    require_tls(&config, &pki_dir);
     let (server, port) = start(&config);
 
     let mut sock = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
