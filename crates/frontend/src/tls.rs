@@ -29,9 +29,10 @@ use rustls::{ServerConfig, ServerConnection};
 use crate::stream::Stream;
 use crate::tls_records::{self, Direction};
 
-/// The read buffer: many TLS records per system call, and a partial record
-/// moved to its front only once the largest record no longer fits behind.
-const TLS_READ_BYTES: usize = 256 * 1024;
+/// The read buffer: several TLS records per system call, and a partial
+/// record moved to its front only once the largest record no longer fits
+/// behind it. It stays with the connection: 64 KiB bounds that cost.
+const TLS_READ_BYTES: usize = 64 * 1024;
 
 /// Why a TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]

@@ -38,6 +38,9 @@ pub struct ConnectionsReport {
     pub machine_bytes_per_connection: u64,
     /// Connections that answered a READ after all were open.
     pub answered: usize,
+    /// Server RSS growth per connection once each has served that read
+    /// (its thread's stack now reaches as deep as a request goes).
+    pub rss_bytes_per_connection_after_read: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +151,8 @@ pub fn run(
         read_once(s, i)?;
         answered += 1;
     }
+    std::thread::sleep(settle);
+    let rss_after_read = proc_status(server_pid, "VmRSS")?;
     let per = |d: u64| d / count.max(1) as u64;
     Ok(ConnectionsReport {
         connections: count,
@@ -159,6 +164,7 @@ pub fn run(
         rss_bytes_per_connection: per(rss_after.saturating_sub(rss_before)),
         machine_bytes_per_connection: per(avail_before.saturating_sub(avail_after)),
         answered,
+        rss_bytes_per_connection_after_read: per(rss_after_read.saturating_sub(rss_before)),
     })
 }
 
@@ -176,6 +182,7 @@ pub fn print(r: &ConnectionsReport, json: Option<&Path>) {
         r.server_threads_before,
         r.server_threads_after
     );
+    println!("server: {} B per connection once each has served a read", r.rss_bytes_per_connection_after_read);
     println!(
         "machine: MemAvailable fell by {} B per connection (kernel sockets and stacks included)",
         r.machine_bytes_per_connection
