@@ -99,6 +99,8 @@ struct ReplyWriter {
 /// Replies from this size on are sent at once rather than held (holding
 /// would only add a copy), and held replies are sent once they reach it.
 const HELD_BYTES_MAX: usize = 64 << 10;
+/// Reply buffer an inline connection keeps between bursts.
+const HELD_BYTES_KEPT: usize = 4 << 10;
 
 impl ReplyWriter {
     fn send(&self, buf: &[u8]) {
@@ -120,7 +122,9 @@ impl ReplyWriter {
         self.write(buf);
     }
 
-    /// Sends every held reply.
+    /// Sends every held reply. Called when the reader is about to wait for
+    /// the client, so it also gives back all but a little of the buffer: a
+    /// quiet connection holds no large reply buffer.
     fn flush(&self) {
         if let Some(held) = &self.held {
             let mut h = held.lock().unwrap_or_else(PoisonError::into_inner);
@@ -128,6 +132,7 @@ impl ReplyWriter {
                 self.write(&h);
                 h.clear();
             }
+            h.shrink_to(HELD_BYTES_KEPT);
         }
     }
 
