@@ -189,10 +189,9 @@ impl TlsStream {
                         self.plain = rec.start + plain.start..rec.start + plain.end;
                         return Ok(true);
                     }
-                    tls_records::CONTENT_ALERT
-                        if self.rbuf[rec.start + plain.start..rec.start + plain.end] == [1, 0] =>
-                    {
-                        self.closed = true; // close_notify
+                    // close_notify: description 0 (TLS 1.3 ignores the level).
+                    tls_records::CONTENT_ALERT if plain.len() == 2 && self.rbuf[rec.start + plain.start + 1] == 0 => {
+                        self.closed = true;
                     }
                     tls_records::CONTENT_ALERT => {
                         return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "TLS: the client sent an alert"));
