@@ -18,7 +18,7 @@
 
 use crate::runner::{self, Dir, Io, IoSource, Job, Limits, RunError, RunResult};
 use serde::Serialize;
-use sluice_engine::EngineConfig;
+use sluice_engine::{BandPlacement, Engine, EngineConfig};
 use sluice_media::ssd::{ssd_device, SsdProfile};
 use sluice_media::{
     hdd_device, scm_device, zns_device, BlockDevice, ClockRef, DeviceStats, HddProfile, MemoryDevice, ScmProfile,
@@ -41,6 +41,8 @@ pub struct Built {
     pub clock: ClockRef,
     /// On stacked systems: (cache, capacity) devices underneath.
     pub tiers: Option<(Arc<dyn BlockDevice>, Arc<dyn BlockDevice>)>,
+    /// On Sluice stacks: the engine, for its own counters.
+    pub engine: Option<Arc<Engine>>,
 }
 
 /// An emulated system a job can run on.
@@ -58,6 +60,11 @@ pub enum System {
     /// Sluice over SCM and ZNS.
     #[serde(rename = "sluice+zns")]
     SluiceZns,
+    /// Sluice over SCM and ZNS with every volume in one shared open zone
+    /// (`BandPlacement::Shared`): the tenant-blind baseline of the ZNS
+    /// isolation experiment.
+    #[serde(rename = "sluice+zns-shared")]
+    SluiceZnsShared,
     /// A set-associative write-back cache (4 KiB lines, LRU) over SCM and QLC.
     #[serde(rename = "setassoc+qlc")]
     SetAssocQlc,
@@ -74,6 +81,7 @@ impl FromStr for System {
             "hdd" => System::Hdd,
             "sluice+qlc" => System::SluiceQlc,
             "sluice+zns" => System::SluiceZns,
+            "sluice+zns-shared" => System::SluiceZnsShared,
             "setassoc+qlc" => System::SetAssocQlc,
             other => return Err(BenchError::UnknownSystem(other.to_string())),
         })
@@ -90,6 +98,7 @@ impl System {
             System::Hdd => "hdd",
             System::SluiceQlc => "sluice+qlc",
             System::SluiceZns => "sluice+zns",
+            System::SluiceZnsShared => "sluice+zns-shared",
             System::SetAssocQlc => "setassoc+qlc",
         }
     }
@@ -97,13 +106,15 @@ impl System {
     /// Bytes the system exposes to jobs on a (capacity) device of `capacity_bytes`.
     pub fn exposed_bytes(self, capacity_bytes: u64) -> u64 {
         match self {
-            System::SluiceQlc | System::SluiceZns => stack_volume_bytes(capacity_bytes) * STACK_VOLUMES,
+            System::SluiceQlc | System::SluiceZns | System::SluiceZnsShared => {
+                stack_volume_bytes(capacity_bytes) * STACK_VOLUMES
+            }
             _ => capacity_bytes,
         }
     }
 
     /// Every system, in table order.
-    pub const ALL: [System; 8] = [
+    pub const ALL: [System; 9] = [
         System::Qlc,
         System::Tlc,
         System::Scm,
@@ -112,6 +123,7 @@ impl System {
         System::SetAssocQlc,
         System::SluiceQlc,
         System::SluiceZns,
+        System::SluiceZnsShared,
     ];
 
     /// Default emulated capacity (bytes) when the user gives none.
@@ -119,7 +131,7 @@ impl System {
         match self {
             System::Qlc => 64 << 30,
             System::Tlc => 16 << 30,
-            System::SluiceQlc | System::SluiceZns | System::SetAssocQlc => 16 << 30,
+            System::SluiceQlc | System::SluiceZns | System::SluiceZnsShared | System::SetAssocQlc => 16 << 30,
             System::Scm | System::Hdd => 16 << 30,
             System::Zns => ZnsProfile::zn540_scaled(64).zone_size_bytes * 64,
         }
@@ -147,17 +159,35 @@ impl System {
                     return Err(BenchError::BadCapacity { system: self.name(), capacity_bytes });
                 }
                 let phys = p.physical_blocks() as u64 * p.erase_block_ius as u64 * p.iu_bytes;
-                Built { dev: Box::new(ssd_device(p, null(), c)), physical_bytes: Some(phys), clock, tiers: None }
+                Built {
+                    dev: Box::new(ssd_device(p, null(), c)),
+                    physical_bytes: Some(phys),
+                    clock,
+                    tiers: None,
+                    engine: None,
+                }
             }
             System::Scm => {
                 let mut p = ScmProfile::p5800x();
                 p.capacity_bytes = capacity_bytes;
-                Built { dev: Box::new(scm_device(p, null(), c)), physical_bytes: None, clock, tiers: None }
+                Built {
+                    dev: Box::new(scm_device(p, null(), c)),
+                    physical_bytes: None,
+                    clock,
+                    tiers: None,
+                    engine: None,
+                }
             }
             System::Hdd => {
                 let mut p = HddProfile::hdd_7200();
                 p.capacity_bytes = capacity_bytes;
-                Built { dev: Box::new(hdd_device(p, null(), c)), physical_bytes: None, clock, tiers: None }
+                Built {
+                    dev: Box::new(hdd_device(p, null(), c)),
+                    physical_bytes: None,
+                    clock,
+                    tiers: None,
+                    engine: None,
+                }
             }
             System::Zns => {
                 let zone = ZnsProfile::zn540_scaled(1).zone_size_bytes;
@@ -165,9 +195,17 @@ impl System {
                     return Err(BenchError::BadCapacity { system: self.name(), capacity_bytes });
                 }
                 let p = ZnsProfile::zn540_scaled(capacity_bytes / zone);
-                Built { dev: Box::new(zns_device(p, null(), c)), physical_bytes: None, clock, tiers: None }
+                Built {
+                    dev: Box::new(zns_device(p, null(), c)),
+                    physical_bytes: None,
+                    clock,
+                    tiers: None,
+                    engine: None,
+                }
             }
-            System::SluiceQlc | System::SluiceZns | System::SetAssocQlc => unreachable!("built as stacks"),
+            System::SluiceQlc | System::SluiceZns | System::SluiceZnsShared | System::SetAssocQlc => {
+                unreachable!("built as stacks")
+            }
         })
     }
 
@@ -176,7 +214,7 @@ impl System {
         use crate::stacked::{setassoc_stack, sluice_stack, CallTime};
         let capacity_device = match self {
             System::SluiceQlc | System::SetAssocQlc => System::Qlc,
-            System::SluiceZns => System::Zns,
+            System::SluiceZns | System::SluiceZnsShared => System::Zns,
             _ => return Ok(None),
         };
         let call = CallTime::new();
@@ -220,10 +258,10 @@ impl System {
         if cache_bytes < 16 << 20 {
             return Err(bad());
         }
-        let (dev, clock): (Box<dyn BlockDevice>, ClockRef) = if self == System::SetAssocQlc {
+        let (dev, clock, engine): (Box<dyn BlockDevice>, ClockRef, _) = if self == System::SetAssocQlc {
             let s = setassoc_stack(cache.clone(), capacity.clone(), call, SETASSOC_WAYS);
             let c = s.clock();
-            (Box::new(s), c)
+            (Box::new(s), c, None)
         } else {
             let cfg = EngineConfig {
                 chunk_bytes: (cache_bytes / 32).clamp(4 << 20, 16 << 20),
@@ -231,11 +269,13 @@ impl System {
                 ..EngineConfig::default()
             };
             let vb = stack_volume_bytes(capacity_bytes);
-            let s = sluice_stack(cache.clone(), capacity.clone(), call, cfg, STACK_VOLUMES, vb)?;
-            let c = s.clock();
-            (Box::new(s), c)
+            let placement =
+                if self == System::SluiceZnsShared { BandPlacement::Shared } else { BandPlacement::PerVolume };
+            let s = sluice_stack(cache.clone(), capacity.clone(), call, cfg, placement, STACK_VOLUMES, vb)?;
+            let (c, e) = (s.clock(), s.engine());
+            (Box::new(s), c, Some(e))
         };
-        Ok(Some(Built { dev, physical_bytes: Some(capacity_bytes), clock, tiers: Some((cache, capacity)) }))
+        Ok(Some(Built { dev, physical_bytes: Some(capacity_bytes), clock, tiers: Some((cache, capacity)), engine }))
     }
 }
 
@@ -264,7 +304,9 @@ pub fn stack_cache_bytes(capacity_bytes: u64) -> u64 {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("unknown system {0:?} (expected qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+zns or setassoc+qlc)")]
+    #[error(
+        "unknown system {0:?} (expected qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+zns, sluice+zns-shared or setassoc+qlc)"
+    )]
     UnknownSystem(String),
     #[error("engine: {0}")]
     Engine(sluice_engine::EngineError),
@@ -330,6 +372,15 @@ pub struct JobReport {
     pub waf_device: f64,
     /// On stacked systems: each device's counters.
     pub tiers: Option<TierStats>,
+    /// On Sluice stacks: bytes the engine's GC relocated in the measured
+    /// phase, per byte the jobs wrote.
+    pub gc_ratio: Option<f64>,
+    /// On Sluice stacks, at the end: capacity bands (zones) holding valid
+    /// blocks of 1, 2, … volumes (`Engine::band_tenancy`).
+    pub band_tenancy: Option<Vec<u64>>,
+    /// On Sluice stacks: per volume (= job partition), what the measured
+    /// phase wrote and what compaction and GC moved for it.
+    pub volumes: Option<Vec<VolumeTraffic>>,
     pub write_lat_p50_us: f64,
     pub write_lat_p99_us: f64,
     pub read_lat_p50_us: f64,
@@ -390,7 +441,7 @@ pub fn run_job_text(
     progress: &mut dyn FnMut(&str, f64),
 ) -> Result<JobReport, BenchError> {
     let file = parse_job_file(text)?;
-    let Built { dev, physical_bytes, tiers, .. } = opts.system.build(opts.capacity_bytes)?;
+    let Built { dev, physical_bytes, tiers, engine, .. } = opts.system.build(opts.capacity_bytes)?;
     // Jobs address what the system exposes (a stack's volumes, not its devices).
     let exposed = dev.info().capacity_bytes;
     let resolved = file.jobs.iter().map(|j| j.resolve(exposed)).collect::<Result<Vec<_>, _>>()?;
@@ -414,6 +465,7 @@ pub fn run_job_text(
     let runtime_ns = resolved.iter().filter_map(|r| r.spec.runtime).map(|d| d.as_nanos() as u64).max();
     let limits = Limits { device_ns_max: runtime_ns, ..Default::default() };
     let before = tiers.as_ref().map(|(c, p)| (c.stats(), p.stats()));
+    let gc_before = engine.as_ref().map(|e| (e.stats().gc_bytes, volume_traffic(e)));
     let r = runner::run(&*dev, &mut measured, limits, &mut |f| progress("measure", f))?;
     let mut rep = report(opts, &r, pre_result.as_ref(), file.warnings.iter().map(|w| w.to_string()).collect());
     if let (Some((c, p)), Some((c0, p0))) = (tiers, before) {
@@ -423,7 +475,42 @@ pub fn run_job_text(
         rep.waf_device = t.capacity.device_waf();
         rep.tiers = Some(t);
     }
+    if let (Some(e), Some((gc0, v0))) = (engine, gc_before) {
+        rep.gc_ratio = Some((e.stats().gc_bytes - gc0) as f64 / r.device.host_write_bytes.max(1) as f64);
+        rep.band_tenancy = Some(e.band_tenancy());
+        rep.volumes = Some(volume_traffic(&e).iter().zip(&v0).map(|(a, b)| a.since(b)).collect());
+    }
     Ok(rep)
+}
+
+/// One volume's writes and the capacity traffic they caused.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct VolumeTraffic {
+    pub user_write_bytes: u64,
+    pub compaction_bytes: u64,
+    pub gc_bytes: u64,
+}
+
+impl VolumeTraffic {
+    fn since(&self, earlier: &VolumeTraffic) -> VolumeTraffic {
+        VolumeTraffic {
+            user_write_bytes: self.user_write_bytes - earlier.user_write_bytes,
+            compaction_bytes: self.compaction_bytes - earlier.compaction_bytes,
+            gc_bytes: self.gc_bytes - earlier.gc_bytes,
+        }
+    }
+}
+
+fn volume_traffic(e: &Engine) -> Vec<VolumeTraffic> {
+    e.snapshot()
+        .volumes
+        .iter()
+        .map(|v| VolumeTraffic {
+            user_write_bytes: v.ops.iter().filter(|o| o.op == "write").map(|o| o.bytes).sum(),
+            compaction_bytes: v.compaction_bytes,
+            gc_bytes: v.gc_bytes,
+        })
+        .collect()
 }
 
 /// What a stacked system's two devices did over the measured phase.
@@ -459,6 +546,9 @@ fn report(opts: &RunOptions, r: &RunResult, pre: Option<&RunResult>, warnings: V
         waf_host: 1.0,
         waf_device: r.device.device_waf(),
         tiers: None,
+        gc_ratio: None,
+        band_tenancy: None,
+        volumes: None,
         write_lat_p50_us: wl.quantile(0.5) as f64 / 1e3,
         write_lat_p99_us: wl.quantile(0.99) as f64 / 1e3,
         read_lat_p50_us: rl.quantile(0.5) as f64 / 1e3,

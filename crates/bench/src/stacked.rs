@@ -25,7 +25,7 @@
 //! one completion.
 
 use crate::job::BenchError;
-use sluice_engine::{Engine, EngineConfig, EngineVolume, Volume, VolumeError, VolumeSpec};
+use sluice_engine::{BandPlacement, Engine, EngineConfig, EngineVolume, Volume, VolumeError, VolumeSpec};
 use sluice_media::device::{check_range, sync_io};
 use sluice_media::{
     BlockDevice, Clock, ClockRef, DeviceError, DeviceInfo, DeviceStats, IoBuf, IoCompletion, IoOp, IoRequest, Pending,
@@ -246,8 +246,16 @@ fn volume_error(e: VolumeError) -> DeviceError {
 /// Sluice's engine with equal volumes laid end to end: device offset `o` is
 /// volume `o / volume_bytes`, so fio jobs on equal partitions are tenants.
 pub struct SluiceExec {
+    engine: Arc<Engine>,
     vols: Vec<EngineVolume>,
     volume_bytes: u64,
+}
+
+impl Stack<SluiceExec> {
+    /// The engine under this stack.
+    pub fn engine(&self) -> Arc<Engine> {
+        self.state.lock().expect("stack state").exec.engine.clone()
+    }
 }
 
 impl SluiceExec {
@@ -358,6 +366,7 @@ pub fn sluice_stack(
     capacity: Arc<dyn BlockDevice>,
     call: Arc<CallTime>,
     cfg: EngineConfig,
+    placement: BandPlacement,
     volumes: u64,
     volume_bytes: u64,
 ) -> Result<Stack<SluiceExec>, BenchError> {
@@ -365,9 +374,10 @@ pub fn sluice_stack(
         (0..volumes).map(|i| VolumeSpec { name: format!("job{i}"), size_bytes: volume_bytes }).collect();
     let engine = Engine::create(cache.clone(), capacity.clone(), cfg, &specs).map_err(BenchError::Engine)?;
     engine.attach_sim_clock(call.engine_clock());
+    engine.set_band_placement(placement).map_err(BenchError::Engine)?;
     let vols =
         specs.iter().map(|s| engine.volume(&s.name)).collect::<Result<Vec<_>, _>>().map_err(BenchError::Engine)?;
-    let exec = SluiceExec { vols, volume_bytes };
+    let exec = SluiceExec { engine, vols, volume_bytes };
     Ok(stack("sluice", volume_bytes * volumes, exec, call, cache, capacity))
 }
 

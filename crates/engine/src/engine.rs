@@ -108,6 +108,16 @@ impl Default for EngineConfig {
     }
 }
 
+/// Where compaction places volumes' blocks on the capacity device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum BandPlacement {
+    /// Each volume has its own open band (zone): tenants never share one.
+    #[default]
+    PerVolume,
+    /// All volumes write into one open band (the tenant-blind baseline).
+    Shared,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("bad configuration: {0}")]
@@ -180,6 +190,16 @@ struct Vol {
     name: String,
     l2p: Vec<Loc>,
     open_band: Option<u32>,
+    /// Data bytes of this volume compaction and GC wrote to the capacity
+    /// device since the engine was opened (not persisted): per-tenant
+    /// capacity write amplification.
+    moved: Moves,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Moves {
+    compaction_bytes: u64,
+    gc_bytes: u64,
 }
 
 /// Counters of the engine (bytes unless named otherwise).
@@ -271,6 +291,8 @@ struct Inner {
     cap_flushed_seq: u64,
     /// Set in virtual-time simulation only (`Engine::attach_sim_clock`).
     sim: Option<SimGate>,
+    /// Where compaction puts each volume's blocks (`Engine::set_band_placement`).
+    placement: BandPlacement,
     /// Capacity writes in flight: compaction and GC submit their segments
     /// with queue depth and reap them all before flushing, so a device with
     /// internal parallelism (NAND dies) works on many at once. Zero outside
@@ -393,6 +415,23 @@ impl Engine {
         inner.sim = Some(SimGate { clock, chunk_free_at_ns: vec![0; chunks], band_free_at_ns: vec![0; bands] });
     }
 
+    /// Choose where compaction writes each volume's blocks. `PerVolume` (the
+    /// default, and the engine's design) gives every volume its own open
+    /// band/zone; `Shared` sends every volume into one open band, the layout
+    /// of a cache that ignores tenants — kept as the baseline of the ZNS
+    /// isolation experiment (`sluice bench csal`, workload `tenants4`). A
+    /// placement policy only: segments name their volume either way, so
+    /// recovery and GC are the same, and it is not persisted.
+    pub fn set_band_placement(&self, placement: BandPlacement) -> Result<(), EngineError> {
+        let mut inner = self.lock();
+        // Changing it later would strand the open bands of the old streams.
+        if inner.placement != placement && (inner.stats.user_write_bytes > 0 || inner.stats.capacity_write_bytes > 0) {
+            return Err(EngineError::Config("band placement is chosen before the first write"));
+        }
+        inner.placement = placement;
+        Ok(())
+    }
+
     /// Reopen an engine from its devices after a clean shutdown.
     pub fn open(cache: Arc<dyn BlockDevice>, capacity: Arc<dyn BlockDevice>) -> Result<Arc<Engine>, EngineError> {
         // Step 1: the superblock (the valid copy with the higher generation).
@@ -490,6 +529,34 @@ impl Engine {
         self.lock().stats
     }
 
+    /// How many capacity bands hold valid blocks of exactly 1, 2, … volumes
+    /// (index k = bands holding k + 1 volumes), from a walk of the L2P. With
+    /// `BandPlacement::PerVolume` only GC's band mixes volumes.
+    pub fn band_tenancy(&self) -> Vec<u64> {
+        let inner = self.lock();
+        let bpb = inner.blocks_per_band();
+        let mut seen = vec![0u64; inner.bands.len()];
+        let mut count = vec![0u32; inner.bands.len()];
+        for (v, vol) in inner.vols.iter().enumerate() {
+            let bit = 1u64 << (v % 64);
+            for loc in &vol.l2p {
+                if let Some(b) = loc.capacity_block() {
+                    let band = (b / bpb) as usize;
+                    if seen[band] & bit == 0 {
+                        seen[band] |= bit;
+                        count[band] += 1;
+                    }
+                }
+            }
+        }
+        let last = inner.vols.len().max(1) - 1;
+        let mut hist = vec![0u64; last + 1];
+        for c in count.into_iter().filter(|&c| c > 0) {
+            hist[(c as usize - 1).min(last)] += 1;
+        }
+        hist
+    }
+
     /// The cache and capacity devices.
     pub fn devices(&self) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
         (self.cache.clone(), self.capacity.clone())
@@ -550,6 +617,7 @@ impl Inner {
                     name: name.clone(),
                     l2p: vec![Loc::NONE; (size / BS) as usize],
                     open_band: None,
+                    moved: Moves::default(),
                 })
                 .collect(),
             chunks: (0..chunk_count)
@@ -562,6 +630,7 @@ impl Inner {
             bands: (0..band_count).map(|_| Band { state: State::Free, valid: 0, written: 0, closed_seq: 0 }).collect(),
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
+            placement: BandPlacement::PerVolume,
             seq: 0,
             stats: EngineStats::default(),
             pool: Vec::new(),
@@ -604,6 +673,15 @@ impl Inner {
         self.geo.usable_blocks
     }
 
+    /// The band stream compaction of `vol` writes to: its own, or the one
+    /// all volumes share (`BandPlacement::Shared`, kept in volume 0's slot).
+    fn stream(&self, vol: u32) -> usize {
+        match self.placement {
+            BandPlacement::PerVolume => vol as usize,
+            BandPlacement::Shared => 0,
+        }
+    }
+
     /// Band `b`, the open band of `vol` (or of GC), is full: close it.
     fn close_band(&mut self, b: u32, vol: u32, gc: bool) {
         let band = &mut self.bands[b as usize];
@@ -612,7 +690,8 @@ impl Inner {
         if gc {
             self.gc_band = None;
         } else {
-            self.vols[vol as usize].open_band = None;
+            let s = self.stream(vol);
+            self.vols[s].open_band = None;
         }
     }
 

@@ -10,6 +10,7 @@ pub mod sim;
 pub mod volume;
 
 pub use engine::{
-    Engine, EngineConfig, EngineError, EngineSnapshot, EngineStats, EngineVolume, VolumeSnapshot, VolumeSpec,
+    BandPlacement, Engine, EngineConfig, EngineError, EngineSnapshot, EngineStats, EngineVolume, VolumeSnapshot,
+    VolumeSpec,
 };
 pub use volume::{Extent, Volume, VolumeError};

@@ -204,6 +204,49 @@ mod tests {
     }
 
     #[test]
+    fn band_placement_keeps_tenants_apart_or_shares_bands() {
+        use crate::engine::BandPlacement;
+        // Each volume written once, interleaved, with no overwrites: no GC,
+        // so only compaction's placement decides who shares a band.
+        let tenancy = |placement| {
+            let w = small_world(&[256, 256, 256]);
+            w.engine.set_band_placement(placement).unwrap();
+            for lba in 0..256u64 {
+                for v in 0..3 {
+                    w.volumes[v].write(lba * 4096, &pattern(v, lba, lba), false).unwrap();
+                }
+            }
+            assert_eq!(w.engine.stats().bands_reclaimed, 0);
+            w.engine.check_invariants();
+            w.engine.band_tenancy()
+        };
+        let own = tenancy(BandPlacement::PerVolume);
+        assert!(own[0] >= 3 && own[1..].iter().all(|&n| n == 0), "per-volume bands: {own:?}");
+        let shared = tenancy(BandPlacement::Shared);
+        assert!(shared[1..].iter().sum::<u64>() >= 2, "shared bands: {shared:?}");
+        // Placement is chosen before the first write.
+        let w = small_world(&[64, 64]);
+        w.volumes[0].write(0, &pattern(0, 0, 1), false).unwrap();
+        let err = w.engine.set_band_placement(BandPlacement::Shared);
+        assert!(matches!(err, Err(EngineError::Config(_))), "{err:?}");
+    }
+
+    #[test]
+    fn shared_bands_on_zns_match_the_model_with_no_rejections() {
+        for seed in 1..=8u64 {
+            let w = run_seed_with(seed, 3000, |sizes| {
+                let w = small_world_zns(sizes);
+                w.engine.set_band_placement(crate::engine::BandPlacement::Shared).unwrap();
+                w
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+            let (_, cap) = w.engine.devices();
+            assert_eq!(cap.stats().errors, 0, "seed {seed}: the ZNS device rejected requests");
+            assert!(w.engine.stats().bands_reclaimed > 0, "seed {seed}: GC ran");
+        }
+    }
+
+    #[test]
     fn bad_requests_are_typed_and_change_nothing() {
         let w = small_world(&[64]);
         let v = &w.volumes[0];

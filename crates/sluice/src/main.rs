@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sluice_bench::csal::{self, CsalRow, CsalScale};
 use sluice_bench::engine;
 use sluice_bench::job::{run_job_text, RunOptions, System};
-use sluice_bench::media::{self, MediaRow, Scale, PAPER_ROWS, WORKLOADS};
+use sluice_bench::media::{self, MediaRow, Scale, PAPER_ROWS};
 use sluice_bench::trace;
 use sluice_bench::uring::{self, UringBenchOpts};
 use sluice_workload::{parse_bytes, TraceReader};
@@ -263,8 +263,8 @@ fn bench_csal(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliErr
     std::fs::create_dir_all(&jobs_dir)?;
     let t0 = Instant::now();
     let mut rows: Vec<CsalRow> = Vec::new();
-    for workload in WORKLOADS {
-        for system in csal::SYSTEMS {
+    for workload in csal::workloads() {
+        for &system in csal::systems_of(workload) {
             if only.is_some_and(|o| !workload.contains(o) && !system.name().contains(o)) {
                 continue;
             }
@@ -272,7 +272,7 @@ fn bench_csal(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliErr
             let exposed = system.exposed_bytes(scale.capacity_bytes);
             let measure = format!("io_size={}\n", csal::io_size(workload, &scale));
             let file = jobs_dir.join(format!("{}-{}.fio", system.name(), workload));
-            std::fs::write(file, media::job_text_with(workload, exposed, &measure))?;
+            std::fs::write(file, csal::job_text(workload, exposed, &measure))?;
             let pb = progress_bar(&label);
             let r = csal::run_row(workload, system, &scale, &mut |phase, f| {
                 pb.set_message(phase.to_string());
@@ -292,9 +292,15 @@ fn bench_csal(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliErr
         scale.io_bytes_per_job >> 20
     );
     print!("{}", csal::table(&rows));
+    print!("{}", csal::tenant_table(&rows));
     write_json(json, &rows)?;
     let svg_path = json.with_extension("svg");
     std::fs::write(&svg_path, csal::svg(&rows))?;
+    if let Some(fig) = csal::tenant_svg(&rows) {
+        let path = json.with_file_name("zns-isolation.svg");
+        std::fs::write(&path, fig)?;
+        println!("wrote {} (the ZNS isolation figure)", path.display());
+    }
     println!(
         "wrote {}, {} and job files in {} ({:.1} s)",
         json.display(),

@@ -101,7 +101,7 @@ pub(super) fn decode_checkpoint(
         for _ in 0..n {
             l2p.push(Loc(r.u32()?));
         }
-        vols.push(Vol { name: name.clone(), l2p, open_band });
+        vols.push(Vol { name: name.clone(), l2p, open_band, moved: Moves::default() });
     }
     let bpc = (cfg.chunk_bytes / BS) as usize;
     let nc = r.u32()? as usize;
@@ -158,6 +158,7 @@ pub(super) fn decode_checkpoint(
         cap_flushed_seq: seq,
         geo,
         sim: None,
+        placement: BandPlacement::PerVolume,
         cap_inflight: 0,
     };
     inner.check_invariants();

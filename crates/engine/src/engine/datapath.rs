@@ -350,12 +350,19 @@ impl Engine {
             rest = &rest[n..];
             rest_t = &rest_t[t..];
         }
+        let m = &mut inner.vols[vol as usize].moved;
+        if gc {
+            m.gc_bytes += moved * BS;
+        } else {
+            m.compaction_bytes += moved * BS;
+        }
         Ok(moved)
     }
 
     /// The open band of a stream, opening a free one (after GC if short).
     fn open_band(&self, inner: &mut Inner, vol: u32, gc: bool) -> Result<u32, VolumeError> {
-        let cur = if gc { inner.gc_band } else { inner.vols[vol as usize].open_band };
+        let stream = inner.stream(vol);
+        let cur = if gc { inner.gc_band } else { inner.vols[stream].open_band };
         if let Some(b) = cur {
             // A band with room for less than a header and one block is closed.
             if inner.band_usable() - inner.bands[b as usize].written >= 2 {
@@ -389,12 +396,16 @@ impl Engine {
         if gc {
             inner.gc_band = Some(b);
         } else {
-            inner.vols[vol as usize].open_band = Some(b);
+            inner.vols[stream].open_band = Some(b);
         }
         Ok(b)
     }
 
-    /// Reclaim one band by cost-benefit; false if nothing is reclaimable.
+    /// Reclaim one band by cost-benefit; false if nothing is reclaimable. A
+    /// band with nothing valid left costs no copies and is always taken
+    /// first (plain cost-benefit would prefer an older half-full band to a
+    /// younger empty one: a sequentially rewritten tenant's zones die whole,
+    /// a moment after they are old enough to be chosen).
     fn collect_one(&self, inner: &mut Inner) -> Result<bool, VolumeError> {
         let (bpb, usable) = (inner.blocks_per_band(), inner.band_usable());
         let now = inner.seq;
@@ -406,7 +417,7 @@ impl Engine {
             .map(|(i, b)| {
                 let u = b.valid as f64 / usable as f64;
                 let age = (now - b.closed_seq) as f64 + 1.0;
-                (i, (1.0 - u) * age / (1.0 + u))
+                (i, if b.valid == 0 { f64::INFINITY } else { (1.0 - u) * age / (1.0 + u) })
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| i as u32);

@@ -37,6 +37,8 @@ impl Engine {
                 name: v.name.clone(),
                 size_bytes: v.l2p.len() as u64 * BS,
                 ops: m.snapshot(),
+                compaction_bytes: v.moved.compaction_bytes,
+                gc_bytes: v.moved.gc_bytes,
             })
             .collect();
         EngineSnapshot {
@@ -98,6 +100,11 @@ pub struct VolumeSnapshot {
     pub size_bytes: u64,
     /// read, write, trim (incl. write-zeroes), flush.
     pub ops: Vec<OpSnapshot>,
+    /// This volume's data bytes compaction and GC wrote to the capacity
+    /// device since the engine was opened (GC's band is shared by all
+    /// volumes, but every relocated block is counted to its own volume).
+    pub compaction_bytes: u64,
+    pub gc_bytes: u64,
 }
 
 /// See [`Engine::snapshot`].
