@@ -38,11 +38,13 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 mod checkpoint;
+mod compactor;
 mod datapath;
 mod recover;
 mod volume_handle;
 mod zoned;
 
+pub use compactor::{Compactor, CompactorConfig, CompactorSnapshot, Throttle};
 pub use volume_handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
 
 use checkpoint::{checkpoint_bytes_max, decode_checkpoint, encode_checkpoint};
@@ -321,6 +323,10 @@ pub struct Engine {
     recovered_in: Option<std::time::Duration>,
     /// Request metrics, one per volume (shared by every handle to it).
     metrics: Vec<Arc<VolumeMetrics>>,
+    /// Background compaction and the write throttle (`start_compactor`).
+    bg: compactor::Background,
+    /// Time origin of the throttle's schedule.
+    epoch: std::time::Instant,
 }
 
 impl Engine {
@@ -331,7 +337,15 @@ impl Engine {
         recovered_in: Option<std::time::Duration>,
     ) -> Arc<Engine> {
         let metrics = inner.vols.iter().map(|_| Arc::new(VolumeMetrics::default())).collect();
-        Arc::new(Engine { cache, capacity, inner: Mutex::new(inner), recovered_in, metrics })
+        Arc::new(Engine {
+            cache,
+            capacity,
+            inner: Mutex::new(inner),
+            recovered_in,
+            metrics,
+            bg: compactor::Background::new(),
+            epoch: std::time::Instant::now(),
+        })
     }
 
     /// Create a fresh engine on the two devices with these volumes.

@@ -10,7 +10,7 @@ pub mod sim;
 pub mod volume;
 
 pub use engine::{
-    BandPlacement, Engine, EngineConfig, EngineError, EngineSnapshot, EngineStats, EngineVolume, VolumeSnapshot,
-    VolumeSpec,
+    BandPlacement, Compactor, CompactorConfig, CompactorSnapshot, Engine, EngineConfig, EngineError, EngineSnapshot,
+    EngineStats, EngineVolume, VolumeSnapshot, VolumeSpec,
 };
 pub use volume::{Extent, Volume, VolumeError};

@@ -110,6 +110,12 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
         ("sluice_capacity_band_bytes", "Size of one band.", s.band_bytes as f64),
         ("sluice_engine_failed", "1 if a device error stopped changes until reopen.", s.failed as u8 as f64),
         ("sluice_nbd_connections", "NBD connections open now.", nbd.connections_open as f64),
+        ("sluice_compactor_running", "1 while the background compactor runs.", s.compactor.running as u8 as f64),
+        (
+            "sluice_compactor_bandwidth_bytes_per_second",
+            "Log bytes the compactor frees per second of work (moving average): the rate writes are paced to at the set point.",
+            s.compactor.bandwidth_bytes_per_s,
+        ),
     ];
     for (name, help, x) in gauges {
         family(&mut o, name, "gauge", help);
@@ -121,6 +127,27 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
         ("sluice_nbd_connections_failed_total", "NBD connections ended by an error.", nbd.connections_failed),
         ("sluice_nbd_requests_total", "NBD requests answered.", nbd.requests),
         ("sluice_nbd_request_errors_total", "NBD requests answered with an error.", nbd.request_errors),
+        (
+            "sluice_compactor_chunks_total",
+            "Log chunks compacted by the background compactor (the rest of sluice_engine_chunks_compacted_total were compacted inline).",
+            s.compactor.compactions,
+        ),
+        ("sluice_compactor_throttled_writes_total", "Writes the set-point controller delayed.", s.compactor.throttled_writes),
+    ] {
+        family(&mut o, name, "counter", help);
+        let _ = writeln!(o, "{name} {x}");
+    }
+    for (name, help, x) in [
+        (
+            "sluice_compactor_seconds_total",
+            "Time the background compactor spent compacting.",
+            s.compactor.compaction_seconds,
+        ),
+        (
+            "sluice_compactor_throttle_seconds_total",
+            "Time writes were delayed by the set-point controller.",
+            s.compactor.throttle_seconds,
+        ),
     ] {
         family(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {x}");
@@ -236,6 +263,10 @@ pub struct Stats {
     pub compaction_mib_per_s: f64,
     pub gc_mib_per_s: f64,
     pub nbd_connections: f64,
+    /// Share of the interval's compacted chunks done by the background
+    /// compactor, and the share of the interval writes spent paced by it.
+    pub background_compaction_ratio: f64,
+    pub throttled_seconds_per_s: f64,
 }
 
 /// Rates from two scrapes `interval_s` apart.
@@ -279,6 +310,15 @@ pub fn stats(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>, interval_s: f
         compaction_mib_per_s: rate("sluice_engine_compaction_bytes_total") / mib,
         gc_mib_per_s: rate("sluice_engine_gc_bytes_total") / mib,
         nbd_connections: g(b, "sluice_nbd_connections"),
+        background_compaction_ratio: {
+            let all = rate("sluice_engine_chunks_compacted_total");
+            if all > 0.0 {
+                rate("sluice_compactor_chunks_total") / all
+            } else {
+                0.0
+            }
+        },
+        throttled_seconds_per_s: rate("sluice_compactor_throttle_seconds_total"),
     }
 }
 
@@ -304,12 +344,15 @@ pub fn print_table(s: &Stats) {
     }
     println!(
         "cache occupancy {:.1} %, host WAF {:.2}, device WAF cache {:.2} capacity {:.2}, \
-         compaction {:.1} MiB/s, GC {:.1} MiB/s, {} NBD connections (over {:.1} s; latencies since start)",
+         compaction {:.1} MiB/s ({:.0} % in the background), writes paced {:.2} s/s, GC {:.1} MiB/s, \
+         {} NBD connections (over {:.1} s; latencies since start)",
         s.cache_occupancy * 100.0,
         s.host_waf,
         s.cache_device_waf,
         s.capacity_device_waf,
         s.compaction_mib_per_s,
+        s.background_compaction_ratio * 100.0,
+        s.throttled_seconds_per_s,
         s.gc_mib_per_s,
         s.nbd_connections,
         s.interval_s

@@ -13,7 +13,7 @@
 
 use crate::metrics::NbdCounters;
 use serde::Deserialize;
-use sluice_engine::{Engine, EngineConfig, EngineError, Volume, VolumeSpec};
+use sluice_engine::{CompactorConfig, Engine, EngineConfig, EngineError, Volume, VolumeSpec};
 use sluice_frontend::{raise_open_files_limit, Listener, Server, ServerMonitor, ServerOptions, FDS_PER_CONNECTION};
 use sluice_media::ssd::{ssd_device, SsdProfile};
 use sluice_media::{
@@ -76,6 +76,12 @@ pub struct EngineSection {
     pub chunk_size: String,
     pub band_size: String,
     pub write_unit: String,
+    /// Compact in a background thread, pacing writes to it (docs/engine.md).
+    pub background_compaction: bool,
+    /// Share of the log's chunks below which the background compactor works.
+    pub compaction_start: f64,
+    /// Share of free chunks below which writes are paced to compaction.
+    pub compaction_setpoint: f64,
 }
 
 /// `[server]`: bounds of the NBD server (per listener).
@@ -124,7 +130,14 @@ pub struct VolumeConfig {
 
 impl Default for EngineSection {
     fn default() -> EngineSection {
-        EngineSection { chunk_size: "16m".into(), band_size: "256m".into(), write_unit: "64k".into() }
+        EngineSection {
+            chunk_size: "16m".into(),
+            band_size: "256m".into(),
+            write_unit: "64k".into(),
+            background_compaction: true,
+            compaction_start: CompactorConfig::default().start_free,
+            compaction_setpoint: CompactorConfig::default().setpoint_free,
+        }
     }
 }
 
@@ -363,10 +376,23 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
             return Err(ServeError::Config { path: "tls".into(), msg });
         }
     }
+    // Checked before the engine opens: bad input changes nothing.
+    let compactor_cfg = cfg.engine.background_compaction.then_some(CompactorConfig {
+        start_free: cfg.engine.compaction_start,
+        setpoint_free: cfg.engine.compaction_setpoint,
+        ..Default::default()
+    });
+    if let Some(c) = &compactor_cfg {
+        c.check().map_err(|e| ServeError::Config { path: "engine".into(), msg: e.to_string() })?;
+    }
     let engine = open_engine(&cfg)?;
     if let Some(t) = engine.recovered_in() {
         eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64());
     }
+    let compactor = match compactor_cfg {
+        Some(c) => Some(engine.start_compactor(c)?),
+        None => None,
+    };
     let mut exports: Vec<Arc<dyn Volume>> = Vec::new();
     for v in &cfg.volumes {
         exports.push(Arc::new(engine.volume(&v.name)?));
@@ -418,6 +444,7 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
     for h in handles {
         h.shutdown().map_err(|e| ServeError::Server(e.to_string()))?;
     }
+    drop(compactor);
     engine.shutdown()?;
     eprintln!("sluice: clean shutdown");
     Ok(())

@@ -78,6 +78,8 @@ fn metrics_endpoint_and_sluice_stats_report_the_traffic() {
         "sluice_engine_user_write_bytes_total 8388608",
         "sluice_device_host_write_bytes_total{device=\"cache\"}",
         "sluice_nbd_connections_accepted_total",
+        "sluice_compactor_running 1",
+        "# TYPE sluice_compactor_throttle_seconds_total counter",
     ] {
         assert!(body.contains(want), "missing {want:?} in\n{body}");
     }
@@ -94,6 +96,20 @@ fn metrics_endpoint_and_sluice_stats_report_the_traffic() {
     assert!(v["host_waf"].as_f64().unwrap() >= 1.0, "{v}");
     let table = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["stats", "--addr", &metrics]).output().unwrap();
     assert!(String::from_utf8_lossy(&table.stdout).contains("cache occupancy"));
+    // Fill most of the 64 MiB log; then, with no client writing, the
+    // background compactor brings it back below half full.
+    qemu_io(port, &["write -P 0x22 16M 40M"]);
+    let metric = |name: &str| -> f64 {
+        let body = http_get(&metrics, "/metrics").1;
+        let line = body.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let t = std::time::Instant::now();
+    while metric("sluice_compactor_chunks_total") == 0.0 || metric("sluice_cache_occupancy_ratio") > 0.5 {
+        assert!(t.elapsed().as_secs() < 30, "the compactor did not drain the log");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    qemu_io(port, &["read -P 0x11 0 4M", "read -P 0x22 16M 40M"]);
     stop(server);
     // No server there: a clear error, not a hang or a panic.
     let dead = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["stats", "--addr", &metrics]).output().unwrap();
@@ -111,6 +127,19 @@ fn bad_config_is_a_clear_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["serve", "--config"]).arg(&config).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_key"), "{}", String::from_utf8_lossy(&out.stderr));
+    // A set point above the compactor's start level: refused before anything is created.
+    let data = dir.join("data");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {data:?}\nlisten = [\"127.0.0.1:0\"]\n[engine]\ncompaction_start = 0.2\ncompaction_setpoint = 0.4\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["serve", "--config"]).arg(&config).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("setpoint"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!data.exists(), "nothing created");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -231,7 +231,7 @@ impl Engine {
 
     /// Move the oldest full chunk's current blocks and live tombstones to the
     /// capacity device, flush it, free the chunk.
-    fn compact_oldest(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+    pub(super) fn compact_oldest(&self, inner: &mut Inner) -> Result<(), VolumeError> {
         let c = inner.full_chunks.pop_front().expect("a full chunk exists when the log is short of space");
         assert_eq!(inner.chunks[c as usize].state, State::Full);
         let bpc = inner.blocks_per_chunk();

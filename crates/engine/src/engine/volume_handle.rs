@@ -55,6 +55,7 @@ impl Engine {
             cache_device: self.cache.stats(),
             capacity_device: self.capacity.stats(),
             volumes,
+            compactor: self.compactor_snapshot(),
         }
     }
 }
@@ -80,6 +81,7 @@ impl EngineVolume {
         if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
             inner.failed = true;
         }
+        self.engine.after_change(&inner);
         r
     }
 }
@@ -125,6 +127,7 @@ pub struct EngineSnapshot {
     pub cache_device: DeviceStats,
     pub capacity_device: DeviceStats,
     pub volumes: Vec<VolumeSnapshot>,
+    pub compactor: CompactorSnapshot,
 }
 
 impl EngineVolume {
@@ -133,6 +136,7 @@ impl EngineVolume {
             check(self, offset, data.len() as u64)?;
         }
         let blocks: Vec<(u64, &[u8])> = writes.iter().map(|&(o, d)| (o / BS, d)).collect();
+        self.engine.pace_write(writes.iter().map(|w| w.1.len() as u64).sum());
         self.change(|e, inner| {
             e.append(inner, self.id, &blocks, fua)?;
             inner.stats.user_write_bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
@@ -190,6 +194,7 @@ impl Volume for EngineVolume {
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
         self.timed(Op::Write, data.len() as u64, || {
             check(self, offset, data.len() as u64)?;
+            self.engine.pace_write(data.len() as u64);
             self.change(|e, inner| {
                 e.append(inner, self.id, &[(offset / BS, data)], fua)?;
                 inner.stats.user_write_bytes += data.len() as u64;

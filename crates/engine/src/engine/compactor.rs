@@ -1,0 +1,460 @@
+//! Background compaction and the set-point controller that paces
+//! foreground writes to it.
+//!
+//! Without a compactor the engine compacts inline: the write that finds the
+//! log at its floor (`log_free_chunks_min` free chunks) compacts the oldest
+//! chunks itself, so its latency jumps by whole chunk compactions while
+//! every other write waits on the lock. `Engine::start_compactor` moves that
+//! work to a thread that starts compacting when free chunks fall below
+//! `start_free` of the log, one chunk per hold of the engine lock, and keeps
+//! going until the log is back above it.
+//!
+//! When writes outrun it, the log would still drain to the floor. The
+//! [`Throttle`] prevents that the way Linux paces dirty pages
+//! (balance_dirty_pages): below a set point it admits writes at a rate
+//! proportional to the compactor's measured bandwidth — exactly that
+//! bandwidth at the set point, falling linearly to a tenth of it at the
+//! floor — and admits them freely above it. Free space then settles at the
+//! set point, where writes run as fast as compaction drains the log, and
+//! writers are slowed smoothly instead of being stopped. The inline path
+//! stays as the floor's safety valve (it cannot be reached unless the
+//! compactor stalls), so no write ever fails for lack of log space.
+//!
+//! Invariants: the throttle sleeps outside the engine lock; the compactor
+//! holds the lock for one chunk at a time; dropping the [`Compactor`] stops
+//! and joins its thread before the engine can be shut down by its owner.
+//! The controller is a pure function of (time, bytes, free chunks,
+//! bandwidth), tested without threads or clocks.
+
+use super::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Condvar;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Where the compactor and the throttle act, as fractions of the log's chunks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CompactorConfig {
+    /// Compact in the background while fewer chunks than this are free.
+    pub start_free: f64,
+    /// Below this, foreground writes are paced to compaction bandwidth.
+    pub setpoint_free: f64,
+    /// Longest a single write is delayed.
+    pub max_delay: Duration,
+}
+
+impl Default for CompactorConfig {
+    fn default() -> CompactorConfig {
+        CompactorConfig { start_free: 0.5, setpoint_free: 0.25, max_delay: Duration::from_millis(100) }
+    }
+}
+
+impl CompactorConfig {
+    /// Refuse levels that are not shares of the log, or a set point above the start level.
+    pub fn check(&self) -> Result<(), EngineError> {
+        if !(0.0..=1.0).contains(&self.setpoint_free)
+            || !(0.0..=1.0).contains(&self.start_free)
+            || self.setpoint_free > self.start_free
+        {
+            return Err(EngineError::Config("compactor: need 0 ≤ setpoint ≤ start ≤ 1 (shares of the log)"));
+        }
+        Ok(())
+    }
+}
+
+/// The set-point controller (no clock, no threads: time comes in as ns).
+#[derive(Clone, Debug)]
+pub struct Throttle {
+    /// Free chunks at which writes run at compaction bandwidth.
+    setpoint: f64,
+    /// Free chunks at which writes compact inline (the engine's minimum).
+    floor: f64,
+    max_delay_ns: u64,
+    /// Log bytes the compactor frees per second while it works (EWMA);
+    /// 0 until measured, and until then nothing is throttled.
+    bandwidth: f64,
+    /// When the pacing schedule lets the next write start.
+    next_ns: u64,
+}
+
+impl Throttle {
+    pub fn new(setpoint_chunks: f64, floor_chunks: f64, max_delay: Duration) -> Throttle {
+        Throttle {
+            setpoint: setpoint_chunks.max(floor_chunks + 1.0),
+            floor: floor_chunks,
+            max_delay_ns: max_delay.as_nanos() as u64,
+            bandwidth: 0.0,
+            next_ns: 0,
+        }
+    }
+
+    /// The compactor freed `bytes` of log in `ns` of work.
+    pub fn observe(&mut self, bytes: u64, ns: u64) {
+        let bw = bytes as f64 * 1e9 / ns.max(1) as f64;
+        self.bandwidth = if self.bandwidth == 0.0 { bw } else { 0.75 * self.bandwidth + 0.25 * bw };
+    }
+
+    /// Measured compaction bandwidth (bytes/s), 0 before the first chunk.
+    pub fn bandwidth(&self) -> f64 {
+        self.bandwidth
+    }
+
+    /// The rate (bytes/s) writes are admitted at with `free` free chunks, or
+    /// None when they are not paced.
+    pub fn rate(&self, free: usize) -> Option<f64> {
+        let free = free as f64;
+        if free >= self.setpoint || self.bandwidth == 0.0 {
+            return None;
+        }
+        let x = ((free - self.floor) / (self.setpoint - self.floor)).clamp(0.0, 1.0);
+        Some(self.bandwidth * (0.1 + 0.9 * x))
+    }
+
+    /// A write of `bytes` arriving at `now_ns` with `free` free chunks: how
+    /// long it waits before it may go (0 when not paced). Paced writes are
+    /// scheduled back to back at `rate`, so concurrent writers share it.
+    pub fn admit(&mut self, now_ns: u64, bytes: u64, free: usize) -> u64 {
+        let Some(rate) = self.rate(free) else {
+            self.next_ns = now_ns;
+            return 0;
+        };
+        let start = self.next_ns.max(now_ns);
+        self.next_ns = start + (bytes as f64 * 1e9 / rate) as u64;
+        (self.next_ns - now_ns).min(self.max_delay_ns)
+    }
+}
+
+/// Shared by the engine's write path and its compactor thread.
+pub(super) struct Background {
+    pub(super) on: AtomicBool,
+    /// Free log chunks as of the last change (read without the engine lock).
+    pub(super) free_chunks: AtomicUsize,
+    pub(super) start_chunks: AtomicUsize,
+    pub(super) throttle: Mutex<Option<Throttle>>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+    pub(super) compactions: AtomicU64,
+    pub(super) compaction_ns: AtomicU64,
+    pub(super) throttled_writes: AtomicU64,
+    pub(super) throttle_ns: AtomicU64,
+}
+
+impl Background {
+    pub(super) fn new() -> Background {
+        Background {
+            on: AtomicBool::new(false),
+            free_chunks: AtomicUsize::new(usize::MAX),
+            start_chunks: AtomicUsize::new(0),
+            throttle: Mutex::new(None),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            compactions: AtomicU64::new(0),
+            compaction_ns: AtomicU64::new(0),
+            throttled_writes: AtomicU64::new(0),
+            throttle_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What the compactor and the throttle have done (see [`Engine::snapshot`]).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct CompactorSnapshot {
+    pub running: bool,
+    /// Chunks compacted by the background thread (the rest, in
+    /// `EngineStats::chunks_compacted`, were compacted inline).
+    pub compactions: u64,
+    pub compaction_seconds: f64,
+    /// Measured compaction bandwidth, bytes of log freed per second of work.
+    pub bandwidth_bytes_per_s: f64,
+    pub throttled_writes: u64,
+    pub throttle_seconds: f64,
+}
+
+/// The running compactor thread; dropping it stops and joins the thread.
+pub struct Compactor {
+    engine: Arc<Engine>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Compactor {
+    fn drop(&mut self) {
+        let bg = &self.engine.bg;
+        *bg.stop.lock().expect("compactor stop") = true;
+        bg.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        bg.on.store(false, Ordering::SeqCst);
+        *bg.throttle.lock().expect("throttle") = None;
+    }
+}
+
+impl Engine {
+    /// Start compacting in the background (see the module doc). One
+    /// compactor per engine.
+    pub fn start_compactor(self: &Arc<Engine>, cfg: CompactorConfig) -> Result<Compactor, EngineError> {
+        cfg.check()?;
+        if self.bg.on.swap(true, Ordering::SeqCst) {
+            return Err(EngineError::Config("a compactor is already running on this engine"));
+        }
+        let (chunks, floor, free) = {
+            let inner = self.lock();
+            (inner.chunks.len() - 1, inner.cfg.log_free_chunks_min, inner.free_chunks.len())
+        };
+        let start = ((chunks as f64 * cfg.start_free).ceil() as usize).max(floor + 2);
+        let setpoint = (chunks as f64 * cfg.setpoint_free).max(floor as f64 + 1.0);
+        self.bg.start_chunks.store(start, Ordering::SeqCst);
+        self.bg.free_chunks.store(free, Ordering::SeqCst);
+        *self.bg.throttle.lock().expect("throttle") = Some(Throttle::new(setpoint, floor as f64, cfg.max_delay));
+        *self.bg.stop.lock().expect("compactor stop") = false;
+        let engine = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("sluice-compactor".into())
+            .spawn(move || engine.compactor_loop())
+            .map_err(|e| EngineError::Device(DeviceError::Io { errno: e.raw_os_error().unwrap_or(0) }))?;
+        Ok(Compactor { engine: self.clone(), thread: Some(thread) })
+    }
+
+    fn compactor_loop(&self) {
+        loop {
+            if *self.bg.stop.lock().expect("compactor stop") {
+                return;
+            }
+            match self.compact_in_background() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                // Closed or failed: writes report it; nothing more to do here
+                // until the engine is reopened.
+                Err(_) => return,
+            }
+            let stop = self.bg.stop.lock().expect("compactor stop");
+            if *stop {
+                return;
+            }
+            let _ = self.bg.wake.wait_timeout(stop, Duration::from_millis(50));
+        }
+    }
+
+    /// Compact the oldest full chunk if the log is below the start level.
+    fn compact_in_background(&self) -> Result<bool, VolumeError> {
+        let mut inner = self.lock();
+        if inner.closed || inner.failed {
+            return Err(VolumeError::ReadOnly);
+        }
+        let start = self.bg.start_chunks.load(Ordering::Relaxed);
+        if inner.free_chunks.len() >= start || inner.full_chunks.is_empty() {
+            return Ok(false);
+        }
+        let t = Instant::now();
+        let r = self.compact_oldest(&mut inner);
+        if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
+            inner.failed = true;
+        }
+        r?;
+        let ns = t.elapsed().as_nanos() as u64;
+        self.bg.free_chunks.store(inner.free_chunks.len(), Ordering::Relaxed);
+        let freed = inner.cfg.chunk_bytes;
+        drop(inner);
+        self.bg.compactions.fetch_add(1, Ordering::Relaxed);
+        self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
+        if let Some(t) = self.bg.throttle.lock().expect("throttle").as_mut() {
+            t.observe(freed, ns);
+        }
+        Ok(true)
+    }
+
+    /// Before a write of `bytes` (outside the engine lock): wait as long as
+    /// the throttle says.
+    pub(super) fn pace_write(&self, bytes: u64) {
+        if !self.bg.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let free = self.bg.free_chunks.load(Ordering::Relaxed);
+        let delay = {
+            let mut t = self.bg.throttle.lock().expect("throttle");
+            let Some(t) = t.as_mut() else { return };
+            t.admit(self.epoch.elapsed().as_nanos() as u64, bytes, free)
+        };
+        if delay > 0 {
+            self.bg.throttled_writes.fetch_add(1, Ordering::Relaxed);
+            self.bg.throttle_ns.fetch_add(delay, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_nanos(delay));
+        }
+    }
+
+    /// After a change (under the engine lock): publish the free level and
+    /// wake the compactor if the log fell below its start level.
+    pub(super) fn after_change(&self, inner: &Inner) {
+        if !self.bg.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let free = inner.free_chunks.len();
+        self.bg.free_chunks.store(free, Ordering::Relaxed);
+        if free < self.bg.start_chunks.load(Ordering::Relaxed) {
+            self.bg.wake.notify_one();
+        }
+    }
+
+    pub(super) fn compactor_snapshot(&self) -> CompactorSnapshot {
+        let bg = &self.bg;
+        CompactorSnapshot {
+            running: bg.on.load(Ordering::Relaxed),
+            compactions: bg.compactions.load(Ordering::Relaxed),
+            compaction_seconds: bg.compaction_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            bandwidth_bytes_per_s: bg.throttle.lock().expect("throttle").as_ref().map_or(0.0, |t| t.bandwidth()),
+            throttled_writes: bg.throttled_writes.load(Ordering::Relaxed),
+            throttle_seconds: bg.throttle_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn throttle() -> Throttle {
+        // Log of 40 chunks: set point 10 free, floor 2, max delay 100 ms.
+        let mut t = Throttle::new(10.0, 2.0, Duration::from_millis(100));
+        t.observe(100 << 20, 1_000_000_000); // 100 MiB/s
+        t
+    }
+
+    #[test]
+    fn nothing_is_paced_above_the_set_point_or_before_bandwidth_is_known() {
+        let mut t = throttle();
+        assert_eq!(t.rate(10), None);
+        assert_eq!(t.admit(5, 1 << 20, 30), 0);
+        let mut fresh = Throttle::new(10.0, 2.0, Duration::from_millis(100));
+        assert_eq!(fresh.admit(0, 1 << 20, 3), 0, "unmeasured compaction: the inline floor protects");
+    }
+
+    #[test]
+    fn writes_run_at_compaction_bandwidth_at_the_set_point_and_slower_below() {
+        let t = throttle();
+        let bw = (100 << 20) as f64;
+        // Just under the set point: (almost) the bandwidth itself.
+        let near = t.rate(9).unwrap();
+        assert!((near / bw - (0.1 + 0.9 * 7.0 / 8.0)).abs() < 1e-9, "{near}");
+        // Monotonic down to a tenth at the floor (and below it).
+        let rates: Vec<f64> = (0..10).rev().map(|f| t.rate(f).unwrap()).collect();
+        assert!(rates.windows(2).all(|w| w[0] >= w[1]), "{rates:?}");
+        assert!((t.rate(2).unwrap() / bw - 0.1).abs() < 1e-9);
+        assert_eq!(t.rate(0), t.rate(2));
+    }
+
+    #[test]
+    fn paced_writes_are_scheduled_back_to_back_and_capped() {
+        let mut t = throttle();
+        let rate = t.rate(6).unwrap();
+        let one = (4096.0 * 1e9 / rate) as u64;
+        // Two writes at the same instant: the second waits for the first's slot too.
+        assert_eq!(t.admit(1_000, 4096, 6), one);
+        assert_eq!(t.admit(1_000, 4096, 6), 2 * one);
+        // Later arrivals after the schedule caught up wait only for themselves.
+        let later = 1_000 + 10 * one;
+        assert_eq!(t.admit(later, 4096, 6), one);
+        // A huge write waits at most max_delay.
+        assert_eq!(t.admit(later, 1 << 30, 3), 100_000_000);
+        // Back above the set point: free again, and the schedule resets.
+        assert_eq!(t.admit(later + 1, 1 << 30, 12), 0);
+        assert_eq!(t.admit(later + 2, 4096, 6), one);
+    }
+
+    #[test]
+    fn bandwidth_is_a_moving_average() {
+        let mut t = Throttle::new(10.0, 2.0, Duration::from_millis(100));
+        t.observe(1000, 1_000_000_000);
+        assert_eq!(t.bandwidth(), 1000.0);
+        t.observe(2000, 1_000_000_000);
+        assert_eq!(t.bandwidth(), 1250.0);
+    }
+
+    use crate::sim::{pattern, small_world};
+    use crate::volume::Volume;
+    use sluice_media::rng::SplitMix64 as Rng;
+
+    /// Poll `cond` for up to 20 s (a loaded CI machine may be slow; the
+    /// outcome, not the time, is what is asserted).
+    fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(20) {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    #[test]
+    fn idle_time_refills_the_log_in_the_background() {
+        let w = small_world(&[400]);
+        let c = w.engine.start_compactor(CompactorConfig::default()).unwrap();
+        assert!(matches!(w.engine.start_compactor(CompactorConfig::default()), Err(EngineError::Config(_))));
+        // Fill the log to its floor without pausing: 7 chunks of 64 blocks.
+        for lba in 0..380u64 {
+            w.volumes[0].write(lba * 4096, &pattern(0, lba, 1), false).unwrap();
+        }
+        // Then nobody writes: the compactor alone brings the log back above
+        // its start level (4 of 7 chunks free).
+        let free = || w.engine.snapshot().log_chunks_free;
+        assert!(eventually(|| free() >= 4), "free chunks stayed at {}", free());
+        let snap = w.engine.snapshot();
+        assert!(snap.compactor.running && snap.compactor.compactions > 0, "{:?}", snap.compactor);
+        assert!(snap.compactor.bandwidth_bytes_per_s > 0.0);
+        for lba in 0..380u64 {
+            let mut b = vec![0u8; 4096];
+            w.volumes[0].read(lba * 4096, &mut b).unwrap();
+            assert!(b == pattern(0, lba, 1), "block {lba}");
+        }
+        drop(c);
+        assert!(!w.engine.snapshot().compactor.running);
+        w.engine.check_invariants();
+        w.engine.shutdown().unwrap();
+    }
+
+    #[test]
+    fn writers_racing_the_compactor_lose_nothing() {
+        let w = small_world(&[256, 256]);
+        let cfg = CompactorConfig { max_delay: Duration::from_millis(2), ..Default::default() };
+        let c = w.engine.start_compactor(cfg).unwrap();
+        let models: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2usize)
+                .map(|v| {
+                    let vol = &w.volumes[v];
+                    s.spawn(move || {
+                        let mut rng = Rng(v as u64 + 1);
+                        let mut model = vec![0u64; 256];
+                        for i in 1..=3000u64 {
+                            let lba = rng.below(256);
+                            vol.write(lba * 4096, &pattern(v, lba, i), false).unwrap();
+                            model[lba as usize] = i;
+                        }
+                        model
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        drop(c);
+        for (v, model) in models.iter().enumerate() {
+            for (lba, &ver) in model.iter().enumerate() {
+                let mut b = vec![0u8; 4096];
+                w.volumes[v].read(lba as u64 * 4096, &mut b).unwrap();
+                let want = if ver == 0 { vec![0u8; 4096] } else { pattern(v, lba as u64, ver) };
+                assert!(b == want, "volume {v} block {lba}");
+            }
+        }
+        let s = w.engine.stats();
+        assert!(s.chunks_compacted > 20 && s.bands_reclaimed > 0, "{s:?}");
+        w.engine.check_invariants();
+    }
+
+    #[test]
+    fn a_bad_configuration_is_refused() {
+        let w = small_world(&[64]);
+        let bad = CompactorConfig { start_free: 0.2, setpoint_free: 0.5, ..Default::default() };
+        assert!(matches!(w.engine.start_compactor(bad), Err(EngineError::Config(_))));
+        assert!(!w.engine.snapshot().compactor.running);
+    }
+}
