@@ -188,6 +188,16 @@ struct Band {
     closed_seq: u64,
 }
 
+/// Where a bounded GC step stopped in its victim.
+#[derive(Clone, Copy, Debug)]
+struct GcCursor {
+    victim: u32,
+    /// Blocks of the victim walked so far.
+    pos: u64,
+    /// Whether anything was relocated (the capacity needs a flush at the end).
+    wrote: bool,
+}
+
 struct Vol {
     name: String,
     l2p: Vec<Loc>,
@@ -275,6 +285,9 @@ struct Inner {
     bands: Vec<Band>,
     free_bands: VecDeque<u32>,
     gc_band: Option<u32>,
+    /// The GC victim a bounded step left half done (`Engine::gc_step`);
+    /// not persisted: after a reopen GC simply chooses again.
+    gc_cursor: Option<GcCursor>,
     seq: u64,
     stats: EngineStats,
     /// Reusable I/O buffers (compaction and GC move megabytes per call; fresh
@@ -644,6 +657,7 @@ impl Inner {
             bands: (0..band_count).map(|_| Band { state: State::Free, valid: 0, written: 0, closed_seq: 0 }).collect(),
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
+            gc_cursor: None,
             placement: BandPlacement::PerVolume,
             seq: 0,
             stats: EngineStats::default(),
@@ -680,6 +694,13 @@ impl Inner {
     /// Address stride of a band, in blocks (capacity block = band × stride + i).
     fn blocks_per_band(&self) -> u64 {
         self.cfg.band_bytes / BS
+    }
+
+    /// Blocks GC reads at once from a victim: at least a chunk and at least
+    /// the largest segment.
+    fn gc_window_blocks(&self) -> u64 {
+        let unit = self.cfg.write_unit_bytes / BS;
+        self.blocks_per_chunk().max(datapath::segment_blocks(RECORD_BLOCKS_MAX as u64, unit))
     }
 
     /// Blocks a band can hold (≤ the stride; less on a zoned device).

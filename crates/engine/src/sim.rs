@@ -1,7 +1,7 @@
 //! Deterministic simulation of the engine against an in-memory model.
 //!
 //! One seed drives a random mix of writes (1–40 blocks), reads, trims,
-//! write-zeroes and flushes over several volumes on small memory devices, so
+//! write-zeroes, flushes and bounded GC steps (`Engine::collect_some`) over several volumes on small memory devices, so
 //! compaction and GC run constantly. Every read is checked against the model
 //! (what was last written, zeros if never written or trimmed), and the map's
 //! invariants are checked as the run goes. A failure names its seed; the same
@@ -122,7 +122,12 @@ pub fn run_seed_with(seed: u64, ops: usize, build: impl FnOnce(&[u64]) -> World)
                 }
                 vol.write(lba * 4096, &data, rng.below(10) == 0).map_err(|e| fail(format!("write: {e}")))?;
             }
-            55..=84 => {
+            80..=84 => {
+                // A bounded GC step, as the background compactor takes them:
+                // victims stay half collected under the requests that follow.
+                w.engine.collect_some(len).map_err(|e| fail(format!("gc step: {e}")))?;
+            }
+            55..=79 => {
                 let mut buf = vec![0u8; len as usize * BS];
                 vol.read(lba * 4096, &mut buf).map_err(|e| fail(format!("read: {e}")))?;
                 for i in 0..len {

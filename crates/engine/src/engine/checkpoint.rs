@@ -148,6 +148,7 @@ pub(super) fn decode_checkpoint(
         bands,
         free_bands,
         gc_band,
+        gc_cursor: None,
         seq,
         stats: EngineStats::from_words(words),
         pool: Vec::new(),

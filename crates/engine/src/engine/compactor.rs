@@ -26,6 +26,7 @@
 //! The controller is a pure function of (time, bytes, free chunks,
 //! bandwidth), tested without threads or clocks.
 
+use super::datapath::GcStep;
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Condvar;
@@ -124,6 +125,18 @@ impl Throttle {
     }
 }
 
+/// The background thread collects ahead of need: GC windows start while
+/// free bands are this many above the inline GC level.
+const GC_AHEAD_BANDS: usize = 2;
+
+/// What one background step did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    Idle,
+    Compacted,
+    Collected,
+}
+
 /// Shared by the engine's write path and its compactor thread.
 pub(super) struct Background {
     pub(super) on: AtomicBool,
@@ -134,7 +147,16 @@ pub(super) struct Background {
     stop: Mutex<bool>,
     wake: Condvar,
     pub(super) compactions: AtomicU64,
+    pub(super) gc_windows: AtomicU64,
     pub(super) compaction_ns: AtomicU64,
+    /// GC work not yet counted into a compaction bandwidth sample.
+    gc_ns_unbilled: AtomicU64,
+    /// Requests waiting for the engine lock, and requests that got it: the
+    /// compactor lets a waiting request in between two of its steps (a
+    /// plain mutex would hand the lock straight back to the thread that
+    /// just released it, and writers waited 0.6 s behind a run of steps).
+    waiting: AtomicUsize,
+    served: AtomicU64,
     pub(super) throttled_writes: AtomicU64,
     pub(super) throttle_ns: AtomicU64,
 }
@@ -149,7 +171,11 @@ impl Background {
             stop: Mutex::new(false),
             wake: Condvar::new(),
             compactions: AtomicU64::new(0),
+            gc_windows: AtomicU64::new(0),
+            gc_ns_unbilled: AtomicU64::new(0),
             compaction_ns: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
             throttled_writes: AtomicU64::new(0),
             throttle_ns: AtomicU64::new(0),
         }
@@ -163,6 +189,9 @@ pub struct CompactorSnapshot {
     /// Chunks compacted by the background thread (the rest, in
     /// `EngineStats::chunks_compacted`, were compacted inline).
     pub compactions: u64,
+    /// GC windows (chunk-sized reads of a victim band) done in the background.
+    pub gc_windows: u64,
+    /// Time the thread held the engine lock compacting and collecting.
     pub compaction_seconds: f64,
     /// Measured compaction bandwidth, bytes of log freed per second of work.
     pub bandwidth_bytes_per_s: f64,
@@ -216,13 +245,18 @@ impl Engine {
     }
 
     fn compactor_loop(&self) {
+        let mut last = Work::Idle;
         loop {
             if *self.bg.stop.lock().expect("compactor stop") {
                 return;
             }
-            match self.compact_in_background() {
-                Ok(true) => continue,
-                Ok(false) => {}
+            match self.background_step(last) {
+                Ok(Work::Idle) => last = Work::Idle,
+                Ok(w) => {
+                    last = w;
+                    self.let_a_request_in();
+                    continue;
+                }
                 // Closed or failed: writes report it; nothing more to do here
                 // until the engine is reopened.
                 Err(_) => return,
@@ -235,32 +269,107 @@ impl Engine {
         }
     }
 
-    /// Compact the oldest full chunk if the log is below the start level.
-    fn compact_in_background(&self) -> Result<bool, VolumeError> {
+    /// If requests wait for the engine lock, give it to one of them before
+    /// the next step (for at most a millisecond).
+    fn let_a_request_in(&self) {
+        if self.bg.waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let served = self.bg.served.load(Ordering::SeqCst);
+        let t = Instant::now();
+        while self.bg.served.load(Ordering::SeqCst) == served && t.elapsed() < Duration::from_millis(1) {
+            std::thread::yield_now();
+        }
+    }
+
+    /// The engine lock, for a request: counted, so that the compactor can
+    /// step aside for it.
+    pub(super) fn lock_for_request(&self) -> std::sync::MutexGuard<'_, Inner> {
+        if !self.bg.on.load(Ordering::Relaxed) {
+            return self.lock();
+        }
+        self.bg.waiting.fetch_add(1, Ordering::SeqCst);
+        let inner = self.lock();
+        self.bg.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.bg.served.fetch_add(1, Ordering::SeqCst);
+        inner
+    }
+
+    /// One piece of background work under one hold of the engine lock: a
+    /// GC window when free bands run low (or a victim is half done), a chunk
+    /// compaction when the log is below the start level — alternating when
+    /// both are due, so neither starves and the inline paths (a whole band,
+    /// many chunks) are left as safety valves only.
+    fn background_step(&self, last: Work) -> Result<Work, VolumeError> {
         let mut inner = self.lock();
         if inner.closed || inner.failed {
             return Err(VolumeError::ReadOnly);
         }
         let start = self.bg.start_chunks.load(Ordering::Relaxed);
-        if inner.free_chunks.len() >= start || inner.full_chunks.is_empty() {
-            return Ok(false);
-        }
+        let compact_due = inner.free_chunks.len() < start && !inner.full_chunks.is_empty();
+        let (free_bands, gc_min) = (inner.free_bands.len(), inner.cfg.gc_free_bands_min);
+        let gc_due = inner.gc_cursor.is_some() || free_bands <= gc_min + GC_AHEAD_BANDS;
+        // One band from the inline level, GC goes first: compaction would
+        // otherwise reach it and collect a whole band under the lock.
+        let gc_urgent = free_bands <= gc_min + 1;
         let t = Instant::now();
-        let r = self.compact_oldest(&mut inner);
-        if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
-            inner.failed = true;
+        let fail = |inner: &mut Inner, e: VolumeError| {
+            if matches!(e, VolumeError::Io(_) | VolumeError::Corrupt { .. }) {
+                inner.failed = true;
+            }
+            e
+        };
+        if gc_due && (gc_urgent || last == Work::Compacted || !compact_due) {
+            let window = inner.gc_window_blocks();
+            match self.gc_step(&mut inner, window).map_err(|e| fail(&mut inner, e))? {
+                GcStep::Idle => {}
+                _ => {
+                    let ns = t.elapsed().as_nanos() as u64;
+                    self.bg.gc_windows.fetch_add(1, Ordering::Relaxed);
+                    self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
+                    self.bg.gc_ns_unbilled.fetch_add(ns, Ordering::Relaxed);
+                    return Ok(Work::Collected);
+                }
+            }
         }
-        r?;
+        if !compact_due {
+            return Ok(Work::Idle);
+        }
+        self.compact_oldest(&mut inner).map_err(|e| fail(&mut inner, e))?;
         let ns = t.elapsed().as_nanos() as u64;
         self.bg.free_chunks.store(inner.free_chunks.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
         drop(inner);
         self.bg.compactions.fetch_add(1, Ordering::Relaxed);
         self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
+        // The log space a chunk frees costs its compaction and the GC done
+        // since the last one (the capacity space compaction needs): writes
+        // are paced to both together.
+        let gc_ns = self.bg.gc_ns_unbilled.swap(0, Ordering::Relaxed);
         if let Some(t) = self.bg.throttle.lock().expect("throttle").as_mut() {
-            t.observe(freed, ns);
+            t.observe(freed, ns + gc_ns);
         }
-        Ok(true)
+        Ok(Work::Compacted)
+    }
+
+    /// One bounded GC step, as the background compactor takes them: the
+    /// victim in progress (or a new one) walked for at least one segment and
+    /// up to `blocks_max` blocks. False if there was nothing to collect.
+    /// Simulations call it between requests to put half-collected victims
+    /// under reads, writes, trims and crashes.
+    pub fn collect_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
+        let mut inner = self.lock();
+        if inner.closed {
+            return Err(VolumeError::ReadOnly);
+        }
+        if inner.failed {
+            return Err(VolumeError::Io("engine stopped after a device error; reopen it to recover".into()));
+        }
+        let r = self.gc_step(&mut inner, blocks_max);
+        if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
+            inner.failed = true;
+        }
+        Ok(r? != GcStep::Idle)
     }
 
     /// Before a write of `bytes` (outside the engine lock): wait as long as
@@ -300,6 +409,7 @@ impl Engine {
         CompactorSnapshot {
             running: bg.on.load(Ordering::Relaxed),
             compactions: bg.compactions.load(Ordering::Relaxed),
+            gc_windows: bg.gc_windows.load(Ordering::Relaxed),
             compaction_seconds: bg.compaction_ns.load(Ordering::Relaxed) as f64 / 1e9,
             bandwidth_bytes_per_s: bg.throttle.lock().expect("throttle").as_ref().map_or(0.0, |t| t.bandwidth()),
             throttled_writes: bg.throttled_writes.load(Ordering::Relaxed),

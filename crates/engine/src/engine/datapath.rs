@@ -79,6 +79,17 @@ pub(super) fn chunk_records(data: &[u8], bpc: u64) -> impl Iterator<Item = (u64,
     })
 }
 
+/// What one bounded GC step did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GcStep {
+    /// Nothing to reclaim.
+    Idle,
+    /// Part of the victim moved; the next step continues it.
+    Progress,
+    /// The victim is free.
+    Reclaimed,
+}
+
 /// Blocks a record or segment occupies: header + data, for segments padded to the unit.
 pub(super) fn segment_blocks(data_blocks: u64, unit_blocks: u64) -> u64 {
     (1 + data_blocks).div_ceil(unit_blocks) * unit_blocks
@@ -401,15 +412,27 @@ impl Engine {
         Ok(b)
     }
 
-    /// Reclaim one band by cost-benefit; false if nothing is reclaimable. A
-    /// band with nothing valid left costs no copies and is always taken
-    /// first (plain cost-benefit would prefer an older half-full band to a
-    /// younger empty one: a sequentially rewritten tenant's zones die whole,
-    /// a moment after they are old enough to be chosen).
+    /// Reclaim one band (finishing the one a bounded step left half done,
+    /// if any); false if nothing is reclaimable.
     fn collect_one(&self, inner: &mut Inner) -> Result<bool, VolumeError> {
-        let (bpb, usable) = (inner.blocks_per_band(), inner.band_usable());
+        loop {
+            match self.gc_step(inner, u64::MAX)? {
+                GcStep::Idle => return Ok(false),
+                GcStep::Reclaimed => return Ok(true),
+                GcStep::Progress => {}
+            }
+        }
+    }
+
+    /// The band GC should take next, by cost-benefit. A band with nothing
+    /// valid left costs no copies and is always taken first (plain
+    /// cost-benefit would prefer an older half-full band to a younger empty
+    /// one: a sequentially rewritten tenant's zones die whole, a moment
+    /// after they are old enough to be chosen).
+    fn gc_victim(inner: &Inner) -> Option<u32> {
+        let usable = inner.band_usable();
         let now = inner.seq;
-        let victim = inner
+        inner
             .bands
             .iter()
             .enumerate()
@@ -420,33 +443,53 @@ impl Engine {
                 (i, if b.valid == 0 { f64::INFINITY } else { (1.0 - u) * age / (1.0 + u) })
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(i, _)| i as u32);
-        let Some(v) = victim else { return Ok(false) };
+            .map(|(i, _)| i as u32)
+    }
+
+    /// GC the victim in progress (choosing one if none is) for at least one
+    /// segment and until `blocks_max` of its blocks were walked (or the
+    /// victim ends; `gc_window_blocks` is one full read): its current blocks and live
+    /// tombstones go to the GC band under fresh sequence numbers. Between
+    /// steps the victim stays Full and readable and the engine lock is free,
+    /// so the background compactor collects a band a window at a time; every
+    /// window re-checks the map, so blocks rewritten or trimmed meanwhile are
+    /// simply not moved. The victim is discarded (after both devices flush,
+    /// rule 3) when its last window is done.
+    pub(super) fn gc_step(&self, inner: &mut Inner, blocks_max: u64) -> Result<GcStep, VolumeError> {
+        let cursor = match inner.gc_cursor {
+            Some(c) => c,
+            None => {
+                let Some(victim) = Self::gc_victim(inner) else { return Ok(GcStep::Idle) };
+                GcCursor { victim, pos: 0, wrote: false }
+            }
+        };
+        inner.gc_cursor = Some(cursor);
+        let GcCursor { victim: v, mut pos, mut wrote } = cursor;
+        let bpb = inner.blocks_per_band();
         let unit = inner.cfg.write_unit_bytes / BS;
         let first = v as u64 * bpb;
         let written = inner.bands[v as usize].written;
         // Reads are whole windows of the band (≥ a chunk, ≥ the largest
         // segment), not a header and then data per segment: a NAND device
         // serves one large read from all its dies at once.
-        let window_blocks = inner.blocks_per_chunk().max(segment_blocks(RECORD_BLOCKS_MAX as u64, unit));
+        let window_blocks = inner.gc_window_blocks();
         // Walk the victim segment by segment, gathering current blocks and
-        // live tombstones per volume; every window's worth of them goes to
-        // the GC band as full segments under fresh sequence numbers.
+        // live tombstones per volume; every window's worth of them (and what
+        // is left at the end of the step) goes to the GC band as segments.
         let nv = inner.vols.len();
         // Per volume: current blocks (lba, crc), their data, live tombstones.
         type Gathered = (Vec<(u64, u32)>, Vec<u8>, Vec<u64>);
         let mut gathered: Vec<Gathered> = vec![(Vec::new(), Vec::new(), Vec::new()); nv];
         let mut held = 0u64;
-        let mut pos = 0u64;
-        let mut wrote = false;
-        while pos < written {
+        let mut walked = 0u64;
+        while pos < written && walked < blocks_max {
             self.drain_capacity(inner)?;
             let len = window_blocks.min(written - pos);
             let win = read_pooled(&*self.capacity, inner, (first + pos) * BS, (len * BS) as usize)?;
             // Segments whose data lies wholly in the window; `at` ends at the
             // first that does not (the next window starts there).
             let mut at = 0u64;
-            while at < len {
+            while at < len && walked + at < blocks_max {
                 let h = decode_header(&win[(at * BS) as usize..((at + 1) * BS) as usize]);
                 let h = h.map_err(|e| VolumeError::Io(format!("band {v} segment at block {}: {e}", pos + at)))?;
                 let n = h.data_blocks() as u64;
@@ -478,7 +521,8 @@ impl Engine {
                 return Err(VolumeError::Io(format!("band {v} segment at block {pos}: larger than a GC window")));
             }
             pos += at;
-            if held >= window_blocks || pos >= written {
+            walked += at;
+            if held >= window_blocks || pos >= written || walked >= blocks_max {
                 for (vol, g) in gathered.iter_mut().enumerate() {
                     if g.0.is_empty() && g.2.is_empty() {
                         continue;
@@ -495,7 +539,13 @@ impl Engine {
                 held = 0;
             }
         }
+        // Nothing stays in flight between steps: requests in between use
+        // the capacity device synchronously.
         self.drain_capacity(inner)?;
+        if pos < written {
+            inner.gc_cursor = Some(GcCursor { victim: v, pos, wrote });
+            return Ok(GcStep::Progress);
+        }
         assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
         // Rule 3: relocations, and whatever made the victim's dropped entries
         // stale, are durable before the victim is discarded.
@@ -504,11 +554,12 @@ impl Engine {
         }
         self.flush_cache(inner)?;
         zoned::reclaim_band(&*self.capacity, inner.geo.zoned, first * BS, inner.cfg.band_bytes)?;
+        inner.gc_cursor = None;
         inner.bands[v as usize].state = State::Free;
         inner.sim_freed(None, Some(v));
         inner.free_bands.push_back(v);
         inner.stats.bands_reclaimed += 1;
-        Ok(true)
+        Ok(GcStep::Reclaimed)
     }
 
     /// After recovery: write the current content of `blocks` (volume, LBA)

@@ -63,7 +63,7 @@ impl Engine {
 impl EngineVolume {
     /// The engine's state, unless it was shut down.
     fn live(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
-        let inner = self.engine.lock();
+        let inner = self.engine.lock_for_request();
         if inner.closed {
             return Err(VolumeError::ReadOnly);
         }
