@@ -198,6 +198,16 @@ struct GcCursor {
     wrote: bool,
 }
 
+/// Where a bounded compaction step stopped in the oldest full chunk.
+#[derive(Clone, Copy, Debug)]
+struct CompactCursor {
+    chunk: u32,
+    /// Block of the chunk where the next record starts.
+    pos: u64,
+    /// Whether anything was written to the capacity device.
+    wrote: bool,
+}
+
 struct Vol {
     name: String,
     l2p: Vec<Loc>,
@@ -288,6 +298,9 @@ struct Inner {
     /// The GC victim a bounded step left half done (`Engine::gc_step`);
     /// not persisted: after a reopen GC simply chooses again.
     gc_cursor: Option<GcCursor>,
+    /// Where a bounded compaction step stopped in the oldest full chunk
+    /// (`Engine::compact_step`); not persisted, like `gc_cursor`.
+    compact_cursor: Option<CompactCursor>,
     seq: u64,
     stats: EngineStats,
     /// Reusable I/O buffers (compaction and GC move megabytes per call; fresh
@@ -658,6 +671,7 @@ impl Inner {
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
             gc_cursor: None,
+            compact_cursor: None,
             placement: BandPlacement::PerVolume,
             seq: 0,
             stats: EngineStats::default(),
@@ -699,8 +713,12 @@ impl Inner {
     /// Blocks GC reads at once from a victim: at least a chunk and at least
     /// the largest segment.
     fn gc_window_blocks(&self) -> u64 {
-        let unit = self.cfg.write_unit_bytes / BS;
-        self.blocks_per_chunk().max(datapath::segment_blocks(RECORD_BLOCKS_MAX as u64, unit))
+        self.blocks_per_chunk().max(self.segment_blocks_max())
+    }
+
+    /// Blocks of the largest capacity segment (header + data, padded).
+    fn segment_blocks_max(&self) -> u64 {
+        datapath::segment_blocks(RECORD_BLOCKS_MAX as u64, self.cfg.write_unit_bytes / BS)
     }
 
     /// Blocks a band can hold (≤ the stride; less on a zoned device).

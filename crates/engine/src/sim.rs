@@ -1,7 +1,8 @@
 //! Deterministic simulation of the engine against an in-memory model.
 //!
 //! One seed drives a random mix of writes (1–40 blocks), reads, trims,
-//! write-zeroes, flushes and bounded GC steps (`Engine::collect_some`) over several volumes on small memory devices, so
+//! write-zeroes, flushes and bounded GC and compaction steps
+//! (`Engine::collect_some`, `compact_some`) over several volumes on small memory devices, so
 //! compaction and GC run constantly. Every read is checked against the model
 //! (what was last written, zeros if never written or trimmed), and the map's
 //! invariants are checked as the run goes. A failure names its seed; the same
@@ -123,9 +124,11 @@ pub fn run_seed_with(seed: u64, ops: usize, build: impl FnOnce(&[u64]) -> World)
                 vol.write(lba * 4096, &data, rng.below(10) == 0).map_err(|e| fail(format!("write: {e}")))?;
             }
             80..=84 => {
-                // A bounded GC step, as the background compactor takes them:
-                // victims stay half collected under the requests that follow.
+                // Bounded GC and compaction steps, as the background
+                // compactor takes them: victims and chunks stay half done
+                // under the requests that follow.
                 w.engine.collect_some(len).map_err(|e| fail(format!("gc step: {e}")))?;
+                w.engine.compact_some(len).map_err(|e| fail(format!("compaction step: {e}")))?;
             }
             55..=79 => {
                 let mut buf = vec![0u8; len as usize * BS];

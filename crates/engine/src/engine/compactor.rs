@@ -26,7 +26,7 @@
 //! The controller is a pure function of (time, bytes, free chunks,
 //! bandwidth), tested without threads or clocks.
 
-use super::datapath::GcStep;
+use super::datapath::{CompactStep, GcStep};
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Condvar;
@@ -129,6 +129,13 @@ impl Throttle {
 /// free bands are this many above the inline GC level.
 const GC_AHEAD_BANDS: usize = 2;
 
+/// A background step walks this share of a chunk (compaction) or as many
+/// blocks of a GC victim: 1 MiB of a 16 MiB chunk, a few ms under the lock.
+const STEP_PARTS: u64 = 16;
+
+/// Longest the compactor pauses after a step for waiting requests.
+const STEP_ASIDE_MAX: Duration = Duration::from_millis(10);
+
 /// What one background step did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Work {
@@ -149,14 +156,11 @@ pub(super) struct Background {
     pub(super) compactions: AtomicU64,
     pub(super) gc_windows: AtomicU64,
     pub(super) compaction_ns: AtomicU64,
-    /// GC work not yet counted into a compaction bandwidth sample.
-    gc_ns_unbilled: AtomicU64,
-    /// Requests waiting for the engine lock, and requests that got it: the
-    /// compactor lets a waiting request in between two of its steps (a
-    /// plain mutex would hand the lock straight back to the thread that
-    /// just released it, and writers waited 0.6 s behind a run of steps).
+    /// Background work (compaction and GC steps) since the last chunk was
+    /// freed: the next bandwidth sample's time.
+    ns_unbilled: AtomicU64,
+    /// Requests waiting for the engine lock (`Engine::step_aside`).
     waiting: AtomicUsize,
-    served: AtomicU64,
     pub(super) throttled_writes: AtomicU64,
     pub(super) throttle_ns: AtomicU64,
 }
@@ -172,10 +176,9 @@ impl Background {
             wake: Condvar::new(),
             compactions: AtomicU64::new(0),
             gc_windows: AtomicU64::new(0),
-            gc_ns_unbilled: AtomicU64::new(0),
+            ns_unbilled: AtomicU64::new(0),
             compaction_ns: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
-            served: AtomicU64::new(0),
             throttled_writes: AtomicU64::new(0),
             throttle_ns: AtomicU64::new(0),
         }
@@ -250,11 +253,12 @@ impl Engine {
             if *self.bg.stop.lock().expect("compactor stop") {
                 return;
             }
+            let t = Instant::now();
             match self.background_step(last) {
                 Ok(Work::Idle) => last = Work::Idle,
                 Ok(w) => {
                     last = w;
-                    self.let_a_request_in();
+                    self.step_aside(t.elapsed());
                     continue;
                 }
                 // Closed or failed: writes report it; nothing more to do here
@@ -269,17 +273,19 @@ impl Engine {
         }
     }
 
-    /// If requests wait for the engine lock, give it to one of them before
-    /// the next step (for at most a millisecond).
-    fn let_a_request_in(&self) {
+    /// If requests wait for the engine lock, step aside after a step for as
+    /// long as it took (at most `STEP_ASIDE_MAX`): under contention the
+    /// compactor holds the lock at most half the time, and the throttle,
+    /// paced to the bandwidth measured with these pauses, keeps the log from
+    /// running out. (A plain mutex hands the lock straight back to the
+    /// thread that just released it: writers waited 0.6 s behind runs of
+    /// steps; letting one request in per step still made a connection's
+    /// queue wait a step per request.)
+    fn step_aside(&self, step: Duration) {
         if self.bg.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let served = self.bg.served.load(Ordering::SeqCst);
-        let t = Instant::now();
-        while self.bg.served.load(Ordering::SeqCst) == served && t.elapsed() < Duration::from_millis(1) {
-            std::thread::yield_now();
-        }
+        std::thread::sleep(step.min(STEP_ASIDE_MAX));
     }
 
     /// The engine lock, for a request: counted, so that the compactor can
@@ -291,7 +297,6 @@ impl Engine {
         self.bg.waiting.fetch_add(1, Ordering::SeqCst);
         let inner = self.lock();
         self.bg.waiting.fetch_sub(1, Ordering::SeqCst);
-        self.bg.served.fetch_add(1, Ordering::SeqCst);
         inner
     }
 
@@ -320,14 +325,14 @@ impl Engine {
             e
         };
         if gc_due && (gc_urgent || last == Work::Compacted || !compact_due) {
-            let window = inner.gc_window_blocks();
-            match self.gc_step(&mut inner, window).map_err(|e| fail(&mut inner, e))? {
+            let step_blocks = inner.blocks_per_chunk() / STEP_PARTS;
+            match self.gc_step(&mut inner, step_blocks).map_err(|e| fail(&mut inner, e))? {
                 GcStep::Idle => {}
                 _ => {
                     let ns = t.elapsed().as_nanos() as u64;
                     self.bg.gc_windows.fetch_add(1, Ordering::Relaxed);
                     self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
-                    self.bg.gc_ns_unbilled.fetch_add(ns, Ordering::Relaxed);
+                    self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
                     return Ok(Work::Collected);
                 }
             }
@@ -335,19 +340,23 @@ impl Engine {
         if !compact_due {
             return Ok(Work::Idle);
         }
-        self.compact_oldest(&mut inner).map_err(|e| fail(&mut inner, e))?;
+        let step_blocks = inner.blocks_per_chunk() / STEP_PARTS;
+        let step = self.compact_step(&mut inner, step_blocks).map_err(|e| fail(&mut inner, e))?;
         let ns = t.elapsed().as_nanos() as u64;
         self.bg.free_chunks.store(inner.free_chunks.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
         drop(inner);
-        self.bg.compactions.fetch_add(1, Ordering::Relaxed);
         self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
-        // The log space a chunk frees costs its compaction and the GC done
-        // since the last one (the capacity space compaction needs): writes
-        // are paced to both together.
-        let gc_ns = self.bg.gc_ns_unbilled.swap(0, Ordering::Relaxed);
-        if let Some(t) = self.bg.throttle.lock().expect("throttle").as_mut() {
-            t.observe(freed, ns + gc_ns);
+        self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
+        if step == CompactStep::Freed {
+            self.bg.compactions.fetch_add(1, Ordering::Relaxed);
+            // The log space a chunk frees costs its compaction steps and the
+            // GC done meanwhile (the capacity space compaction needs):
+            // writes are paced to both together.
+            let work = self.bg.ns_unbilled.swap(0, Ordering::Relaxed);
+            if let Some(t) = self.bg.throttle.lock().expect("throttle").as_mut() {
+                t.observe(freed, work);
+            }
         }
         Ok(Work::Compacted)
     }
@@ -358,6 +367,20 @@ impl Engine {
     /// Simulations call it between requests to put half-collected victims
     /// under reads, writes, trims and crashes.
     pub fn collect_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
+        self.bounded_step(|e, inner| Ok(e.gc_step(inner, blocks_max)? != GcStep::Idle))
+    }
+
+    /// One bounded compaction step of the oldest full chunk (at least one
+    /// record, up to `blocks_max` blocks of it). False if no chunk is full.
+    /// Simulations call it between requests, like `collect_some`.
+    pub fn compact_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
+        self.bounded_step(|e, inner| Ok(e.compact_step(inner, blocks_max)? != CompactStep::Idle))
+    }
+
+    fn bounded_step(
+        &self,
+        f: impl FnOnce(&Engine, &mut Inner) -> Result<bool, VolumeError>,
+    ) -> Result<bool, VolumeError> {
         let mut inner = self.lock();
         if inner.closed {
             return Err(VolumeError::ReadOnly);
@@ -365,11 +388,11 @@ impl Engine {
         if inner.failed {
             return Err(VolumeError::Io("engine stopped after a device error; reopen it to recover".into()));
         }
-        let r = self.gc_step(&mut inner, blocks_max);
+        let r = f(self, &mut inner);
         if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
             inner.failed = true;
         }
-        Ok(r? != GcStep::Idle)
+        r
     }
 
     /// Before a write of `bytes` (outside the engine lock): wait as long as

@@ -79,6 +79,17 @@ pub(super) fn chunk_records(data: &[u8], bpc: u64) -> impl Iterator<Item = (u64,
     })
 }
 
+/// What one bounded compaction step did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CompactStep {
+    /// No full chunk.
+    Idle,
+    /// Part of the oldest chunk moved; the next step continues it.
+    Progress,
+    /// The chunk is free.
+    Freed,
+}
+
 /// What one bounded GC step did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum GcStep {
@@ -241,50 +252,104 @@ impl Engine {
     }
 
     /// Move the oldest full chunk's current blocks and live tombstones to the
-    /// capacity device, flush it, free the chunk.
+    /// capacity device, flush it, free the chunk (finishing the chunk a
+    /// bounded step left half done, if any).
     pub(super) fn compact_oldest(&self, inner: &mut Inner) -> Result<(), VolumeError> {
-        let c = inner.full_chunks.pop_front().expect("a full chunk exists when the log is short of space");
+        assert!(!inner.full_chunks.is_empty(), "a full chunk exists when the log is short of space");
+        while self.compact_step(inner, u64::MAX)? != CompactStep::Freed {}
+        Ok(())
+    }
+
+    /// Compact the oldest full chunk from where the last step stopped:
+    /// read at most `blocks_max` of it (at least one whole record; the
+    /// chunk itself when unbounded), move the current blocks and live
+    /// tombstones of the whole records in it to their volumes' bands, and
+    /// remap them — all in this call, so a block rewritten or trimmed
+    /// between steps is simply not moved. The chunk stays first in
+    /// `full_chunks` (and in a checkpoint) until its last step frees it,
+    /// after both devices flushed (rule 3).
+    pub(super) fn compact_step(&self, inner: &mut Inner, blocks_max: u64) -> Result<CompactStep, VolumeError> {
+        let Some(&c) = inner.full_chunks.front() else { return Ok(CompactStep::Idle) };
         assert_eq!(inner.chunks[c as usize].state, State::Full);
+        let cursor = match inner.compact_cursor {
+            Some(k) if k.chunk == c => k,
+            _ => CompactCursor { chunk: c, pos: 0, wrote: false },
+        };
+        let CompactCursor { mut pos, mut wrote, .. } = cursor;
         let bpc = inner.blocks_per_chunk();
         let base = c as u64 * bpc;
-        let data = read_pooled(&*self.cache, inner, base * BS, (bpc * BS) as usize)?;
         let epoch = inner.chunks[c as usize].epoch;
-        // Per volume: current data blocks (lba, offset in chunk) and live tombstones.
-        let mut blocks: Vec<Vec<(u64, u32, usize)>> = vec![Vec::new(); inner.vols.len()];
-        let mut tombs: Vec<Vec<u64>> = vec![Vec::new(); inner.vols.len()];
-        for (pos, h) in chunk_records(&data, bpc) {
-            if h.epoch != epoch || h.volume as usize >= inner.vols.len() {
-                break;
-            }
-            let vol = h.volume as usize;
-            if h.kind == RecordKind::Write {
-                for (i, e) in h.entries.iter().enumerate() {
-                    let cb = base + pos + 1 + i as u64;
-                    if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::cache(cb)) {
-                        blocks[vol].push((e.lba, e.crc, ((pos + 1 + i as u64) * BS) as usize));
+        // The window: `blocks_max` blocks, or the first record whole if it is
+        // larger (read again at its size).
+        let mut len = blocks_max.max(1).min(bpc - pos);
+        let mut end_of_chunk = len == 0;
+        while !end_of_chunk {
+            let data = read_pooled(&*self.cache, inner, (base + pos) * BS, (len * BS) as usize)?;
+            // Per volume: current data blocks (lba, crc, offset in window) and live tombstones.
+            let mut blocks: Vec<Vec<(u64, u32, usize)>> = vec![Vec::new(); inner.vols.len()];
+            let mut tombs: Vec<Vec<u64>> = vec![Vec::new(); inner.vols.len()];
+            let mut at = 0u64;
+            let mut first_needs = None;
+            while at < len {
+                let Ok(h) = decode_header(&data[(at * BS) as usize..((at + 1) * BS) as usize]) else {
+                    end_of_chunk = true; // never written, torn, or a previous generation
+                    break;
+                };
+                let n = h.data_blocks() as u64;
+                let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim) && pos + at + 1 + n <= bpc;
+                if !whole || h.epoch != epoch || h.volume as usize >= inner.vols.len() {
+                    end_of_chunk = true;
+                    break;
+                }
+                if at + 1 + n > len {
+                    // The next step's window starts with this record.
+                    first_needs = (at == 0).then_some(1 + n);
+                    break;
+                }
+                let vol = h.volume as usize;
+                if h.kind == RecordKind::Write {
+                    for (i, e) in h.entries.iter().enumerate() {
+                        let cb = base + pos + at + 1 + i as u64;
+                        if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::cache(cb)) {
+                            blocks[vol].push((e.lba, e.crc, ((at + 1 + i as u64) * BS) as usize));
+                        }
+                    }
+                } else {
+                    for e in &h.entries {
+                        if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::NONE) {
+                            tombs[vol].push(e.lba);
+                        }
                     }
                 }
-            } else {
-                for e in &h.entries {
-                    if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::NONE) {
-                        tombs[vol].push(e.lba);
-                    }
-                }
+                at += 1 + n;
             }
-        }
-        let mut wrote = false;
-        for vol in 0..inner.vols.len() {
-            if blocks[vol].is_empty() && tombs[vol].is_empty() {
+            if let Some(need) = first_needs {
+                inner.give_buf(data);
+                len = need;
                 continue;
             }
-            let payload: Vec<Moved<'_>> =
-                blocks[vol].iter().map(|&(lba, crc, at)| (lba, crc, &data[at..at + BLOCK_BYTES])).collect();
-            let moved = self.write_segments(inner, vol as u32, false, &payload, &tombs[vol])?;
-            inner.stats.compaction_bytes += moved * BS;
-            wrote = true;
+            for vol in 0..inner.vols.len() {
+                if blocks[vol].is_empty() && tombs[vol].is_empty() {
+                    continue;
+                }
+                let payload: Vec<Moved<'_>> =
+                    blocks[vol].iter().map(|&(lba, crc, off)| (lba, crc, &data[off..off + BLOCK_BYTES])).collect();
+                let moved = self.write_segments(inner, vol as u32, false, &payload, &tombs[vol])?;
+                inner.stats.compaction_bytes += moved * BS;
+                wrote = true;
+            }
+            inner.give_buf(data);
+            pos += at;
+            end_of_chunk |= pos >= bpc;
+            break;
         }
-        inner.give_buf(data);
+        // Nothing stays in flight between steps: requests in between use
+        // the capacity device synchronously.
         self.drain_capacity(inner)?;
+        if !end_of_chunk {
+            inner.compact_cursor = Some(CompactCursor { chunk: c, pos, wrote });
+            return Ok(CompactStep::Progress);
+        }
         assert_eq!(inner.chunks[c as usize].valid, 0, "every current block moved");
         // Rule 3: the copies, and whatever superseded the chunk's dropped
         // entries, are durable before the chunk can be reused.
@@ -292,11 +357,13 @@ impl Engine {
             self.flush_capacity(inner)?;
         }
         self.flush_cache(inner)?;
+        assert_eq!(inner.full_chunks.pop_front(), Some(c));
+        inner.compact_cursor = None;
         inner.chunks[c as usize].state = State::Free;
         inner.sim_freed(Some(c), None);
         inner.free_chunks.push_back(c);
         inner.stats.chunks_compacted += 1;
-        Ok(())
+        Ok(CompactStep::Freed)
     }
 
     /// Write `blocks` (lba, crc, data) and `tombs` of `vol` as segments into
@@ -484,7 +551,9 @@ impl Engine {
         let mut walked = 0u64;
         while pos < written && walked < blocks_max {
             self.drain_capacity(inner)?;
-            let len = window_blocks.min(written - pos);
+            // A step bounded below a window reads only what it may walk (but
+            // always enough for the largest segment).
+            let len = window_blocks.min(blocks_max.max(inner.segment_blocks_max())).min(written - pos);
             let win = read_pooled(&*self.capacity, inner, (first + pos) * BS, (len * BS) as usize)?;
             // Segments whose data lies wholly in the window; `at` ends at the
             // first that does not (the next window starts there).
