@@ -21,11 +21,13 @@
 //! mapped L2P entry points at a cache or capacity block whose P2L names it
 //! back, and valid counts equal the number of such blocks.
 //!
-//! This increment runs requests synchronously under one lock, which makes it
-//! deterministic on emulated devices. Not yet here (next increments): crash
-//! recovery (superblock, checkpoints, log replay — the record format already
-//! carries what replay needs), ZNS capacity devices, band P2L on media, group
-//! commit and background compaction threads with a rate controller.
+//! Requests run synchronously under one lock, which makes the engine
+//! deterministic on emulated devices. Compaction and GC run inline when a
+//! request needs space, or ahead of need in bounded steps on a background
+//! thread (`compactor.rs`) that paces writers with a set-point controller.
+//! Crash recovery (`recover.rs`), checkpoints (`checkpoint.rs`) and ZNS
+//! capacity devices (`zoned.rs`) live in the submodules. Not yet: device
+//! I/O outside the lock.
 
 use crate::layout::{crc32c, encode_header, BLOCK_BYTES, RECORD_BLOCKS_MAX};
 use crate::metrics::{Op, OpSnapshot, VolumeMetrics};

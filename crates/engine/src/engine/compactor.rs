@@ -1,30 +1,32 @@
-//! Background compaction and the set-point controller that paces
-//! foreground writes to it.
+//! Background compaction and GC, and the set-point controller that paces
+//! foreground writes to them.
 //!
 //! Without a compactor the engine compacts inline: the write that finds the
 //! log at its floor (`log_free_chunks_min` free chunks) compacts the oldest
-//! chunks itself, so its latency jumps by whole chunk compactions while
-//! every other write waits on the lock. `Engine::start_compactor` moves that
-//! work to a thread that starts compacting when free chunks fall below
-//! `start_free` of the log, one chunk per hold of the engine lock, and keeps
-//! going until the log is back above it.
+//! chunk itself, and the compaction that finds the bands at theirs collects
+//! whole bands — hundreds of milliseconds under the lock while every other
+//! request waits. `Engine::start_compactor` moves that work to a thread that
+//! does it ahead of need in bounded steps (`Engine::compact_step`,
+//! `gc_step`: 1/16 of a chunk each, resumable, re-checking the map every
+//! step), and steps aside after each one for as long as it took whenever
+//! requests wait for the lock.
 //!
 //! When writes outrun it, the log would still drain to the floor. The
 //! [`Throttle`] prevents that the way Linux paces dirty pages
 //! (balance_dirty_pages): below a set point it admits writes at a rate
-//! proportional to the compactor's measured bandwidth — exactly that
-//! bandwidth at the set point, falling linearly to a tenth of it at the
-//! floor — and admits them freely above it. Free space then settles at the
-//! set point, where writes run as fast as compaction drains the log, and
-//! writers are slowed smoothly instead of being stopped. The inline path
-//! stays as the floor's safety valve (it cannot be reached unless the
-//! compactor stalls), so no write ever fails for lack of log space.
+//! proportional to the measured drain bandwidth (a chunk's log bytes over
+//! the time of its compaction steps and the GC steps done meanwhile) —
+//! exactly that bandwidth at the set point, falling linearly to a tenth of
+//! it at the floor — and admits them freely above it. Free space then
+//! settles at the set point, where writes run as fast as the log drains,
+//! and writers are slowed smoothly instead of being stopped. The inline
+//! paths stay as safety valves, so no write ever fails for lack of space.
 //!
 //! Invariants: the throttle sleeps outside the engine lock; the compactor
-//! holds the lock for one chunk at a time; dropping the [`Compactor`] stops
-//! and joins its thread before the engine can be shut down by its owner.
-//! The controller is a pure function of (time, bytes, free chunks,
-//! bandwidth), tested without threads or clocks.
+//! holds the lock for one bounded step at a time and leaves no capacity
+//! write in flight between steps; dropping the [`Compactor`] stops and joins
+//! its thread. The controller is a pure function of (time, bytes, free
+//! chunks, bandwidth), tested without threads or clocks.
 
 use super::datapath::{CompactStep, GcStep};
 use super::*;
