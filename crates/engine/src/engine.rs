@@ -196,8 +196,6 @@ struct GcCursor {
     victim: u32,
     /// Blocks of the victim walked so far.
     pos: u64,
-    /// Whether anything was relocated (the capacity needs a flush at the end).
-    wrote: bool,
 }
 
 /// Where a bounded compaction step stopped in the oldest full chunk.
@@ -206,8 +204,6 @@ struct CompactCursor {
     chunk: u32,
     /// Block of the chunk where the next record starts.
     pos: u64,
-    /// Whether anything was written to the capacity device.
-    wrote: bool,
 }
 
 struct Vol {
@@ -328,6 +324,12 @@ struct Inner {
     /// internal parallelism (NAND dies) works on many at once. Zero outside
     /// `compact_oldest` and `collect_one`.
     cap_inflight: usize,
+    /// Segments were written to the capacity device since its last flush:
+    /// freeing a chunk or discarding a GC victim flushes it first (rule 3).
+    /// Kept here rather than per compaction or GC pass, so a pass that
+    /// failed halfway (NoSpace) and is resumed later still flushes what it
+    /// wrote before the error.
+    cap_dirty: bool,
 }
 
 /// Causality for simulating this synchronous engine as many concurrent
@@ -687,6 +689,7 @@ impl Inner {
             geo,
             sim: None,
             cap_inflight: 0,
+            cap_dirty: false,
         }
     }
 

@@ -162,6 +162,7 @@ pub(super) fn decode_checkpoint(
         sim: None,
         placement: BandPlacement::PerVolume,
         cap_inflight: 0,
+        cap_dirty: false,
     };
     inner.check_invariants();
     Ok(inner)

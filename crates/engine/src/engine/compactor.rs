@@ -161,6 +161,8 @@ pub(super) struct Background {
     /// Background work (compaction and GC steps) since the last chunk was
     /// freed: the next bandwidth sample's time.
     ns_unbilled: AtomicU64,
+    /// `EngineStats::chunks_compacted` at the last bandwidth sample.
+    billed_chunks: AtomicU64,
     /// Requests waiting for the engine lock (`Engine::step_aside`).
     waiting: AtomicUsize,
     pub(super) throttled_writes: AtomicU64,
@@ -179,6 +181,7 @@ impl Background {
             compactions: AtomicU64::new(0),
             gc_windows: AtomicU64::new(0),
             ns_unbilled: AtomicU64::new(0),
+            billed_chunks: AtomicU64::new(0),
             compaction_ns: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             throttled_writes: AtomicU64::new(0),
@@ -265,7 +268,10 @@ impl Engine {
                 }
                 // Closed or failed: writes report it; nothing more to do here
                 // until the engine is reopened.
-                Err(_) => return,
+                Err(VolumeError::ReadOnly) => break,
+                // Anything else (NoSpace: the capacity device is full) may
+                // pass as requests trim or rewrite: wait, then try again.
+                Err(_) => last = Work::Idle,
             }
             let stop = self.bg.stop.lock().expect("compactor stop");
             if *stop {
@@ -273,6 +279,10 @@ impl Engine {
             }
             let _ = self.bg.wake.wait_timeout(stop, Duration::from_millis(50));
         }
+        // Stopped for good: writers are no longer paced to a rate nobody
+        // measures, and the snapshot says so.
+        self.bg.on.store(false, Ordering::SeqCst);
+        *self.bg.throttle.lock().expect("throttle") = None;
     }
 
     /// If requests wait for the engine lock, step aside after a step for as
@@ -327,7 +337,7 @@ impl Engine {
             e
         };
         if gc_due && (gc_urgent || last == Work::Compacted || !compact_due) {
-            let step_blocks = inner.blocks_per_chunk() / STEP_PARTS;
+            let step_blocks = (inner.blocks_per_chunk() / STEP_PARTS).max(1);
             match self.gc_step(&mut inner, step_blocks).map_err(|e| fail(&mut inner, e))? {
                 GcStep::Idle => {}
                 _ => {
@@ -342,11 +352,12 @@ impl Engine {
         if !compact_due {
             return Ok(Work::Idle);
         }
-        let step_blocks = inner.blocks_per_chunk() / STEP_PARTS;
+        let step_blocks = (inner.blocks_per_chunk() / STEP_PARTS).max(1);
         let step = self.compact_step(&mut inner, step_blocks).map_err(|e| fail(&mut inner, e))?;
         let ns = t.elapsed().as_nanos() as u64;
         self.bg.free_chunks.store(inner.free_chunks.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
+        let compacted = inner.stats.chunks_compacted;
         drop(inner);
         self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
         self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
@@ -355,8 +366,11 @@ impl Engine {
             // The log space a chunk frees costs its compaction steps and the
             // GC done meanwhile (the capacity space compaction needs):
             // writes are paced to both together.
+            // A chunk freed inline since the last sample took foreground
+            // time this thread did not see: skip the sample, start afresh.
             let work = self.bg.ns_unbilled.swap(0, Ordering::Relaxed);
-            if let Some(t) = self.bg.throttle.lock().expect("throttle").as_mut() {
+            let inline = compacted - self.bg.billed_chunks.swap(compacted, Ordering::Relaxed) > 1;
+            if let (false, Some(t)) = (inline, self.bg.throttle.lock().expect("throttle").as_mut()) {
                 t.observe(freed, work);
             }
         }
@@ -583,6 +597,18 @@ mod tests {
         let s = w.engine.stats();
         assert!(s.chunks_compacted > 20 && s.bands_reclaimed > 0, "{s:?}");
         w.engine.check_invariants();
+    }
+
+    #[test]
+    fn the_compactor_stops_by_itself_when_the_engine_shuts_down() {
+        let w = small_world(&[64]);
+        let c = w.engine.start_compactor(CompactorConfig::default()).unwrap();
+        w.volumes[0].write(0, &pattern(0, 0, 1), false).unwrap();
+        w.engine.shutdown().unwrap();
+        assert!(eventually(|| !w.engine.snapshot().compactor.running), "still running after shutdown");
+        // Writes are refused, not paced against a rate nobody measures.
+        assert_eq!(w.volumes[0].write(0, &pattern(0, 0, 2), false), Err(VolumeError::ReadOnly));
+        drop(c);
     }
 
     #[test]

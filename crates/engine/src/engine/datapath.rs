@@ -273,9 +273,9 @@ impl Engine {
         assert_eq!(inner.chunks[c as usize].state, State::Full);
         let cursor = match inner.compact_cursor {
             Some(k) if k.chunk == c => k,
-            _ => CompactCursor { chunk: c, pos: 0, wrote: false },
+            _ => CompactCursor { chunk: c, pos: 0 },
         };
-        let CompactCursor { mut pos, mut wrote, .. } = cursor;
+        let CompactCursor { mut pos, .. } = cursor;
         let bpc = inner.blocks_per_chunk();
         let base = c as u64 * bpc;
         let epoch = inner.chunks[c as usize].epoch;
@@ -336,7 +336,6 @@ impl Engine {
                     blocks[vol].iter().map(|&(lba, crc, off)| (lba, crc, &data[off..off + BLOCK_BYTES])).collect();
                 let moved = self.write_segments(inner, vol as u32, false, &payload, &tombs[vol])?;
                 inner.stats.compaction_bytes += moved * BS;
-                wrote = true;
             }
             inner.give_buf(data);
             pos += at;
@@ -347,13 +346,13 @@ impl Engine {
         // the capacity device synchronously.
         self.drain_capacity(inner)?;
         if !end_of_chunk {
-            inner.compact_cursor = Some(CompactCursor { chunk: c, pos, wrote });
+            inner.compact_cursor = Some(CompactCursor { chunk: c, pos });
             return Ok(CompactStep::Progress);
         }
         assert_eq!(inner.chunks[c as usize].valid, 0, "every current block moved");
         // Rule 3: the copies, and whatever superseded the chunk's dropped
         // entries, are durable before the chunk can be reused.
-        if wrote {
+        if inner.cap_dirty {
             self.flush_capacity(inner)?;
         }
         self.flush_cache(inner)?;
@@ -523,15 +522,16 @@ impl Engine {
     /// simply not moved. The victim is discarded (after both devices flush,
     /// rule 3) when its last window is done.
     pub(super) fn gc_step(&self, inner: &mut Inner, blocks_max: u64) -> Result<GcStep, VolumeError> {
+        let blocks_max = blocks_max.max(1);
         let cursor = match inner.gc_cursor {
             Some(c) => c,
             None => {
                 let Some(victim) = Self::gc_victim(inner) else { return Ok(GcStep::Idle) };
-                GcCursor { victim, pos: 0, wrote: false }
+                GcCursor { victim, pos: 0 }
             }
         };
         inner.gc_cursor = Some(cursor);
-        let GcCursor { victim: v, mut pos, mut wrote } = cursor;
+        let GcCursor { victim: v, mut pos } = cursor;
         let bpb = inner.blocks_per_band();
         let unit = inner.cfg.write_unit_bytes / BS;
         let first = v as u64 * bpb;
@@ -603,7 +603,6 @@ impl Engine {
                     g.0.clear();
                     g.1.clear();
                     g.2.clear();
-                    wrote = true;
                 }
                 held = 0;
             }
@@ -612,13 +611,13 @@ impl Engine {
         // the capacity device synchronously.
         self.drain_capacity(inner)?;
         if pos < written {
-            inner.gc_cursor = Some(GcCursor { victim: v, pos, wrote });
+            inner.gc_cursor = Some(GcCursor { victim: v, pos });
             return Ok(GcStep::Progress);
         }
         assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
         // Rule 3: relocations, and whatever made the victim's dropped entries
         // stale, are durable before the victim is discarded.
-        if wrote {
+        if inner.cap_dirty {
             self.flush_capacity(inner)?;
         }
         self.flush_cache(inner)?;
@@ -659,6 +658,7 @@ impl Engine {
         }
         self.capacity.submit(IoRequest::write(offset, buf, 0));
         inner.cap_inflight += 1;
+        inner.cap_dirty = true;
         Ok(())
     }
 
@@ -711,6 +711,7 @@ impl Engine {
         let seq = inner.seq;
         flush(&*self.capacity)?;
         inner.cap_flushed_seq = seq;
+        inner.cap_dirty = false;
         Ok(())
     }
 
