@@ -465,7 +465,7 @@ pub fn run_job_text(
     let runtime_ns = resolved.iter().filter_map(|r| r.spec.runtime).map(|d| d.as_nanos() as u64).max();
     let limits = Limits { device_ns_max: runtime_ns, ..Default::default() };
     let before = tiers.as_ref().map(|(c, p)| (c.stats(), p.stats()));
-    let gc_before = engine.as_ref().map(|e| (e.stats().gc_bytes, volume_traffic(e)));
+    let traffic_before = engine.as_deref().map(volume_traffic);
     let r = runner::run(&*dev, &mut measured, limits, &mut |f| progress("measure", f))?;
     let mut rep = report(opts, &r, pre_result.as_ref(), file.warnings.iter().map(|w| w.to_string()).collect());
     if let (Some((c, p)), Some((c0, p0))) = (tiers, before) {
@@ -475,10 +475,12 @@ pub fn run_job_text(
         rep.waf_device = t.capacity.device_waf();
         rep.tiers = Some(t);
     }
-    if let (Some(e), Some((gc0, v0))) = (engine, gc_before) {
-        rep.gc_ratio = Some((e.stats().gc_bytes - gc0) as f64 / r.device.host_write_bytes.max(1) as f64);
+    if let (Some(e), Some(v0)) = (engine, traffic_before) {
+        let volumes: Vec<VolumeTraffic> = volume_traffic(&e).iter().zip(&v0).map(|(a, b)| a.since(b)).collect();
+        let gc: u64 = volumes.iter().map(|v| v.gc_bytes).sum();
+        rep.gc_ratio = Some(gc as f64 / r.device.host_write_bytes.max(1) as f64);
         rep.band_tenancy = Some(e.band_tenancy());
-        rep.volumes = Some(volume_traffic(&e).iter().zip(&v0).map(|(a, b)| a.since(b)).collect());
+        rep.volumes = Some(volumes);
     }
     Ok(rep)
 }

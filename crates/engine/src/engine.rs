@@ -42,11 +42,13 @@ use std::sync::{Arc, Mutex};
 mod checkpoint;
 mod compactor;
 mod datapath;
+mod placement;
 mod recover;
 mod volume_handle;
 mod zoned;
 
 pub use compactor::{Compactor, CompactorConfig, CompactorSnapshot, Throttle};
+pub use placement::BandPlacement;
 pub use volume_handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
 
 use checkpoint::{checkpoint_bytes_max, decode_checkpoint, encode_checkpoint};
@@ -110,16 +112,6 @@ impl Default for EngineConfig {
             gc_free_bands_min: 2,
         }
     }
-}
-
-/// Where compaction places volumes' blocks on the capacity device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub enum BandPlacement {
-    /// Each volume has its own open band (zone): tenants never share one.
-    #[default]
-    PerVolume,
-    /// All volumes write into one open band (the tenant-blind baseline).
-    Shared,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -459,23 +451,6 @@ impl Engine {
         inner.sim = Some(SimGate { clock, chunk_free_at_ns: vec![0; chunks], band_free_at_ns: vec![0; bands] });
     }
 
-    /// Choose where compaction writes each volume's blocks. `PerVolume` (the
-    /// default, and the engine's design) gives every volume its own open
-    /// band/zone; `Shared` sends every volume into one open band, the layout
-    /// of a cache that ignores tenants — kept as the baseline of the ZNS
-    /// isolation experiment (`sluice bench csal`, workload `tenants4`). A
-    /// placement policy only: segments name their volume either way, so
-    /// recovery and GC are the same, and it is not persisted.
-    pub fn set_band_placement(&self, placement: BandPlacement) -> Result<(), EngineError> {
-        let mut inner = self.lock();
-        // Changing it later would strand the open bands of the old streams.
-        if inner.placement != placement && (inner.stats.user_write_bytes > 0 || inner.stats.capacity_write_bytes > 0) {
-            return Err(EngineError::Config("band placement is chosen before the first write"));
-        }
-        inner.placement = placement;
-        Ok(())
-    }
-
     /// Reopen an engine from its devices after a clean shutdown.
     pub fn open(cache: Arc<dyn BlockDevice>, capacity: Arc<dyn BlockDevice>) -> Result<Arc<Engine>, EngineError> {
         // Step 1: the superblock (the valid copy with the higher generation).
@@ -571,34 +546,6 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.lock().stats
-    }
-
-    /// How many capacity bands hold valid blocks of exactly 1, 2, … volumes
-    /// (index k = bands holding k + 1 volumes), from a walk of the L2P. With
-    /// `BandPlacement::PerVolume` only GC's band mixes volumes.
-    pub fn band_tenancy(&self) -> Vec<u64> {
-        let inner = self.lock();
-        let bpb = inner.blocks_per_band();
-        let mut seen = vec![0u64; inner.bands.len()];
-        let mut count = vec![0u32; inner.bands.len()];
-        for (v, vol) in inner.vols.iter().enumerate() {
-            let bit = 1u64 << (v % 64);
-            for loc in &vol.l2p {
-                if let Some(b) = loc.capacity_block() {
-                    let band = (b / bpb) as usize;
-                    if seen[band] & bit == 0 {
-                        seen[band] |= bit;
-                        count[band] += 1;
-                    }
-                }
-            }
-        }
-        let last = inner.vols.len().max(1) - 1;
-        let mut hist = vec![0u64; last + 1];
-        for c in count.into_iter().filter(|&c| c > 0) {
-            hist[(c as usize - 1).min(last)] += 1;
-        }
-        hist
     }
 
     /// The cache and capacity devices.
@@ -731,15 +678,6 @@ impl Inner {
         self.geo.usable_blocks
     }
 
-    /// The band stream compaction of `vol` writes to: its own, or the one
-    /// all volumes share (`BandPlacement::Shared`, kept in volume 0's slot).
-    fn stream(&self, vol: u32) -> usize {
-        match self.placement {
-            BandPlacement::PerVolume => vol as usize,
-            BandPlacement::Shared => 0,
-        }
-    }
-
     /// Band `b`, the open band of `vol` (or of GC), is full: close it.
     fn close_band(&mut self, b: u32, vol: u32, gc: bool) {
         let band = &mut self.bands[b as usize];
@@ -751,6 +689,16 @@ impl Inner {
             let s = self.stream(vol);
             self.vols[s].open_band = None;
         }
+    }
+
+    /// Pass `r` on; if it is a device error (or corrupt data), stop all
+    /// further changes until the engine is reopened (`failed`): the
+    /// in-memory state may be ahead of or behind the media.
+    fn stop_on_device_error<T>(&mut self, r: Result<T, VolumeError>) -> Result<T, VolumeError> {
+        if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
+            self.failed = true;
+        }
+        r
     }
 
     /// Forget where a block was (it was overwritten, trimmed or moved).

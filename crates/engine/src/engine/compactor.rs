@@ -330,15 +330,10 @@ impl Engine {
         // otherwise reach it and collect a whole band under the lock.
         let gc_urgent = free_bands <= gc_min + 1;
         let t = Instant::now();
-        let fail = |inner: &mut Inner, e: VolumeError| {
-            if matches!(e, VolumeError::Io(_) | VolumeError::Corrupt { .. }) {
-                inner.failed = true;
-            }
-            e
-        };
+        let step_blocks = (inner.blocks_per_chunk() / STEP_PARTS).max(1);
         if gc_due && (gc_urgent || last == Work::Compacted || !compact_due) {
-            let step_blocks = (inner.blocks_per_chunk() / STEP_PARTS).max(1);
-            match self.gc_step(&mut inner, step_blocks).map_err(|e| fail(&mut inner, e))? {
+            let r = self.gc_step(&mut inner, step_blocks);
+            match inner.stop_on_device_error(r)? {
                 GcStep::Idle => {}
                 _ => {
                     let ns = t.elapsed().as_nanos() as u64;
@@ -352,8 +347,8 @@ impl Engine {
         if !compact_due {
             return Ok(Work::Idle);
         }
-        let step_blocks = (inner.blocks_per_chunk() / STEP_PARTS).max(1);
-        let step = self.compact_step(&mut inner, step_blocks).map_err(|e| fail(&mut inner, e))?;
+        let r = self.compact_step(&mut inner, step_blocks);
+        let step = inner.stop_on_device_error(r)?;
         let ns = t.elapsed().as_nanos() as u64;
         self.bg.free_chunks.store(inner.free_chunks.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
@@ -383,32 +378,14 @@ impl Engine {
     /// Simulations call it between requests to put half-collected victims
     /// under reads, writes, trims and crashes.
     pub fn collect_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
-        self.bounded_step(|e, inner| Ok(e.gc_step(inner, blocks_max)? != GcStep::Idle))
+        self.change(|e, inner| Ok(e.gc_step(inner, blocks_max)? != GcStep::Idle))
     }
 
     /// One bounded compaction step of the oldest full chunk (at least one
     /// record, up to `blocks_max` blocks of it). False if no chunk is full.
     /// Simulations call it between requests, like `collect_some`.
     pub fn compact_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
-        self.bounded_step(|e, inner| Ok(e.compact_step(inner, blocks_max)? != CompactStep::Idle))
-    }
-
-    fn bounded_step(
-        &self,
-        f: impl FnOnce(&Engine, &mut Inner) -> Result<bool, VolumeError>,
-    ) -> Result<bool, VolumeError> {
-        let mut inner = self.lock();
-        if inner.closed {
-            return Err(VolumeError::ReadOnly);
-        }
-        if inner.failed {
-            return Err(VolumeError::Io("engine stopped after a device error; reopen it to recover".into()));
-        }
-        let r = f(self, &mut inner);
-        if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
-            inner.failed = true;
-        }
-        r
+        self.change(|e, inner| Ok(e.compact_step(inner, blocks_max)? != CompactStep::Idle))
     }
 
     /// Before a write of `bytes` (outside the engine lock): wait as long as

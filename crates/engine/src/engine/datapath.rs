@@ -66,17 +66,24 @@ pub(super) fn chunk_records(data: &[u8], bpc: u64) -> impl Iterator<Item = (u64,
             return None;
         }
         let at = (pos * BS) as usize;
-        let h = decode_header(&data[at..at + BLOCK_BYTES]).ok()?;
-        let n = h.data_blocks() as u64;
-        let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim) && pos + 1 + n <= bpc;
-        if !whole || *epoch.get_or_insert(h.epoch) != h.epoch {
+        let h = record_at(&data[at..at + BLOCK_BYTES], pos, bpc).filter(|h| *epoch.get_or_insert(h.epoch) == h.epoch);
+        let Some(h) = h else {
             pos = bpc;
             return None;
-        }
+        };
         let here = pos;
-        pos += 1 + n;
+        pos += 1 + h.data_blocks() as u64;
         Some((here, h))
     })
+}
+
+/// The header of the write or trim record that `block` (block `pos` of a
+/// chunk of `bpc` blocks) starts, if it starts one whose data ends within
+/// the chunk; None for a block never written, torn, or not a record header.
+fn record_at(block: &[u8], pos: u64, bpc: u64) -> Option<Header> {
+    let h = decode_header(block).ok()?;
+    let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim) && pos + 1 + h.data_blocks() as u64 <= bpc;
+    whole.then_some(h)
 }
 
 /// What one bounded compaction step did.
@@ -291,16 +298,14 @@ impl Engine {
             let mut at = 0u64;
             let mut first_needs = None;
             while at < len {
-                let Ok(h) = decode_header(&data[(at * BS) as usize..((at + 1) * BS) as usize]) else {
-                    end_of_chunk = true; // never written, torn, or a previous generation
+                let block = &data[(at * BS) as usize..((at + 1) * BS) as usize];
+                // Never written, torn, or a previous generation: the chunk's end.
+                let h = record_at(block, pos + at, bpc).filter(|h| h.epoch == epoch);
+                let Some(h) = h.filter(|h| (h.volume as usize) < inner.vols.len()) else {
+                    end_of_chunk = true;
                     break;
                 };
                 let n = h.data_blocks() as u64;
-                let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim) && pos + at + 1 + n <= bpc;
-                if !whole || h.epoch != epoch || h.volume as usize >= inner.vols.len() {
-                    end_of_chunk = true;
-                    break;
-                }
                 if at + 1 + n > len {
                     // The next step's window starts with this record.
                     first_needs = (at == 0).then_some(1 + n);

@@ -60,10 +60,10 @@ impl Engine {
     }
 }
 
-impl EngineVolume {
-    /// The engine's state, unless it was shut down.
-    fn live(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
-        let inner = self.engine.lock_for_request();
+impl Engine {
+    /// The engine's state for a request, unless it was shut down.
+    pub(super) fn live(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
+        let inner = self.lock_for_request();
         if inner.closed {
             return Err(VolumeError::ReadOnly);
         }
@@ -72,17 +72,28 @@ impl EngineVolume {
 
     /// Run a change under the lock; a device error during it stops all
     /// further changes (`Inner::failed`) until the engine is reopened.
-    fn change<T>(&self, f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>) -> Result<T, VolumeError> {
+    pub(super) fn change<T>(
+        &self,
+        f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>,
+    ) -> Result<T, VolumeError> {
         let mut inner = self.live()?;
         if inner.failed {
             return Err(VolumeError::Io("engine stopped after a device error; reopen it to recover".into()));
         }
-        let r = f(&self.engine, &mut inner);
-        if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
-            inner.failed = true;
-        }
-        self.engine.after_change(&inner);
+        let r = f(self, &mut inner);
+        let r = inner.stop_on_device_error(r);
+        self.after_change(&inner);
         r
+    }
+}
+
+impl EngineVolume {
+    fn live(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
+        self.engine.live()
+    }
+
+    fn change<T>(&self, f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>) -> Result<T, VolumeError> {
+        self.engine.change(f)
     }
 }
 
@@ -136,10 +147,11 @@ impl EngineVolume {
             check(self, offset, data.len() as u64)?;
         }
         let blocks: Vec<(u64, &[u8])> = writes.iter().map(|&(o, d)| (o / BS, d)).collect();
-        self.engine.pace_write(writes.iter().map(|w| w.1.len() as u64).sum());
+        let bytes: u64 = writes.iter().map(|w| w.1.len() as u64).sum();
+        self.engine.pace_write(bytes);
         self.change(|e, inner| {
             e.append(inner, self.id, &blocks, fua)?;
-            inner.stats.user_write_bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
+            inner.stats.user_write_bytes += bytes;
             Ok(())
         })
     }
