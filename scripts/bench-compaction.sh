@@ -12,26 +12,12 @@
 # Environment: RUNTIME (s, default 30), RATE (default 20000), PORT (default 10809).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-cargo build --release -q -p sluice
-SLUICE=$(realpath "${SLUICE:-target/release/sluice}")
+. scripts/bench-lib.sh
+bench_init compaction
 RUNTIME=${RUNTIME:-30}
 RATE=${RATE:-20000}
 PORT=${PORT:-10809}
 METRICS_PORT=$((PORT + 1))
-OUT=target/bench
-mkdir -p "$OUT"
-work=$(mktemp -d /dev/shm/sluice-bench-compaction.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-
-wait_port() { # up to 60 s: examples/memory.toml touches 7 GiB at start
-    for _ in $(seq 600); do
-        nbdinfo --size "nbd://127.0.0.1:$PORT/default" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "server on port $PORT did not come up" >&2
-    return 1
-}
 
 metrics() { # the compactor's and engine's counters, as JSON
     python3 - "127.0.0.1:$METRICS_PORT" <<'PY'
@@ -65,7 +51,7 @@ for mode in background inline; do
     printf '\n[engine]\nbackground_compaction = %s\n' "$bg" >> "$work/$mode.toml"
     (cd "$work" && exec "$SLUICE" serve --config "$work/$mode.toml" >/dev/null 2>&1) &
     pid=$!
-    wait_port
+    wait_nbd "nbd://127.0.0.1:$PORT/default"
     run_fio "$mode-qd32" 32
     metrics > "$work/$mode-qd32.metrics"
     run_fio "$mode-paced" 1 --rate_iops="$RATE"

@@ -11,28 +11,17 @@
 # run): with one job the fio client saturates a core before the servers do
 # on this 2-core machine, so IOPS alone hides the servers' own cost.
 # Environment: RUNTIME (s per job, default 10), SIZE (default 1g), PORT (default 10809).
+# SLUICE: the binary under test (scripts/bench-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-cargo build --release -q -p sluice
-# SLUICE: the binary under test (default: the one just built), e.g. an older
-# build to measure a change before and after.
-SLUICE=$(realpath "${SLUICE:-target/release/sluice}")
+. scripts/bench-lib.sh
+bench_init nbd
 RUNTIME=${RUNTIME:-10}
 SIZE=${SIZE:-1g}
 PORT=${PORT:-10809}
-OUT=target/bench
-mkdir -p "$OUT"
-work=$(mktemp -d /dev/shm/sluice-bench-nbd.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
-wait_port() { # up to 60 s: examples/memory.toml touches 7 GiB at start
-    for _ in $(seq 600); do
-        nbdinfo --size "nbd://127.0.0.1:$PORT/$1" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "server on port $PORT did not come up" >&2
-    return 1
+wait_port() { # export
+    wait_nbd "nbd://127.0.0.1:$PORT/$1"
 }
 
 cpu_ticks() { # pid: utime + stime in clock ticks

@@ -11,15 +11,12 @@
 # Environment: RUNTIME (s, default 60), INTERVAL (s, default 3), PORT (default 10809).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-cargo build --release -q -p sluice
-SLUICE=$(realpath "${SLUICE:-target/release/sluice}")
+. scripts/bench-lib.sh
+bench_init throttle
 RUNTIME=${RUNTIME:-60}
 INTERVAL=${INTERVAL:-3}
 PORT=${PORT:-10809}
 METRICS="127.0.0.1:$((PORT + 1))"
-work=$(mktemp -d /dev/shm/sluice-bench-throttle.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cat > "$work/sluice.toml" <<EOF
 data_dir = "data"
 listen = ["127.0.0.1:$PORT"]
@@ -42,10 +39,7 @@ name = "default"
 size = "12g"
 EOF
 (cd "$work" && exec "$SLUICE" serve --config sluice.toml >/dev/null 2>&1) &
-for _ in $(seq 300); do
-    nbdinfo --size "nbd://127.0.0.1:$PORT/default" >/dev/null 2>&1 && break
-    sleep 0.2
-done
+wait_nbd "nbd://127.0.0.1:$PORT/default"
 fio --name=throttle --ioengine=nbd --uri="nbd://127.0.0.1:$PORT/default" --rw=randwrite --bs=4k --iodepth=32 \
     --size=12g --time_based --runtime="$RUNTIME" --output-format=json --output="$work/fio.json" >/dev/null &
 fio_pid=$!

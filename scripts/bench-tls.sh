@@ -8,15 +8,11 @@
 # PORT (default 10811).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-cargo build --release -q -p sluice
+. scripts/bench-lib.sh
+bench_init tls
 RUNTIME=${RUNTIME:-10}
 SIZE=${SIZE:-1g}
 PORT=${PORT:-10811}
-OUT=target/bench
-mkdir -p "$OUT"
-work=$(mktemp -d /dev/shm/sluice-bench-tls.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 pki="$work/pki"
 mkdir -p "$pki"
@@ -32,7 +28,7 @@ mkdir -p "$pki"
 sed "s/127.0.0.1:10809/127.0.0.1:$PORT/" examples/memory.toml >"$work/tls.toml"
 sed -i 's/^unix_socket = ""/unix_socket = ""\nmetrics_listen = ""/' "$work/tls.toml"
 printf '\n[tls]\nmode = "allow"\ncert = "%s"\nkey = "%s"\n' "$pki/server-cert.pem" "$pki/server-key.pem" >>"$work/tls.toml"
-(cd "$work" && exec "$OLDPWD/target/release/sluice" serve --config "$work/tls.toml" >/dev/null 2>&1) &
+(cd "$work" && exec "$SLUICE" serve --config "$work/tls.toml" >/dev/null 2>&1) &
 pid=$!
 plain="nbd://127.0.0.1:$PORT/default"
 # fio's nbd engine refuses local files in URIs (tls-certificates=), so the CA
@@ -40,8 +36,7 @@ plain="nbd://127.0.0.1:$PORT/default"
 mkdir -p "$work/home/.pki/libnbd"
 cp "$pki/ca-cert.pem" "$work/home/.pki/libnbd/"
 tls="nbds://127.0.0.1:$PORT/default"
-# up to 60 s: examples/memory.toml touches 7 GiB at start
-for _ in $(seq 600); do nbdinfo --size "$plain" >/dev/null 2>&1 && break; sleep 0.1; done
+wait_nbd "$plain"
 fio --name=fill --ioengine=nbd --uri="$plain" --rw=write --bs=1m --iodepth=8 --size="$SIZE" >/dev/null
 
 run_fio() { # name uri rw

@@ -1,0 +1,27 @@
+# Sourced by the scripts/bench-*.sh that run `sluice serve` against fio: the
+# shared preamble and the wait for a server.
+
+# bench_init NAME: the peers and tools installed, a release build, $SLUICE
+# (the binary under test: the one just built unless SLUICE names another,
+# e.g. an older build to measure a change before and after), $OUT, and a
+# scratch directory $work in /dev/shm, removed with any background job on exit.
+bench_init() {
+    scripts/setup.sh
+    cargo build --release -q -p sluice
+    SLUICE=$(realpath "${SLUICE:-target/release/sluice}")
+    OUT=target/bench
+    mkdir -p "$OUT"
+    work=$(mktemp -d "/dev/shm/sluice-bench-$1.XXXXXX")
+    trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+}
+
+# wait_nbd URI: until an NBD server answers at URI, up to 60 s
+# (examples/memory.toml touches 7 GiB at start); fails if none does.
+wait_nbd() {
+    for _ in $(seq 600); do
+        nbdinfo --size "$1" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "no NBD server answered at $1" >&2
+    return 1
+}
