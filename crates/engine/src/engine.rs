@@ -58,6 +58,9 @@ const BS: u64 = BLOCK_BYTES as u64;
 
 /// Most capacity segment writes compaction and GC keep in flight.
 const CAP_QUEUE_DEPTH: usize = 16;
+/// Bound of the engine's I/O buffer pool in buffers: a full capacity queue
+/// twice over (its bytes are bounded by `Inner::pool_bytes_max`).
+const POOL_BUFS_MAX: usize = 2 * CAP_QUEUE_DEPTH;
 
 /// Where a block lives: 0 = nowhere (reads zeros); top bit set = capacity
 /// block index; otherwise cache block index + 1.
@@ -296,6 +299,8 @@ struct Inner {
     /// Reusable I/O buffers (compaction and GC move megabytes per call; fresh
     /// allocations would cost a page fault per 4 KiB).
     pool: Vec<IoBuf>,
+    /// Capacity of the buffers in `pool`, bounded by `pool_bytes_max`.
+    pool_bytes: usize,
     /// The superblock as last written.
     sb: Superblock,
     /// Set by `shutdown`: every later request fails.
@@ -627,6 +632,7 @@ impl Inner {
             seq: 0,
             stats: EngineStats::default(),
             pool: Vec::new(),
+            pool_bytes: 0,
             sb,
             closed: false,
             failed: false,
@@ -640,16 +646,36 @@ impl Inner {
         }
     }
 
-    /// A buffer of exactly `len` bytes from the pool (contents undefined).
+    /// A buffer of exactly `len` bytes (contents undefined): the smallest
+    /// pooled allocation that holds it, or a fresh one rounded up to a power
+    /// of two so that it serves the next request of a similar size too
+    /// (records and segments vary in length with every group commit; an
+    /// exact-size pool missed, and every miss paid for fresh zeroed pages).
     fn take_buf(&mut self, len: usize) -> IoBuf {
-        match self.pool.iter().position(|b| b.len() == len) {
-            Some(i) => self.pool.swap_remove(i),
-            None => IoBuf::zeroed(len),
-        }
+        // Not more than twice the fresh allocation: a small record must not
+        // take the buffer the next chunk read needs.
+        let fits = len.next_power_of_two();
+        let best = (self.pool.iter().enumerate())
+            .filter(|(_, b)| (fits..=2 * fits).contains(&b.capacity()))
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        let mut b = match best {
+            Some(i) => {
+                let b = self.pool.swap_remove(i);
+                self.pool_bytes -= b.capacity();
+                b
+            }
+            None => IoBuf::zeroed(fits),
+        };
+        b.set_len(len);
+        b
     }
 
+    /// Return a buffer to the pool, which holds at most `POOL_BUFS_MAX`
+    /// buffers and `pool_bytes_max` bytes.
     fn give_buf(&mut self, b: IoBuf) {
-        if self.pool.len() < 2 * CAP_QUEUE_DEPTH {
+        if self.pool.len() < POOL_BUFS_MAX && self.pool_bytes + b.capacity() <= self.pool_bytes_max() {
+            self.pool_bytes += b.capacity();
             self.pool.push(b);
         }
     }
@@ -664,6 +690,12 @@ impl Inner {
 
     /// Blocks GC reads at once from a victim: at least a chunk and at least
     /// the largest segment.
+    /// The pool's byte bound: four of the largest reads (a chunk or a GC
+    /// window, rounded up as `take_buf` allocates them).
+    fn pool_bytes_max(&self) -> usize {
+        4 * ((self.gc_window_blocks() * BS) as usize).next_power_of_two()
+    }
+
     fn gc_window_blocks(&self) -> u64 {
         self.blocks_per_chunk().max(self.segment_blocks_max())
     }

@@ -153,6 +153,7 @@ pub(super) fn decode_checkpoint(
         seq,
         stats: EngineStats::from_words(words),
         pool: Vec::new(),
+        pool_bytes: 0,
         sb,
         closed: false,
         failed: false,
