@@ -773,6 +773,11 @@ impl Inner {
         for (b, band) in self.bands.iter().enumerate() {
             assert_eq!(band.valid, band_valid[b], "band {b} valid count");
         }
+        // Every open band is exactly one stream's: none is stranded.
+        let mut owned: Vec<u32> = self.vols.iter().map(|v| v.open_band).chain([self.gc_band]).flatten().collect();
+        owned.sort_unstable();
+        let open: Vec<u32> = (0..self.bands.len() as u32).filter(|&b| self.bands[b as usize].state == State::Open).collect();
+        assert_eq!(owned, open, "open bands are the streams' bands");
     }
 }
 
