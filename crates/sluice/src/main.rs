@@ -99,6 +99,12 @@ enum Bench {
         /// Only rows whose workload or system contains this text.
         #[arg(long)]
         only: Option<String>,
+        /// Bytes each job writes in the measured phase (fio size syntax;
+        /// default 256m, 32m with --quick). A longer window averages over
+        /// more GC cycles: the capacity's GC runs in bursts about as long as
+        /// the default window, so short windows see more or less of it.
+        #[arg(long)]
+        measure: Option<String>,
     },
     /// Run a fio-style job file on an emulated system in virtual time.
     Job {
@@ -257,8 +263,11 @@ fn bench_media(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliEr
     Ok(())
 }
 
-fn bench_csal(quick: bool, json: &Path, only: Option<&str>) -> Result<(), CliError> {
-    let scale = if quick { CsalScale::quick() } else { CsalScale::full() };
+fn bench_csal(quick: bool, json: &Path, only: Option<&str>, measure: Option<&str>) -> Result<(), CliError> {
+    let mut scale = if quick { CsalScale::quick() } else { CsalScale::full() };
+    if let Some(m) = measure {
+        scale.io_bytes_per_job = parse_bytes(m)?;
+    }
     let jobs_dir = json.parent().unwrap_or(Path::new(".")).join("csal-jobs");
     std::fs::create_dir_all(&jobs_dir)?;
     let t0 = Instant::now();
@@ -440,7 +449,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Serve { config } => Ok(serve::run(serve::Config::load(config.as_deref())?)?),
         Cmd::Bench { what } => match what {
             Bench::Media { quick, json, only } => bench_media(quick, &json, only.as_deref()),
-            Bench::Csal { quick, json, only } => bench_csal(quick, &json, only.as_deref()),
+            Bench::Csal { quick, json, only, measure } => bench_csal(quick, &json, only.as_deref(), measure.as_deref()),
             Bench::Job { file, system, capacity, steady_state_drive_writes, json } => {
                 bench_job(&file, &system, capacity.as_deref(), steady_state_drive_writes, json.as_deref())
             }
