@@ -776,7 +776,8 @@ impl Inner {
         // Every open band is exactly one stream's: none is stranded.
         let mut owned: Vec<u32> = self.vols.iter().map(|v| v.open_band).chain([self.gc_band]).flatten().collect();
         owned.sort_unstable();
-        let open: Vec<u32> = (0..self.bands.len() as u32).filter(|&b| self.bands[b as usize].state == State::Open).collect();
+        let open: Vec<u32> =
+            (0..self.bands.len() as u32).filter(|&b| self.bands[b as usize].state == State::Open).collect();
         assert_eq!(owned, open, "open bands are the streams' bands");
     }
 }
