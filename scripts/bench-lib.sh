@@ -25,3 +25,34 @@ wait_nbd() {
     echo "no NBD server answered at $1" >&2
     return 1
 }
+
+# serve_emulated_qlc PORT METRICS: start `sluice serve` (in the background,
+# config and data in $work) on an emulated Optane-like SCM cache (1 GiB) in
+# front of an emulated 16 GiB QLC, both memory-backed and timed in real
+# time, one 12 GiB volume "default" on 127.0.0.1:PORT, metrics on METRICS
+# ("" for none); returns once it answers.
+serve_emulated_qlc() {
+    cat >"$work/sluice.toml" <<TOML
+data_dir = "data"
+listen = ["127.0.0.1:$1"]
+unix_socket = ""
+metrics_listen = "$2"
+[cache]
+kind = "memory"
+size = "1g"
+emulate = "scm"
+[capacity]
+kind = "memory"
+size = "16g"
+emulate = "qlc"
+[engine]
+chunk_size = "16m"
+band_size = "128m"
+write_unit = "64k"
+[[volume]]
+name = "default"
+size = "12g"
+TOML
+    (cd "$work" && exec "$SLUICE" serve --config sluice.toml >/dev/null 2>&1) &
+    wait_nbd "nbd://127.0.0.1:$1/default"
+}

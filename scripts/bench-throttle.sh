@@ -17,29 +17,7 @@ RUNTIME=${RUNTIME:-60}
 INTERVAL=${INTERVAL:-3}
 PORT=${PORT:-10809}
 METRICS="127.0.0.1:$((PORT + 1))"
-cat > "$work/sluice.toml" <<EOF
-data_dir = "data"
-listen = ["127.0.0.1:$PORT"]
-unix_socket = ""
-metrics_listen = "$METRICS"
-[cache]
-kind = "memory"
-size = "1g"
-emulate = "scm"
-[capacity]
-kind = "memory"
-size = "16g"
-emulate = "qlc"
-[engine]
-chunk_size = "16m"
-band_size = "128m"
-write_unit = "64k"
-[[volume]]
-name = "default"
-size = "12g"
-EOF
-(cd "$work" && exec "$SLUICE" serve --config sluice.toml >/dev/null 2>&1) &
-wait_nbd "nbd://127.0.0.1:$PORT/default"
+serve_emulated_qlc "$PORT" "$METRICS"
 fio --name=throttle --ioengine=nbd --uri="nbd://127.0.0.1:$PORT/default" --rw=randwrite --bs=4k --iodepth=32 \
     --size=12g --time_based --runtime="$RUNTIME" --output-format=json --output="$work/fio.json" >/dev/null &
 fio_pid=$!

@@ -35,7 +35,7 @@ use crate::persist::{CheckpointError, Reader, Superblock, Writer};
 use crate::volume::{check, Extent, Volume, VolumeError};
 use serde::Serialize;
 use sluice_media::device::{flush, read_at, sync_io, write_at};
-use sluice_media::{BlockDevice, DeviceError, DeviceStats, IoBuf, IoOp, IoRequest};
+use sluice_media::{BlockDevice, DeviceError, DeviceStats, IoBuf, IoOp, IoRequest, SharedDevice};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
@@ -183,6 +183,10 @@ struct Band {
     written: u64,
     /// Engine write sequence when the band was closed (for age).
     closed_seq: u64,
+    /// Bumped (in memory) before the band's blocks are discarded, so a read
+    /// that looked a block up before GC moved it and read it after can tell
+    /// its data may be gone (`Inner::generation`).
+    gen: u64,
 }
 
 /// Where a bounded GC step stopped in its victim.
@@ -343,8 +347,11 @@ struct SimGate {
 
 /// The engine: owns the devices and every volume's map.
 pub struct Engine {
-    cache: Arc<dyn BlockDevice>,
-    capacity: Arc<dyn BlockDevice>,
+    /// The devices, shared so that reads run outside the engine lock while
+    /// the lock holder's I/O keeps its submit-then-reap shape (each thread
+    /// reaps only its own requests).
+    cache: Arc<SharedDevice>,
+    capacity: Arc<SharedDevice>,
     inner: Mutex<Inner>,
     /// Set when `open` found an unclean stop: how long recovery took.
     recovered_in: Option<std::time::Duration>,
@@ -354,6 +361,8 @@ pub struct Engine {
     bg: compactor::Background,
     /// Time origin of the throttle's schedule.
     epoch: std::time::Instant,
+    /// Tell servers to run reads in parallel (`set_parallel_reads`).
+    parallel_reads: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -365,12 +374,13 @@ impl Engine {
     ) -> Arc<Engine> {
         let metrics = inner.vols.iter().map(|_| Arc::new(VolumeMetrics::default())).collect();
         Arc::new(Engine {
-            cache,
-            capacity,
+            cache: Arc::new(SharedDevice::new(cache)),
+            capacity: Arc::new(SharedDevice::new(capacity)),
             inner: Mutex::new(inner),
             recovered_in,
             metrics,
             bg: compactor::Background::new(),
+            parallel_reads: std::sync::atomic::AtomicBool::new(false),
             epoch: std::time::Instant::now(),
         })
     }
@@ -554,8 +564,16 @@ impl Engine {
     }
 
     /// The cache and capacity devices.
+    /// Whether servers should run this engine's reads in parallel: reads
+    /// do their device I/O outside the engine lock, which pays on devices
+    /// with latency (emulated or real media) and not on memory, where the
+    /// hand-off to another thread costs more than the read. Off by default.
+    pub fn set_parallel_reads(&self, on: bool) {
+        self.parallel_reads.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn devices(&self) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
-        (self.cache.clone(), self.capacity.clone())
+        (self.cache.inner().clone(), self.capacity.inner().clone())
     }
 
     /// DRAM the maps take per 4 KiB block of volume capacity: the L2P, the
@@ -623,7 +641,9 @@ impl Inner {
             free_chunks: (1..chunk_count as u32).collect(),
             full_chunks: VecDeque::new(),
             open_chunk: None,
-            bands: (0..band_count).map(|_| Band { state: State::Free, valid: 0, written: 0, closed_seq: 0 }).collect(),
+            bands: (0..band_count)
+                .map(|_| Band { state: State::Free, valid: 0, written: 0, closed_seq: 0, gen: 0 })
+                .collect(),
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
             gc_cursor: None,
@@ -720,6 +740,20 @@ impl Inner {
         } else {
             let s = self.stream(vol);
             self.vols[s].open_band = None;
+        }
+    }
+
+    /// The generation of the chunk or band holding `l`: a read done outside
+    /// the lock is good if the generation is the same after it, because a
+    /// chunk's blocks are overwritten only after it is reopened (new epoch)
+    /// and a band's only after it is discarded (new `gen`).
+    fn generation(&self, l: Loc) -> u64 {
+        if let Some(cb) = l.cache_block() {
+            self.chunks[(cb / self.blocks_per_chunk()) as usize].epoch
+        } else if let Some(pb) = l.capacity_block() {
+            self.bands[(pb / self.blocks_per_band()) as usize].gen
+        } else {
+            0
         }
     }
 

@@ -87,6 +87,14 @@ pub trait Volume: Send + Sync {
     fn serializes_requests(&self) -> bool {
         false
     }
+
+    /// For a volume that serializes requests: its reads nevertheless run
+    /// in parallel (their device I/O is done outside its lock) on devices
+    /// slow enough that overlapping them pays for handing them to another
+    /// thread. A server then runs reads on its workers and the rest inline.
+    fn reads_in_parallel(&self) -> bool {
+        false
+    }
 }
 
 /// The shared range check.

@@ -160,6 +160,9 @@ struct Conn {
     export: Arc<dyn Volume>,
     /// Run requests on the reader thread (the volume serializes them anyway).
     inline: bool,
+    /// On an inline connection, still hand reads to the workers
+    /// (`Volume::reads_in_parallel`).
+    pooled_reads: bool,
     structured: bool,
     base_allocation: Option<u32>,
     request_bytes_max: u32,
@@ -205,6 +208,7 @@ pub(crate) fn run(
     let conn = Arc::new(Conn {
         export: session.export.clone(),
         inline,
+        pooled_reads: inline && session.export.reads_in_parallel(),
         structured: session.structured,
         base_allocation: session.base_allocation,
         request_bytes_max,
@@ -275,11 +279,14 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
             conn.budget.acquire(cost);
         }
         let job = Job { header, command, payload, cost };
-        if conn.inline {
-            conn.execute(job);
+        if conn.inline && !(conn.pooled_reads && command == Command::Read) {
+            conn.execute(job, false);
         } else {
+            // A worker's reply goes out at once, not into the inline
+            // connection's held replies (the reader may be waiting for the
+            // client, with nothing left to flush them).
             let conn = conn.clone();
-            pool.submit(Box::new(move || conn.execute(job)));
+            pool.submit(Box::new(move || conn.execute(job, true)));
         }
     }
 }
@@ -364,12 +371,14 @@ fn discard_payload<R: Read>(conn: &Conn, reader: &mut R, len: u32) -> Result<(),
 }
 
 impl Conn {
-    fn execute(&self, job: Job) {
+    /// Runs one request and answers it; `direct`: send the reply now rather
+    /// than hold it for the reader's next flush.
+    fn execute(&self, job: Job, direct: bool) {
         // Released even if the volume panics, so the reader never waits on
         // budget that will not come back.
         let _release = Release { budget: &self.budget, cost: job.cost };
         let outcome = self.outcome(&job);
-        self.reply(&job.header, Some(job.command), outcome);
+        self.reply_to(&job.header, Some(job.command), outcome, direct);
     }
 
     fn outcome(&self, job: &Job) -> Outcome {
@@ -520,13 +529,23 @@ impl Conn {
     /// Sends the reply for one request. `command` is None for a request
     /// refused before it was understood.
     fn reply(&self, h: &RequestHeader, command: Option<Command>, outcome: Outcome) {
-        if let Outcome::Data { buf, prefix } = outcome {
-            self.out.send(&self.data_reply(h, buf, prefix));
-            return;
+        self.reply_to(h, command, outcome, false)
+    }
+
+    fn reply_to(&self, h: &RequestHeader, command: Option<Command>, outcome: Outcome, direct: bool) {
+        let bytes = match outcome {
+            Outcome::Data { buf, prefix } => self.data_reply(h, buf, prefix),
+            outcome => {
+                let mut out = Vec::new();
+                self.encode_reply(h, command, outcome, &mut out);
+                out
+            }
+        };
+        if direct {
+            self.out.write(&bytes);
+        } else {
+            self.out.send(&bytes);
         }
-        let mut out = Vec::new();
-        self.encode_reply(h, command, outcome, &mut out);
-        self.out.send(&out);
     }
 
     /// A read's reply: the data is already in place after `prefix` bytes of

@@ -220,6 +220,16 @@ fn fio_nbd_engine_verifies_crc32c_inline_with_batched_writes() {
     assert!(vol.batch_writes_max.load(Ordering::Relaxed) > 1, "no write batch carried more than one write");
 }
 
+/// Inline execution with reads handed to the workers: one connection's
+/// reads overlap, its writes still run inline, and every block verifies.
+#[test]
+fn fio_nbd_engine_verifies_crc32c_inline_with_parallel_reads() {
+    let vol = MemVolume::new("default", 32 * MIB).with_parallel_reads();
+    fio_verify_on(vol.clone());
+    assert!(vol.reads_in_flight_max.load(Ordering::Relaxed) > 1, "one connection's reads never overlapped");
+    assert!(vol.batch_writes_max.load(Ordering::Relaxed) > 1, "writes are still batched inline");
+}
+
 fn fio_verify_on(vol: Arc<MemVolume>) {
     require("fio", "fio");
     let h = start(vec![vol.clone()]);

@@ -15,6 +15,7 @@ pub mod hdd;
 pub mod memory;
 pub mod rng;
 pub mod scm;
+pub mod shared;
 pub mod ssd;
 #[cfg(test)]
 mod testutil;
@@ -32,4 +33,5 @@ pub use file::{CacheMode, FileDevice, FileError, FileOptions};
 pub use hdd::{hdd_device, HddModel, HddProfile};
 pub use memory::MemoryDevice;
 pub use scm::{scm_device, ScmModel, ScmProfile};
+pub use shared::SharedDevice;
 pub use zns::{zns_device, ZnsModel, ZnsProfile};

@@ -386,6 +386,11 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
         c.check().map_err(|e| ServeError::Config { path: "engine".into(), msg: e.to_string() })?;
     }
     let engine = open_engine(&cfg)?;
+    // Reads run outside the engine lock; handing them to workers pays where
+    // a device has latency to overlap (files, raw devices, emulated media),
+    // not on plain memory.
+    let instant = |d: &DeviceConfig| d.kind == "memory" && d.emulate.is_empty();
+    engine.set_parallel_reads(!(instant(&cfg.cache) && instant(&cfg.capacity)));
     if let Some(t) = engine.recovered_in() {
         eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64());
     }

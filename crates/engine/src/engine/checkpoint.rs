@@ -128,7 +128,7 @@ pub(super) fn decode_checkpoint(
         let valid = r.u32()?;
         let written = r.u64()?;
         let closed_seq = r.u64()?;
-        bands.push(Band { state, valid, written, closed_seq });
+        bands.push(Band { state, valid, written, closed_seq, gen: 0 });
     }
     let n = r.u32()? as usize;
     let mut free_bands = VecDeque::with_capacity(n);

@@ -626,6 +626,9 @@ impl Engine {
             self.flush_capacity(inner)?;
         }
         self.flush_cache(inner)?;
+        // Reads outside the lock that still hold a location in the victim
+        // must see that its data may be gone.
+        inner.bands[v as usize].gen += 1;
         zoned::reclaim_band(&*self.capacity, inner.geo.zoned, first * BS, inner.cfg.band_bytes)?;
         inner.gc_cursor = None;
         inner.bands[v as usize].state = State::Free;

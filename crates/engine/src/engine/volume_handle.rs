@@ -194,12 +194,29 @@ impl Volume for EngineVolume {
         self.timed(Op::Read, buf.len() as u64, || {
             check(self, offset, buf.len() as u64)?;
             let e = &self.engine;
-            let mut inner = self.live()?;
-            let lba0 = (offset / BS) as usize;
-            let n = buf.len() / BLOCK_BYTES;
-            e.read_blocks(&inner.vols[self.id as usize].l2p[lba0..lba0 + n], buf)?;
-            inner.stats.user_read_bytes += buf.len() as u64;
-            Ok(())
+            let (vol, lba0, n) = (self.id as usize, (offset / BS) as usize, buf.len() / BLOCK_BYTES);
+            // Under the lock: where the blocks are, and the generation of
+            // each place. Then the device reads without the lock, so reads
+            // of slow media overlap with each other and with writes.
+            let (locs, gens): (Vec<Loc>, Vec<u64>) = {
+                let mut inner = self.live()?;
+                inner.stats.user_read_bytes += buf.len() as u64;
+                let locs = inner.vols[vol].l2p[lba0..lba0 + n].to_vec();
+                let gens = locs.iter().map(|&l| inner.generation(l)).collect();
+                (locs, gens)
+            };
+            let unlocked = e.read_blocks(&locs, buf);
+            // A place reused meanwhile (its chunk reopened, its band
+            // discarded) may have handed back someone else's data or an
+            // error: read again under the lock. A block merely rewritten or
+            // moved meanwhile read its previous version, which is as good
+            // an answer as the new one to a read that raced the write; an
+            // error from a place that was not reused is the device's.
+            let inner = self.live()?;
+            if locs.iter().zip(&gens).any(|(&l, &g)| inner.generation(l) != g) {
+                return e.read_blocks(&inner.vols[vol].l2p[lba0..lba0 + n], buf);
+            }
+            unlocked
         })
     }
 
@@ -250,9 +267,14 @@ impl Volume for EngineVolume {
         r
     }
 
-    /// The engine's one lock covers every request, device I/O included.
+    /// The engine's one lock covers every request (device I/O included,
+    /// except reads', which run outside it).
     fn serializes_requests(&self) -> bool {
         true
+    }
+
+    fn reads_in_parallel(&self) -> bool {
+        self.engine.parallel_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {

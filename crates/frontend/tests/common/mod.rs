@@ -38,6 +38,11 @@ pub struct MemVolume {
     /// `write_batch` calls, and the most writes one of them carried.
     pub batches: AtomicU64,
     pub batch_writes_max: AtomicU64,
+    /// Claim `reads_in_parallel`; each read then takes a millisecond, and
+    /// the most reads in flight at once is recorded.
+    pub parallel_reads: std::sync::atomic::AtomicBool,
+    reads_in_flight: AtomicU64,
+    pub reads_in_flight_max: AtomicU64,
 }
 
 impl MemVolume {
@@ -56,6 +61,9 @@ impl MemVolume {
             serializes: std::sync::atomic::AtomicBool::new(false),
             batches: AtomicU64::new(0),
             batch_writes_max: AtomicU64::new(0),
+            parallel_reads: std::sync::atomic::AtomicBool::new(false),
+            reads_in_flight: AtomicU64::new(0),
+            reads_in_flight_max: AtomicU64::new(0),
         })
     }
 
@@ -63,6 +71,12 @@ impl MemVolume {
     pub fn serializing(self: Arc<Self>) -> Arc<Self> {
         self.serializes.store(true, Ordering::Relaxed);
         self
+    }
+
+    /// Serializing, but with reads the server may run in parallel.
+    pub fn with_parallel_reads(self: Arc<Self>) -> Arc<Self> {
+        self.parallel_reads.store(true, Ordering::Relaxed);
+        self.serializing()
     }
 
     pub fn allocated_blocks(&self) -> usize {
@@ -99,6 +113,12 @@ impl Volume for MemVolume {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         check(self, offset, buf.len() as u64)?;
+        if self.parallel_reads.load(Ordering::Relaxed) {
+            let now = self.reads_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.reads_in_flight_max.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            self.reads_in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
         let blocks = self.blocks.lock().unwrap();
         for (i, chunk) in buf.chunks_mut(BLOCK as usize).enumerate() {
             match blocks.get(&(offset / BLOCK + i as u64)) {
@@ -154,6 +174,9 @@ impl Volume for MemVolume {
     }
     fn serializes_requests(&self) -> bool {
         self.serializes.load(Ordering::Relaxed)
+    }
+    fn reads_in_parallel(&self) -> bool {
+        self.parallel_reads.load(Ordering::Relaxed)
     }
     fn write_batch(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
         for &(offset, data) in writes {

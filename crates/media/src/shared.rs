@@ -1,0 +1,230 @@
+//! `SharedDevice`: one device used by many threads at once, each seeing only
+//! its own requests.
+//!
+//! Owns: the routing of completions. A `BlockDevice` is a single queue —
+//! `reap` hands back whichever requests finished, whoever submitted them —
+//! so code written as "submit, then reap what I submitted" (`sync_io`, the
+//! engine's bounded in-flight segment writes) works only while one thread
+//! owns the device. This wrapper tags every request with a private id,
+//! remembers the submitting thread, and routes each completion back to it:
+//! `reap` and `in_flight` answer for the calling thread alone. One thread
+//! at a time reaps the inner device (the *reaper*); the others wait on a
+//! condition variable and are woken when their completions arrive or when
+//! the reaper role is free.
+//!
+//! Invariants: every tag in `owner` is in flight on the inner device; a
+//! completion is delivered exactly once, to the thread that submitted it,
+//! with the caller's `user_data` restored; `inflight[t]` counts thread t's
+//! requests submitted and not yet returned by its `reap`.
+//!
+//! Why: the engine used to do every device I/O under its one lock, so a
+//! slow read (emulated QLC, a real disk) held up every other request. With
+//! this, reads run outside the lock, concurrently, while the engine's own
+//! writes keep their simple submit-then-reap shape.
+
+use crate::device::{BlockDevice, DeviceInfo, DeviceStats, IoCompletion, IoRequest, ZonedDevice};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// A small number naming the calling thread (cheaper than `ThreadId`,
+/// which clones the thread handle on every call).
+fn thread_no() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local!(static NO: u64 = NEXT.fetch_add(1, Ordering::Relaxed));
+    NO.with(|n| *n)
+}
+
+/// Per thread with requests: how many are out, and the completions
+/// delivered to it. A handful of threads at a time, so a short vector
+/// searched in order beats hashing.
+struct Waiter {
+    thread: u64,
+    inflight: usize,
+    done: Vec<IoCompletion>,
+}
+
+#[derive(Default)]
+struct Routing {
+    /// Tag (index) → (submitting thread, its user_data) while in flight.
+    owner: Vec<Option<(u64, u64)>>,
+    /// Free indexes of `owner`.
+    free_tags: Vec<u64>,
+    waiters: Vec<Waiter>,
+    /// A thread is inside the inner device's `reap`.
+    reaping: bool,
+}
+
+impl Routing {
+    fn waiter(&mut self, thread: u64) -> Option<&mut Waiter> {
+        self.waiters.iter_mut().find(|w| w.thread == thread)
+    }
+}
+
+/// A device many threads may use at once (see the module doc).
+pub struct SharedDevice {
+    dev: Arc<dyn BlockDevice>,
+    routing: Mutex<Routing>,
+    wake: Condvar,
+}
+
+impl SharedDevice {
+    pub fn new(dev: Arc<dyn BlockDevice>) -> SharedDevice {
+        SharedDevice { dev, routing: Mutex::new(Routing::default()), wake: Condvar::new() }
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &Arc<dyn BlockDevice> {
+        &self.dev
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Routing> {
+        // Routing holds no invariant a panicking holder could half-update
+        // in a way later callers would misread: keep going.
+        self.routing.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Move the calling thread's delivered completions into `out`; returns
+    /// (moved, still in flight). A thread with nothing out leaves the list.
+    fn take_mine(r: &mut Routing, me: u64, out: &mut Vec<IoCompletion>) -> (usize, usize) {
+        let Some(i) = r.waiters.iter().position(|w| w.thread == me) else { return (0, 0) };
+        let w = &mut r.waiters[i];
+        let n = w.done.len();
+        out.append(&mut w.done);
+        w.inflight -= n;
+        let left = w.inflight;
+        if left == 0 {
+            r.waiters.swap_remove(i);
+        }
+        (n, left)
+    }
+}
+
+impl BlockDevice for SharedDevice {
+    fn info(&self) -> &DeviceInfo {
+        self.dev.info()
+    }
+
+    fn submit(&self, mut req: IoRequest) {
+        let me = thread_no();
+        {
+            let mut r = self.lock();
+            let tag = match r.free_tags.pop() {
+                Some(t) => t,
+                None => {
+                    r.owner.push(None);
+                    r.owner.len() as u64 - 1
+                }
+            };
+            r.owner[tag as usize] = Some((me, req.user_data));
+            match r.waiter(me) {
+                Some(w) => w.inflight += 1,
+                None => r.waiters.push(Waiter { thread: me, inflight: 1, done: Vec::new() }),
+            }
+            req.user_data = tag;
+        }
+        // Outside the routing lock: a device may take its time to accept.
+        self.dev.submit(req);
+    }
+
+    fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
+        let me = thread_no();
+        let mut got = 0;
+        let mut r = self.lock();
+        loop {
+            let (n, outstanding) = Self::take_mine(&mut r, me, out);
+            got += n;
+            if got >= min || outstanding == 0 {
+                return got;
+            }
+            if r.reaping {
+                r = self.wake.wait(r).unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            // Become the reaper: wait on the inner device without the lock.
+            r.reaping = true;
+            drop(r);
+            let mut batch = Vec::new();
+            self.dev.reap(1, &mut batch);
+            r = self.lock();
+            r.reaping = false;
+            let mut others = false;
+            for mut c in batch {
+                let tag = c.user_data;
+                let (owner, user_data) = r.owner[tag as usize].take().expect("every completion was submitted here");
+                r.free_tags.push(tag);
+                c.user_data = user_data;
+                others |= owner != me;
+                r.waiter(owner).expect("a thread with requests out is listed").done.push(c);
+            }
+            // Others may be waiting for what came in, or for the reaper role.
+            if others || r.waiters.len() > 1 {
+                self.wake.notify_all();
+            }
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        let me = thread_no();
+        self.lock().waiter(me).map_or(0, |w| w.inflight)
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.dev.stats()
+    }
+
+    fn as_zoned(&self) -> Option<&dyn ZonedDevice> {
+        self.dev.as_zoned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{read_at, write_at};
+    use crate::{IoBuf, MemoryDevice};
+
+    #[test]
+    fn each_thread_reaps_only_its_own_requests() {
+        let dev = Arc::new(SharedDevice::new(Arc::new(MemoryDevice::new(1 << 20, 4096))));
+        // Another thread's request stays in flight, unreaped, while this
+        // thread does synchronous I/O: its reap must not take that one.
+        let other = {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                dev.submit(IoRequest::write(0, IoBuf::from_slice(&[7u8; 4096]), 41));
+                assert_eq!(dev.in_flight(), 1);
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let mut out = Vec::new();
+                assert_eq!(dev.reap(1, &mut out), 1);
+                assert_eq!(out[0].user_data, 41, "the caller's user_data comes back");
+                assert_eq!(dev.in_flight(), 0);
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        assert_eq!(dev.in_flight(), 0, "in_flight counts the calling thread's requests");
+        write_at(&*dev, 8192, &[9u8; 4096]).unwrap();
+        assert_eq!(&read_at(&*dev, 8192, 4096).unwrap()[..], &[9u8; 4096][..]);
+        other.join().unwrap();
+        assert_eq!(&read_at(&*dev, 0, 4096).unwrap()[..], &[7u8; 4096][..]);
+    }
+
+    #[test]
+    fn many_threads_doing_synchronous_io_each_get_their_data() {
+        let dev = Arc::new(SharedDevice::new(Arc::new(MemoryDevice::new(64 * 4096, 4096))));
+        let threads: Vec<_> = (0..8u8)
+            .map(|t| {
+                let dev = dev.clone();
+                std::thread::spawn(move || {
+                    for round in 0..500u32 {
+                        let block = (t as u64 * 8 + (round as u64 % 8)) * 4096;
+                        let fill = t.wrapping_mul(31).wrapping_add(round as u8);
+                        write_at(&*dev, block, &[fill; 4096]).unwrap();
+                        assert_eq!(read_at(&*dev, block, 4096).unwrap()[4095], fill, "thread {t} round {round}");
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(dev.in_flight(), 0);
+    }
+}
