@@ -350,8 +350,15 @@ pub struct Engine {
     /// The devices, shared so that reads run outside the engine lock while
     /// the lock holder's I/O keeps its submit-then-reap shape (each thread
     /// reaps only its own requests).
-    cache: Arc<SharedDevice>,
-    capacity: Arc<SharedDevice>,
+    cache: Arc<dyn BlockDevice>,
+    capacity: Arc<dyn BlockDevice>,
+    /// Reads doing device I/O outside the lock right now, and the most
+    /// allowed: each has one request in flight, and together with the lock
+    /// holder's `CAP_QUEUE_DEPTH` they must stay within both devices' queue
+    /// depth (a request beyond it fails with `QueueFull`). A read finding
+    /// no room reads under the lock, as every read once did.
+    unlocked_reads: std::sync::atomic::AtomicUsize,
+    unlocked_reads_max: usize,
     inner: Mutex<Inner>,
     /// Set when `open` found an unclean stop: how long recovery took.
     recovered_in: Option<std::time::Duration>,
@@ -373,9 +380,20 @@ impl Engine {
         recovered_in: Option<std::time::Duration>,
     ) -> Arc<Engine> {
         let metrics = inner.vols.iter().map(|_| Arc::new(VolumeMetrics::default())).collect();
+        // Wrapped once: a device handed back by `devices()` is already shared.
+        let share = |d: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> {
+            if d.is_shared() {
+                d
+            } else {
+                Arc::new(SharedDevice::new(d))
+            }
+        };
+        let depth = cache.info().queue_depth_max.min(capacity.info().queue_depth_max);
         Arc::new(Engine {
-            cache: Arc::new(SharedDevice::new(cache)),
-            capacity: Arc::new(SharedDevice::new(capacity)),
+            cache: share(cache),
+            capacity: share(capacity),
+            unlocked_reads: std::sync::atomic::AtomicUsize::new(0),
+            unlocked_reads_max: depth.saturating_sub(CAP_QUEUE_DEPTH + 2),
             inner: Mutex::new(inner),
             recovered_in,
             metrics,
@@ -563,7 +581,6 @@ impl Engine {
         self.lock().stats
     }
 
-    /// The cache and capacity devices.
     /// Whether servers should run this engine's reads in parallel: reads
     /// do their device I/O outside the engine lock, which pays on devices
     /// with latency (emulated or real media) and not on memory, where the
@@ -572,8 +589,10 @@ impl Engine {
         self.parallel_reads.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The cache and capacity devices, as the engine uses them (shared:
+    /// `Engine::open` on them again keeps the one wrapper).
     pub fn devices(&self) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
-        (self.cache.inner().clone(), self.capacity.inner().clone())
+        (self.cache.clone(), self.capacity.clone())
     }
 
     /// DRAM the maps take per 4 KiB block of volume capacity: the L2P, the

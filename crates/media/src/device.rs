@@ -249,6 +249,14 @@ pub trait BlockDevice: Send + Sync {
     fn as_zoned(&self) -> Option<&dyn ZonedDevice> {
         None
     }
+
+    /// Whether `reap` and `in_flight` answer for the calling thread alone
+    /// (`SharedDevice`), so many threads may use the device at once. A
+    /// device must be wrapped once: two wrappers over one device would reap
+    /// each other's completions.
+    fn is_shared(&self) -> bool {
+        false
+    }
 }
 
 /// Zone state per NVMe ZNS.

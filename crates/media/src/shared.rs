@@ -144,7 +144,15 @@ impl BlockDevice for SharedDevice {
             r.reaping = true;
             drop(r);
             let mut batch = Vec::new();
+            // Should the device's reap panic, the role is still given back
+            // and the waiters woken (else every later reap would hang).
+            let give_back = GiveBack(self);
             self.dev.reap(1, &mut batch);
+            // Normally the role is given back only with the completions
+            // routed, in one hold of the lock: a waiter woken earlier would
+            // find its completion in nobody's hands and wait on the device
+            // for the next one.
+            std::mem::forget(give_back);
             r = self.lock();
             r.reaping = false;
             let mut others = false;
@@ -174,6 +182,21 @@ impl BlockDevice for SharedDevice {
 
     fn as_zoned(&self) -> Option<&dyn ZonedDevice> {
         self.dev.as_zoned()
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+}
+
+/// Gives the reaper role back when dropped: only while unwinding from a
+/// panic in the inner reap (the normal path forgets it).
+struct GiveBack<'a>(&'a SharedDevice);
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        self.0.lock().reaping = false;
+        self.0.wake.notify_all();
     }
 }
 
@@ -206,6 +229,50 @@ mod tests {
         assert_eq!(&read_at(&*dev, 8192, 4096).unwrap()[..], &[9u8; 4096][..]);
         other.join().unwrap();
         assert_eq!(&read_at(&*dev, 0, 4096).unwrap()[..], &[7u8; 4096][..]);
+    }
+
+    /// A memory device whose first `reap` panics.
+    struct PanicsOnce {
+        dev: MemoryDevice,
+        panicked: std::sync::atomic::AtomicBool,
+    }
+
+    impl BlockDevice for PanicsOnce {
+        fn info(&self) -> &DeviceInfo {
+            self.dev.info()
+        }
+        fn submit(&self, req: IoRequest) {
+            self.dev.submit(req)
+        }
+        fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
+            if !self.panicked.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                panic!("injected: the device's reap fails");
+            }
+            self.dev.reap(min, out)
+        }
+        fn in_flight(&self) -> usize {
+            self.dev.in_flight()
+        }
+        fn stats(&self) -> DeviceStats {
+            self.dev.stats()
+        }
+    }
+
+    #[test]
+    fn a_reaper_that_panics_gives_the_role_back() {
+        let inner = PanicsOnce { dev: MemoryDevice::new(1 << 20, 4096), panicked: Default::default() };
+        let dev = Arc::new(SharedDevice::new(Arc::new(inner)));
+        let d = dev.clone();
+        let died = std::thread::spawn(move || write_at(&*d, 0, &[1u8; 4096])).join();
+        assert!(died.is_err(), "the injected panic reached the caller");
+        // Another thread can still reap: the role was given back.
+        let d = dev.clone();
+        let ok = std::thread::spawn(move || {
+            write_at(&*d, 4096, &[2u8; 4096]).unwrap();
+            read_at(&*d, 4096, 4096).unwrap()[0]
+        });
+        assert_eq!(ok.join().unwrap(), 2);
+        assert!(dev.is_shared());
     }
 
     #[test]

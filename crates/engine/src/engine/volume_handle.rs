@@ -8,7 +8,27 @@
 
 use super::*;
 
+/// A read's claim on a place outside the lock (`Engine::unlocked_reads`).
+pub(super) struct ReadPermit<'a>(&'a Engine);
+
+impl Drop for ReadPermit<'_> {
+    fn drop(&mut self) {
+        self.0.unlocked_reads.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Engine {
+    /// Room for one more read outside the lock, if there is any.
+    pub(super) fn unlocked_read_permit(&self) -> Option<ReadPermit<'_>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.unlocked_reads.fetch_add(1, Relaxed) < self.unlocked_reads_max {
+            Some(ReadPermit(self))
+        } else {
+            self.unlocked_reads.fetch_sub(1, Relaxed);
+            None
+        }
+    }
+
     /// A handle to a volume by name.
     pub fn volume(self: &Arc<Engine>, name: &str) -> Result<EngineVolume, EngineError> {
         let inner = self.lock();
@@ -195,6 +215,12 @@ impl Volume for EngineVolume {
             check(self, offset, buf.len() as u64)?;
             let e = &self.engine;
             let (vol, lba0, n) = (self.id as usize, (offset / BS) as usize, buf.len() / BLOCK_BYTES);
+            let Some(_permit) = e.unlocked_read_permit() else {
+                // No room for another request outside the lock: as before.
+                let mut inner = self.live()?;
+                inner.stats.user_read_bytes += buf.len() as u64;
+                return e.read_blocks(&inner.vols[vol].l2p[lba0..lba0 + n], buf);
+            };
             // Under the lock: where the blocks are, and the generation of
             // each place. Then the device reads without the lock, so reads
             // of slow media overlap with each other and with writes.
@@ -212,7 +238,8 @@ impl Volume for EngineVolume {
             // moved meanwhile read its previous version, which is as good
             // an answer as the new one to a read that raced the write; an
             // error from a place that was not reused is the device's.
-            let inner = self.live()?;
+            // The plain lock: data read before a shutdown is still good.
+            let inner = e.lock();
             if locs.iter().zip(&gens).any(|(&l, &g)| inner.generation(l) != g) {
                 return e.read_blocks(&inner.vols[vol].l2p[lba0..lba0 + n], buf);
             }
