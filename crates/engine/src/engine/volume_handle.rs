@@ -319,3 +319,69 @@ impl Volume for EngineVolume {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{pattern, small_device_bytes, small_world, small_world_on};
+    use sluice_media::{DeviceInfo, IoCompletion, MemoryDevice};
+
+    /// A memory device that admits only `depth` requests at once.
+    struct Shallow {
+        dev: MemoryDevice,
+        info: DeviceInfo,
+    }
+
+    impl Shallow {
+        fn new(bytes: u64, depth: usize) -> Arc<dyn BlockDevice> {
+            let dev = MemoryDevice::new(bytes, 4096);
+            let info = DeviceInfo { queue_depth_max: depth, ..dev.info().clone() };
+            Arc::new(Shallow { dev, info })
+        }
+    }
+
+    impl BlockDevice for Shallow {
+        fn info(&self) -> &DeviceInfo {
+            &self.info
+        }
+        fn submit(&self, req: sluice_media::IoRequest) {
+            self.dev.submit(req)
+        }
+        fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
+            self.dev.reap(min, out)
+        }
+        fn in_flight(&self) -> usize {
+            self.dev.in_flight()
+        }
+        fn stats(&self) -> sluice_media::DeviceStats {
+            self.dev.stats()
+        }
+    }
+
+    #[test]
+    fn reads_go_outside_the_lock_only_while_the_devices_have_room() {
+        // Room: permits up to the depth left beside the lock holder's queue.
+        let w = small_world(&[64]);
+        let max = w.engine.unlocked_reads_max;
+        assert!(max > 0);
+        let held: Vec<_> = (0..max).map(|_| w.engine.unlocked_read_permit().expect("room")).collect();
+        assert!(w.engine.unlocked_read_permit().is_none(), "no permit beyond the devices' depth");
+        drop(held);
+        assert!(w.engine.unlocked_read_permit().is_some());
+        // A device too shallow for any: every read runs under the lock, and
+        // still returns the data.
+        let (c, p) = small_device_bytes(&[64]);
+        let depth = CAP_QUEUE_DEPTH + 2;
+        let w = small_world_on(Shallow::new(c, depth), Shallow::new(p, depth), &[64]);
+        assert_eq!(w.engine.unlocked_reads_max, 0);
+        for lba in 0..64 {
+            w.volumes[0].write(lba * 4096, &pattern(0, lba, lba + 1), false).unwrap();
+        }
+        let mut b = vec![0u8; 4096];
+        for lba in 0..64 {
+            w.volumes[0].read(lba * 4096, &mut b).unwrap();
+            assert_eq!(b, pattern(0, lba, lba + 1), "block {lba}");
+        }
+        assert_eq!(w.engine.stats().user_read_bytes, 64 * 4096);
+    }
+}
