@@ -333,7 +333,7 @@ mod tests {
     }
 
     impl Shallow {
-        fn new(bytes: u64, depth: usize) -> Arc<dyn BlockDevice> {
+        fn device(bytes: u64, depth: usize) -> Arc<dyn BlockDevice> {
             let dev = MemoryDevice::new(bytes, 4096);
             let info = DeviceInfo { queue_depth_max: depth, ..dev.info().clone() };
             Arc::new(Shallow { dev, info })
@@ -372,7 +372,7 @@ mod tests {
         // still returns the data.
         let (c, p) = small_device_bytes(&[64]);
         let depth = CAP_QUEUE_DEPTH + 2;
-        let w = small_world_on(Shallow::new(c, depth), Shallow::new(p, depth), &[64]);
+        let w = small_world_on(Shallow::device(c, depth), Shallow::device(p, depth), &[64]);
         assert_eq!(w.engine.unlocked_reads_max, 0);
         for lba in 0..64 {
             w.volumes[0].write(lba * 4096, &pattern(0, lba, lba + 1), false).unwrap();
