@@ -43,12 +43,14 @@ mod checkpoint;
 mod compactor;
 mod datapath;
 mod placement;
+mod pool;
 mod recover;
 mod volume_handle;
 mod zoned;
 
 pub use compactor::{Compactor, CompactorConfig, CompactorSnapshot, Throttle};
 pub use placement::BandPlacement;
+use pool::BufPool;
 pub use volume_handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
 
 use checkpoint::{checkpoint_bytes_max, decode_checkpoint, encode_checkpoint};
@@ -58,9 +60,6 @@ const BS: u64 = BLOCK_BYTES as u64;
 
 /// Most capacity segment writes compaction and GC keep in flight.
 const CAP_QUEUE_DEPTH: usize = 16;
-/// Bound of the engine's I/O buffer pool in buffers: a full capacity queue
-/// twice over (its bytes are bounded by `Inner::pool_bytes_max`).
-const POOL_BUFS_MAX: usize = 2 * CAP_QUEUE_DEPTH;
 
 /// Where a block lives: 0 = nowhere (reads zeros); top bit set = capacity
 /// block index; otherwise cache block index + 1.
@@ -300,11 +299,8 @@ struct Inner {
     compact_cursor: Option<CompactCursor>,
     seq: u64,
     stats: EngineStats,
-    /// Reusable I/O buffers (compaction and GC move megabytes per call; fresh
-    /// allocations would cost a page fault per 4 KiB).
-    pool: Vec<IoBuf>,
-    /// Capacity of the buffers in `pool`, bounded by `pool_bytes_max`.
-    pool_bytes: usize,
+    /// Reusable I/O buffers (pool.rs).
+    pool: BufPool,
     /// The superblock as last written.
     sb: Superblock,
     /// Set by `shutdown`: every later request fails.
@@ -581,14 +577,6 @@ impl Engine {
         self.lock().stats
     }
 
-    /// Whether servers should run this engine's reads in parallel: reads
-    /// do their device I/O outside the engine lock, which pays on devices
-    /// with latency (emulated or real media) and not on memory, where the
-    /// hand-off to another thread costs more than the read. Off by default.
-    pub fn set_parallel_reads(&self, on: bool) {
-        self.parallel_reads.store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// The cache and capacity devices, as the engine uses them (shared:
     /// `Engine::open` on them again keeps the one wrapper).
     pub fn devices(&self) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
@@ -670,8 +658,7 @@ impl Inner {
             placement: BandPlacement::PerVolume,
             seq: 0,
             stats: EngineStats::default(),
-            pool: Vec::new(),
-            pool_bytes: 0,
+            pool: BufPool::default(),
             sb,
             closed: false,
             failed: false,
@@ -685,38 +672,16 @@ impl Inner {
         }
     }
 
-    /// A buffer of exactly `len` bytes (contents undefined): the smallest
-    /// pooled allocation that holds it, or a fresh one rounded up to a power
-    /// of two so that it serves the next request of a similar size too
-    /// (records and segments vary in length with every group commit; an
-    /// exact-size pool missed, and every miss paid for fresh zeroed pages).
+    /// A buffer of exactly `len` bytes from the pool (contents undefined).
     fn take_buf(&mut self, len: usize) -> IoBuf {
-        // Not more than twice the fresh allocation: a small record must not
-        // take the buffer the next chunk read needs.
-        let fits = len.next_power_of_two();
-        let best = (self.pool.iter().enumerate())
-            .filter(|(_, b)| (fits..=2 * fits).contains(&b.capacity()))
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
-        let mut b = match best {
-            Some(i) => {
-                let b = self.pool.swap_remove(i);
-                self.pool_bytes -= b.capacity();
-                b
-            }
-            None => IoBuf::zeroed(fits),
-        };
-        b.set_len(len);
-        b
+        self.pool.take(len)
     }
 
-    /// Return a buffer to the pool, which holds at most `POOL_BUFS_MAX`
-    /// buffers and `pool_bytes_max` bytes.
+    /// Return a buffer to the pool, which keeps at most four of the largest
+    /// reads' worth (a chunk or a GC window, rounded up as it allocates).
     fn give_buf(&mut self, b: IoBuf) {
-        if self.pool.len() < POOL_BUFS_MAX && self.pool_bytes + b.capacity() <= self.pool_bytes_max() {
-            self.pool_bytes += b.capacity();
-            self.pool.push(b);
-        }
+        let bytes_max = 4 * ((self.gc_window_blocks() * BS) as usize).next_power_of_two();
+        self.pool.give(b, bytes_max);
     }
 
     fn blocks_per_chunk(&self) -> u64 {
@@ -729,12 +694,6 @@ impl Inner {
 
     /// Blocks GC reads at once from a victim: at least a chunk and at least
     /// the largest segment.
-    /// The pool's byte bound: four of the largest reads (a chunk or a GC
-    /// window, rounded up as `take_buf` allocates them).
-    fn pool_bytes_max(&self) -> usize {
-        4 * ((self.gc_window_blocks() * BS) as usize).next_power_of_two()
-    }
-
     fn gc_window_blocks(&self) -> u64 {
         self.blocks_per_chunk().max(self.segment_blocks_max())
     }
@@ -759,20 +718,6 @@ impl Inner {
         } else {
             let s = self.stream(vol);
             self.vols[s].open_band = None;
-        }
-    }
-
-    /// The generation of the chunk or band holding `l`: a read done outside
-    /// the lock is good if the generation is the same after it, because a
-    /// chunk's blocks are overwritten only after it is reopened (new epoch)
-    /// and a band's only after it is discarded (new `gen`).
-    fn generation(&self, l: Loc) -> u64 {
-        if let Some(cb) = l.cache_block() {
-            self.chunks[(cb / self.blocks_per_chunk()) as usize].epoch
-        } else if let Some(pb) = l.capacity_block() {
-            self.bands[(pb / self.blocks_per_band()) as usize].gen
-        } else {
-            0
         }
     }
 

@@ -72,11 +72,6 @@ impl SharedDevice {
         SharedDevice { dev, routing: Mutex::new(Routing::default()), wake: Condvar::new() }
     }
 
-    /// The wrapped device.
-    pub fn inner(&self) -> &Arc<dyn BlockDevice> {
-        &self.dev
-    }
-
     fn lock(&self) -> MutexGuard<'_, Routing> {
         // Routing holds no invariant a panicking holder could half-update
         // in a way later callers would misread: keep going.

@@ -4,7 +4,9 @@
 //!
 //! Every request through a handle is timed and counted in its volume's
 //! `VolumeMetrics`; every change runs under the engine lock through
-//! `change`, which stops all further changes after a device error.
+//! `change`, which stops all further changes after a device error. Reads do
+//! their device I/O outside the lock, bounded by read permits and checked
+//! afterwards against the generation of each place they read (docs/engine.md).
 
 use super::*;
 
@@ -17,7 +19,31 @@ impl Drop for ReadPermit<'_> {
     }
 }
 
+impl Inner {
+    /// The generation of the chunk or band holding `l`: a read done outside
+    /// the lock is good if the generation is the same after it, because a
+    /// chunk's blocks are overwritten only after it is reopened (new epoch)
+    /// and a band's only after it is discarded (new `gen`).
+    fn generation(&self, l: Loc) -> u64 {
+        if let Some(cb) = l.cache_block() {
+            self.chunks[(cb / self.blocks_per_chunk()) as usize].epoch
+        } else if let Some(pb) = l.capacity_block() {
+            self.bands[(pb / self.blocks_per_band()) as usize].gen
+        } else {
+            0
+        }
+    }
+}
+
 impl Engine {
+    /// Whether servers should run this engine's reads in parallel: reads
+    /// do their device I/O outside the engine lock, which pays on devices
+    /// with latency (emulated or real media) and not on memory, where the
+    /// hand-off to another thread costs more than the read. Off by default.
+    pub fn set_parallel_reads(&self, on: bool) {
+        self.parallel_reads.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Room for one more read outside the lock, if there is any.
     pub(super) fn unlocked_read_permit(&self) -> Option<ReadPermit<'_>> {
         use std::sync::atomic::Ordering::Relaxed;
@@ -215,22 +241,19 @@ impl Volume for EngineVolume {
             check(self, offset, buf.len() as u64)?;
             let e = &self.engine;
             let (vol, lba0, n) = (self.id as usize, (offset / BS) as usize, buf.len() / BLOCK_BYTES);
-            let Some(_permit) = e.unlocked_read_permit() else {
-                // No room for another request outside the lock: as before.
-                let mut inner = self.live()?;
-                inner.stats.user_read_bytes += buf.len() as u64;
+            let permit = e.unlocked_read_permit();
+            let mut inner = self.live()?;
+            inner.stats.user_read_bytes += buf.len() as u64;
+            let Some(_permit) = permit else {
+                // No room for another request outside the lock: read under it.
                 return e.read_blocks(&inner.vols[vol].l2p[lba0..lba0 + n], buf);
             };
             // Under the lock: where the blocks are, and the generation of
             // each place. Then the device reads without the lock, so reads
             // of slow media overlap with each other and with writes.
-            let (locs, gens): (Vec<Loc>, Vec<u64>) = {
-                let mut inner = self.live()?;
-                inner.stats.user_read_bytes += buf.len() as u64;
-                let locs = inner.vols[vol].l2p[lba0..lba0 + n].to_vec();
-                let gens = locs.iter().map(|&l| inner.generation(l)).collect();
-                (locs, gens)
-            };
+            let locs = inner.vols[vol].l2p[lba0..lba0 + n].to_vec();
+            let gens: Vec<u64> = locs.iter().map(|&l| inner.generation(l)).collect();
+            drop(inner);
             let unlocked = e.read_blocks(&locs, buf);
             // A place reused meanwhile (its chunk reopened, its band
             // discarded) may have handed back someone else's data or an

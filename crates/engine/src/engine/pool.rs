@@ -1,0 +1,51 @@
+//! The engine's reusable I/O buffers.
+//!
+//! Owns: the buffers compaction, GC and log appends borrow for one device
+//! request each (they move megabytes per call; a fresh allocation would cost
+//! a zeroed page per 4 KiB).
+//!
+//! Invariants: at most `BUFS_MAX` buffers are kept, and together at most the
+//! byte bound the caller passes to `give`; a buffer handed out has exactly
+//! the length asked for (its contents are whatever it last held).
+//!
+//! Why by capacity, not by exact length: records and segments vary in
+//! length with every group commit, so an exact-size pool missed and every
+//! miss paid for fresh zeroed pages. Allocations are rounded up to a power of
+//! two and a request takes the smallest pooled buffer of 1–2× its size, so a
+//! small record never takes the buffer the next chunk read needs.
+
+use sluice_media::IoBuf;
+
+/// Most buffers kept: a full capacity queue twice over.
+const BUFS_MAX: usize = 2 * super::CAP_QUEUE_DEPTH;
+
+#[derive(Default)]
+pub(super) struct BufPool {
+    bufs: Vec<IoBuf>,
+}
+
+impl BufPool {
+    /// A buffer of exactly `len` bytes (contents undefined).
+    pub fn take(&mut self, len: usize) -> IoBuf {
+        let fits = len.next_power_of_two();
+        let best = (self.bufs.iter().enumerate())
+            .filter(|(_, b)| (fits..=2 * fits).contains(&b.capacity()))
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        let mut b = match best {
+            Some(i) => self.bufs.swap_remove(i),
+            None => IoBuf::zeroed(fits),
+        };
+        b.set_len(len);
+        b
+    }
+
+    /// Keep `b` for later if the pool stays within `BUFS_MAX` buffers and
+    /// `bytes_max` bytes; otherwise free it.
+    pub fn give(&mut self, b: IoBuf, bytes_max: usize) {
+        let held: usize = self.bufs.iter().map(IoBuf::capacity).sum();
+        if self.bufs.len() < BUFS_MAX && held + b.capacity() <= bytes_max {
+            self.bufs.push(b);
+        }
+    }
+}
