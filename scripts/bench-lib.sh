@@ -26,6 +26,11 @@ wait_nbd() {
     return 1
 }
 
+# cpu_ticks PID: the process's utime + stime so far, in clock ticks.
+cpu_ticks() {
+    awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
 # serve_emulated_qlc PORT METRICS: start `sluice serve` (in the background,
 # config and data in $work) on an emulated Optane-like SCM cache (1 GiB) in
 # front of an emulated 16 GiB QLC, both memory-backed and timed in real

@@ -24,10 +24,6 @@ wait_port() { # export
     wait_nbd "nbd://127.0.0.1:$PORT/$1"
 }
 
-cpu_ticks() { # pid: utime + stime in clock ticks
-    awk '{print $14 + $15}' "/proc/$1/stat"
-}
-
 run_fio() { # name export rw bs numjobs
     local t0 t1
     t0=$(cpu_ticks "$pid")

@@ -189,6 +189,28 @@ impl Stream {
         unsafe { libc::poll(&mut pfd, 1, 0) != 0 }
     }
 
+    /// Reads what is waiting without blocking: `None` if nothing is. One
+    /// system call on a plain socket (a non-blocking `recv`); a TLS stream,
+    /// whose records need blocking reads, asks the socket first.
+    fn read_ready(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if let Stream::Tls(_) = self {
+            return if self.readable_now() { self.read(buf).map(Some) } else { Ok(None) };
+        }
+        loop {
+            // SAFETY: `buf` is writable for `buf.len()` bytes during the call.
+            let rc = unsafe { libc::recv(self.raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if rc >= 0 {
+                return Ok(Some(rc as usize));
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(None),
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// A human-readable peer name for logs.
     pub fn peer(&self) -> String {
         match self {
@@ -282,25 +304,30 @@ impl Read for ConnReader {
             if out.len() >= self.capacity {
                 return self.inner.read(out);
             }
-            if !self.inner.readable_now() {
-                // About to block: wait holding no buffer, and take the first
-                // bytes that arrive through a small one on the stack.
-                self.buf = Vec::new();
-                let mut first = [0u8; IDLE_READ_BYTES];
-                let n = self.inner.read(&mut first)?;
-                let given = n.min(out.len());
-                out[..given].copy_from_slice(&first[..given]);
-                if n > given {
-                    self.buf = vec![0u8; self.capacity.max(IDLE_READ_BYTES)];
-                    self.buf[..n - given].copy_from_slice(&first[given..n]);
-                    self.end = n - given;
-                }
-                return Ok(given);
-            }
-            if self.buf.is_empty() {
+            // While bytes flow the buffer is kept and one non-blocking read
+            // refills it; a drained socket sends us to the idle path below.
+            if self.buf.is_empty() && self.inner.readable_now() {
                 self.buf = vec![0u8; self.capacity.max(IDLE_READ_BYTES)];
             }
-            self.end = self.inner.read(&mut self.buf)?;
+            let ready = if self.buf.is_empty() { None } else { self.inner.read_ready(&mut self.buf)? };
+            match ready {
+                Some(n) => self.end = n,
+                None => {
+                    // About to block: wait holding no buffer, and take the
+                    // first bytes that arrive through a small one on the stack.
+                    self.buf = Vec::new();
+                    let mut first = [0u8; IDLE_READ_BYTES];
+                    let n = self.inner.read(&mut first)?;
+                    let given = n.min(out.len());
+                    out[..given].copy_from_slice(&first[..given]);
+                    if n > given {
+                        self.buf = vec![0u8; self.capacity.max(IDLE_READ_BYTES)];
+                        self.buf[..n - given].copy_from_slice(&first[given..n]);
+                        self.end = n - given;
+                    }
+                    return Ok(given);
+                }
+            }
         }
         let n = out.len().min(self.end - self.pos);
         out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
@@ -343,5 +370,21 @@ mod tests {
         let (h, held) = t.join().unwrap();
         assert_eq!(h, [9u8; 28]);
         assert_eq!(held, 0);
+    }
+
+    /// A non-blocking read says "nothing yet" on an empty socket, returns
+    /// what waits on a busy one, and 0 at end of stream, on plain sockets.
+    #[test]
+    fn read_ready_never_blocks() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut s = Stream::Unix(Arc::new(a));
+        let mut buf = [0u8; 64];
+        assert_eq!(s.read_ready(&mut buf).unwrap(), None);
+        b.write_all(b"hello").unwrap();
+        assert_eq!(s.read_ready(&mut buf).unwrap(), Some(5));
+        assert_eq!(&buf[..5], b"hello");
+        assert_eq!(s.read_ready(&mut buf).unwrap(), None);
+        drop(b);
+        assert_eq!(s.read_ready(&mut buf).unwrap(), Some(0));
     }
 }

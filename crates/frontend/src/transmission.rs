@@ -24,7 +24,7 @@
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use sluice_engine::{Volume, VolumeError};
 
@@ -41,34 +41,52 @@ const REQUEST_OVERHEAD_BYTES: u64 = 4096;
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 
 /// The in-flight byte budget of one connection.
+///
+/// Waiters are counted so that a release wakes only when someone waits: the
+/// standard library's condition variable makes a system call on every
+/// notify, and releases happen once per request.
 struct Budget {
-    used: Mutex<u64>,
+    /// (bytes in use, threads waiting on `freed`)
+    used: Mutex<(u64, usize)>,
     freed: Condvar,
     max: u64,
 }
 
 impl Budget {
+    fn new(max: u64) -> Budget {
+        Budget { used: Mutex::new((0, 0)), freed: Condvar::new(), max }
+    }
+
     /// Blocks until `cost` fits (a lone request always fits).
     fn acquire(&self, cost: u64) {
         let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        while *used > 0 && *used + cost > self.max {
-            used = self.freed.wait(used).unwrap_or_else(PoisonError::into_inner);
+        while used.0 > 0 && used.0 + cost > self.max {
+            used = self.wait(used);
         }
-        *used += cost;
+        used.0 += cost;
     }
 
     fn release(&self, cost: u64) {
         let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        *used -= cost;
-        self.freed.notify_all();
+        used.0 -= cost;
+        if used.1 > 0 {
+            self.freed.notify_all();
+        }
     }
 
     /// Blocks until every acquired byte was released.
     fn wait_empty(&self) {
         let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        while *used > 0 {
-            used = self.freed.wait(used).unwrap_or_else(PoisonError::into_inner);
+        while used.0 > 0 {
+            used = self.wait(used);
         }
+    }
+
+    fn wait<'a>(&self, mut used: MutexGuard<'a, (u64, usize)>) -> MutexGuard<'a, (u64, usize)> {
+        used.1 += 1;
+        let mut used = self.freed.wait(used).unwrap_or_else(PoisonError::into_inner);
+        used.1 -= 1;
+        used
     }
 }
 
@@ -218,7 +236,7 @@ pub(crate) fn run(
             broken: AtomicBool::new(false),
             held: inline.then(|| Mutex::new(Vec::new())),
         },
-        budget: Budget { used: Mutex::new(0), freed: Condvar::new(), max: shared.opts.inflight_bytes_max },
+        budget: Budget::new(shared.opts.inflight_bytes_max),
         stats: stats.clone(),
     });
     let r = read_requests(&conn, reader, &shared.pool);
@@ -596,4 +614,33 @@ fn volume_err(command: Command, e: &VolumeError) -> Outcome {
         },
     };
     err(errno, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An acquire that does not fit waits, counted, until a release makes
+    /// room; `wait_empty` waits for the last release; no waiter is left
+    /// counted (a release notifies only when one is).
+    #[test]
+    fn budget_waiters_are_woken_by_the_release_that_makes_room() {
+        let b = Arc::new(Budget::new(10));
+        b.acquire(8);
+        let waiter = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                b.acquire(5);
+                b.release(5);
+            })
+        };
+        while b.used.lock().unwrap().1 == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(*b.used.lock().unwrap(), (8, 1));
+        b.release(8);
+        waiter.join().unwrap();
+        b.wait_empty();
+        assert_eq!(*b.used.lock().unwrap(), (0, 0));
+    }
 }

@@ -31,7 +31,7 @@
 use super::datapath::{CompactStep, GcStep};
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Condvar;
+use std::sync::{Condvar, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -155,6 +155,9 @@ pub(super) struct Background {
     pub(super) throttle: Mutex<Option<Throttle>>,
     stop: Mutex<bool>,
     wake: Condvar,
+    /// The compactor is waiting on `wake` (set and cleared under `stop`):
+    /// only then do writers notify, as every notify is a system call.
+    asleep: AtomicBool,
     pub(super) compactions: AtomicU64,
     pub(super) gc_windows: AtomicU64,
     pub(super) compaction_ns: AtomicU64,
@@ -178,6 +181,7 @@ impl Background {
             throttle: Mutex::new(None),
             stop: Mutex::new(false),
             wake: Condvar::new(),
+            asleep: AtomicBool::new(false),
             compactions: AtomicU64::new(0),
             gc_windows: AtomicU64::new(0),
             ns_unbilled: AtomicU64::new(0),
@@ -259,8 +263,11 @@ impl Engine {
                 return;
             }
             let t = Instant::now();
-            match self.background_step(last) {
-                Ok(Work::Idle) => last = Work::Idle,
+            let failed = match self.background_step(last) {
+                Ok(Work::Idle) => {
+                    last = Work::Idle;
+                    false
+                }
                 Ok(w) => {
                     last = w;
                     self.step_aside(t.elapsed());
@@ -271,13 +278,26 @@ impl Engine {
                 Err(VolumeError::ReadOnly) => break,
                 // Anything else (NoSpace: the capacity device is full) may
                 // pass as requests trim or rewrite: wait, then try again.
-                Err(_) => last = Work::Idle,
-            }
+                Err(_) => {
+                    last = Work::Idle;
+                    true
+                }
+            };
             let stop = self.bg.stop.lock().expect("compactor stop");
             if *stop {
                 return;
             }
-            let _ = self.bg.wake.wait_timeout(stop, Duration::from_millis(50));
+            // Announce the sleep, then look again: a writer that lowered the
+            // free level before seeing `asleep` is seen here (both SeqCst).
+            self.bg.asleep.store(true, Ordering::SeqCst);
+            let low = self.bg.free_chunks.load(Ordering::SeqCst) < self.bg.start_chunks.load(Ordering::SeqCst);
+            let stop = if low && !failed {
+                stop
+            } else {
+                self.bg.wake.wait_timeout(stop, Duration::from_millis(50)).map_or_else(|e| e.into_inner().0, |r| r.0)
+            };
+            self.bg.asleep.store(false, Ordering::SeqCst);
+            drop(stop);
         }
         // Stopped for good: writers are no longer paced to a rate nobody
         // measures, and the snapshot says so.
@@ -414,8 +434,11 @@ impl Engine {
             return;
         }
         let free = inner.free_chunks.len();
-        self.bg.free_chunks.store(free, Ordering::Relaxed);
-        if free < self.bg.start_chunks.load(Ordering::Relaxed) {
+        self.bg.free_chunks.store(free, Ordering::SeqCst);
+        if free < self.bg.start_chunks.load(Ordering::Relaxed) && self.bg.asleep.load(Ordering::SeqCst) {
+            // Past the compactor's check or inside its wait: taking `stop`
+            // orders this notify after the wait began.
+            drop(self.bg.stop.lock().unwrap_or_else(PoisonError::into_inner));
             self.bg.wake.notify_one();
         }
     }
