@@ -133,6 +133,16 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
             s.compactor.compactions,
         ),
         ("sluice_compactor_throttled_writes_total", "Writes the set-point controller delayed.", s.compactor.throttled_writes),
+        (
+            "sluice_compactor_windows_read_unlocked_total",
+            "Compaction and GC windows read without the engine lock.",
+            s.compactor.windows_read_unlocked,
+        ),
+        (
+            "sluice_compactor_windows_reread_total",
+            "Windows read without the lock, then again under it (their chunk or band moved on meanwhile).",
+            s.compactor.windows_reread,
+        ),
     ] {
         family(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {x}");

@@ -169,6 +169,10 @@ pub(super) struct Background {
     /// Requests waiting for the engine lock (`Engine::step_aside`).
     waiting: AtomicUsize,
     pub(super) throttled_writes: AtomicU64,
+    /// Compaction and GC windows read outside the engine lock and used.
+    pub(super) windows_unlocked: AtomicU64,
+    /// ... and read again under it (the chunk or band moved on meanwhile).
+    pub(super) windows_reread: AtomicU64,
     pub(super) throttle_ns: AtomicU64,
 }
 
@@ -189,6 +193,8 @@ impl Background {
             compaction_ns: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             throttled_writes: AtomicU64::new(0),
+            windows_unlocked: AtomicU64::new(0),
+            windows_reread: AtomicU64::new(0),
             throttle_ns: AtomicU64::new(0),
         }
     }
@@ -203,11 +209,17 @@ pub struct CompactorSnapshot {
     pub compactions: u64,
     /// GC windows (chunk-sized reads of a victim band) done in the background.
     pub gc_windows: u64,
-    /// Time the thread held the engine lock compacting and collecting.
+    /// Time the thread spent compacting and collecting (its reads outside
+    /// the engine lock included).
     pub compaction_seconds: f64,
     /// Measured compaction bandwidth, bytes of log freed per second of work.
     pub bandwidth_bytes_per_s: f64,
     pub throttled_writes: u64,
+    /// Compaction and GC windows read without the engine lock and used.
+    pub windows_read_unlocked: u64,
+    /// Windows read without the lock and then read again under it, because
+    /// the chunk or band had moved on meanwhile.
+    pub windows_reread: u64,
     pub throttle_seconds: f64,
 }
 
@@ -262,15 +274,11 @@ impl Engine {
             if *self.bg.stop.lock().expect("compactor stop") {
                 return;
             }
-            let t = Instant::now();
-            let failed = match self.background_step(last) {
-                Ok(Work::Idle) => {
-                    last = Work::Idle;
-                    false
-                }
-                Ok(w) => {
+            match self.background_step(last) {
+                Ok((Work::Idle, _)) => last = Work::Idle,
+                Ok((w, held)) => {
                     last = w;
-                    self.step_aside(t.elapsed());
+                    self.step_aside(held);
                     continue;
                 }
                 // Closed or failed: writes report it; nothing more to do here
@@ -278,24 +286,17 @@ impl Engine {
                 Err(VolumeError::ReadOnly) => break,
                 // Anything else (NoSpace: the capacity device is full) may
                 // pass as requests trim or rewrite: wait, then try again.
-                Err(_) => {
-                    last = Work::Idle;
-                    true
-                }
-            };
+                Err(_) => last = Work::Idle,
+            }
             let stop = self.bg.stop.lock().expect("compactor stop");
             if *stop {
                 return;
             }
-            // Announce the sleep, then look again: a writer that lowered the
-            // free level before seeing `asleep` is seen here (both SeqCst).
+            // Writers notify only while `asleep` is set; a change between
+            // the idle step and here waits for the timeout at worst.
             self.bg.asleep.store(true, Ordering::SeqCst);
-            let low = self.bg.free_chunks.load(Ordering::SeqCst) < self.bg.start_chunks.load(Ordering::SeqCst);
-            let stop = if low && !failed {
-                stop
-            } else {
-                self.bg.wake.wait_timeout(stop, Duration::from_millis(50)).map_or_else(|e| e.into_inner().0, |r| r.0)
-            };
+            let stop =
+                self.bg.wake.wait_timeout(stop, Duration::from_millis(50)).map_or_else(|e| e.into_inner().0, |r| r.0);
             self.bg.asleep.store(false, Ordering::SeqCst);
             drop(stop);
         }
@@ -332,27 +333,49 @@ impl Engine {
         inner
     }
 
-    /// One piece of background work under one hold of the engine lock: a
-    /// GC window when free bands run low (or a victim is half done), a chunk
-    /// compaction when the log is below the start level — alternating when
-    /// both are due, so neither starves and the inline paths (a whole band,
-    /// many chunks) are left as safety valves only.
-    fn background_step(&self, last: Work) -> Result<Work, VolumeError> {
-        let mut inner = self.lock();
-        if inner.closed || inner.failed {
-            return Err(VolumeError::ReadOnly);
-        }
+    /// Which background work is due: a GC window when free bands run low
+    /// (or a victim is half done), a chunk compaction when the log is below
+    /// the start level — alternating when both are due, so neither starves
+    /// and the inline paths (a whole band, many chunks) are left as safety
+    /// valves only. GC goes first from one band above the inline level:
+    /// compaction would otherwise reach it and collect a whole band under
+    /// the lock.
+    fn due(&self, inner: &Inner, last: Work) -> (bool, bool) {
         let start = self.bg.start_chunks.load(Ordering::Relaxed);
         let compact_due = inner.free_chunks.len() < start && !inner.full_chunks.is_empty();
         let (free_bands, gc_min) = (inner.free_bands.len(), inner.cfg.gc_free_bands_min);
         let gc_due = inner.gc_cursor.is_some() || free_bands <= gc_min + GC_AHEAD_BANDS;
-        // One band from the inline level, GC goes first: compaction would
-        // otherwise reach it and collect a whole band under the lock.
         let gc_urgent = free_bands <= gc_min + 1;
+        (gc_due && (gc_urgent || last == Work::Compacted || !compact_due), compact_due)
+    }
+
+    /// One piece of background work (see `due`): its first read done
+    /// without the engine lock when there is room for it (`preread`), the
+    /// rest under one hold of the lock. Returns the work and how long the
+    /// lock was held.
+    fn background_step(&self, last: Work) -> Result<(Work, Duration), VolumeError> {
         let t = Instant::now();
-        let step_blocks = (inner.blocks_per_chunk() / STEP_PARTS).max(1);
-        if gc_due && (gc_urgent || last == Work::Compacted || !compact_due) {
-            let r = self.gc_step(&mut inner, step_blocks);
+        let step_blocks = |inner: &Inner| (inner.blocks_per_chunk() / STEP_PARTS).max(1);
+        // A GC step walks at least what it reads anyway (a largest
+        // segment): what it relocates goes out packed into one segment per
+        // volume. Walking less made segments no denser than the victim's
+        // own, and on small bands GC could then reclaim victims forever
+        // without freeing a block, starving compaction.
+        let gc_blocks = |inner: &Inner| step_blocks(inner).max(inner.segment_blocks_max());
+        let mut pre = self.preread(|inner| match self.due(inner, last) {
+            (true, _) => inner.gc_window(gc_blocks(inner)),
+            (false, true) => inner.compact_window(step_blocks(inner)),
+            (false, false) => None,
+        });
+        let mut inner = self.lock();
+        let locked = Instant::now();
+        if inner.closed || inner.failed {
+            return Err(VolumeError::ReadOnly);
+        }
+        let (gc, compact_due) = self.due(&inner, last);
+        let (step_blocks, gc_blocks) = (step_blocks(&inner), gc_blocks(&inner));
+        if gc {
+            let r = self.gc_step(&mut inner, gc_blocks, &mut pre);
             match inner.stop_on_device_error(r)? {
                 GcStep::Idle => {}
                 _ => {
@@ -360,20 +383,21 @@ impl Engine {
                     self.bg.gc_windows.fetch_add(1, Ordering::Relaxed);
                     self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
                     self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
-                    return Ok(Work::Collected);
+                    return Ok((Work::Collected, locked.elapsed()));
                 }
             }
         }
         if !compact_due {
-            return Ok(Work::Idle);
+            return Ok((Work::Idle, locked.elapsed()));
         }
-        let r = self.compact_step(&mut inner, step_blocks);
+        let r = self.compact_step(&mut inner, step_blocks, &mut pre);
         let step = inner.stop_on_device_error(r)?;
         let ns = t.elapsed().as_nanos() as u64;
         self.bg.free_chunks.store(inner.free_chunks.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
         let compacted = inner.stats.chunks_compacted;
         drop(inner);
+        let held = locked.elapsed();
         self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
         self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
         if step == CompactStep::Freed {
@@ -389,7 +413,7 @@ impl Engine {
                 t.observe(freed, work);
             }
         }
-        Ok(Work::Compacted)
+        Ok((Work::Compacted, held))
     }
 
     /// One bounded GC step, as the background compactor takes them: the
@@ -398,14 +422,16 @@ impl Engine {
     /// Simulations call it between requests to put half-collected victims
     /// under reads, writes, trims and crashes.
     pub fn collect_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
-        self.change(|e, inner| Ok(e.gc_step(inner, blocks_max)? != GcStep::Idle))
+        let mut pre = self.preread(|inner| inner.gc_window(blocks_max));
+        self.change(|e, inner| Ok(e.gc_step(inner, blocks_max, &mut pre)? != GcStep::Idle))
     }
 
     /// One bounded compaction step of the oldest full chunk (at least one
     /// record, up to `blocks_max` blocks of it). False if no chunk is full.
     /// Simulations call it between requests, like `collect_some`.
     pub fn compact_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
-        self.change(|e, inner| Ok(e.compact_step(inner, blocks_max)? != CompactStep::Idle))
+        let mut pre = self.preread(|inner| inner.compact_window(blocks_max));
+        self.change(|e, inner| Ok(e.compact_step(inner, blocks_max, &mut pre)? != CompactStep::Idle))
     }
 
     /// Before a write of `bytes` (outside the engine lock): wait as long as
@@ -452,6 +478,8 @@ impl Engine {
             compaction_seconds: bg.compaction_ns.load(Ordering::Relaxed) as f64 / 1e9,
             bandwidth_bytes_per_s: bg.throttle.lock().expect("throttle").as_ref().map_or(0.0, |t| t.bandwidth()),
             throttled_writes: bg.throttled_writes.load(Ordering::Relaxed),
+            windows_read_unlocked: bg.windows_unlocked.load(Ordering::Relaxed),
+            windows_reread: bg.windows_reread.load(Ordering::Relaxed),
             throttle_seconds: bg.throttle_ns.load(Ordering::Relaxed) as f64 / 1e9,
         }
     }
@@ -547,7 +575,8 @@ mod tests {
         // Then nobody writes: the compactor alone brings the log back above
         // its start level (4 of 7 chunks free).
         let free = || w.engine.snapshot().log_chunks_free;
-        assert!(eventually(|| free() >= 4), "free chunks stayed at {}", free());
+        let ok = eventually(|| free() >= 4);
+        assert!(ok, "free chunks stayed at {}: {:?}", free(), w.engine.snapshot().compactor);
         let snap = w.engine.snapshot();
         assert!(snap.compactor.running && snap.compactor.compactions > 0, "{:?}", snap.compactor);
         assert!(snap.compactor.bandwidth_bytes_per_s > 0.0);
