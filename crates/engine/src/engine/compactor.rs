@@ -169,6 +169,8 @@ pub(super) struct Background {
     /// Requests waiting for the engine lock (`Engine::step_aside`).
     waiting: AtomicUsize,
     pub(super) throttled_writes: AtomicU64,
+    /// Victims the background GC reclaimed since its last compaction step.
+    gc_reclaims_in_a_row: AtomicUsize,
     /// Compaction and GC windows read outside the engine lock and used.
     pub(super) windows_unlocked: AtomicU64,
     /// ... and read again under it (the chunk or band moved on meanwhile).
@@ -193,6 +195,7 @@ impl Background {
             compaction_ns: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             throttled_writes: AtomicU64::new(0),
+            gc_reclaims_in_a_row: AtomicUsize::new(0),
             windows_unlocked: AtomicU64::new(0),
             windows_reread: AtomicU64::new(0),
             throttle_ns: AtomicU64::new(0),
@@ -345,7 +348,11 @@ impl Engine {
         let compact_due = inner.free_chunks.len() < start && !inner.full_chunks.is_empty();
         let (free_bands, gc_min) = (inner.free_bands.len(), inner.cfg.gc_free_bands_min);
         let gc_due = inner.gc_cursor.is_some() || free_bands <= gc_min + GC_AHEAD_BANDS;
-        let gc_urgent = free_bands <= gc_min + 1;
+        // Urgent GC goes first for at most as many victims in a row as there
+        // are bands (the bound `open_band` puts on inline GC): victims that
+        // free no more than their relocation takes cannot starve compaction.
+        let streak = self.bg.gc_reclaims_in_a_row.load(Ordering::Relaxed);
+        let gc_urgent = free_bands <= gc_min + 1 && streak < inner.bands.len();
         (gc_due && (gc_urgent || last == Work::Compacted || !compact_due), compact_due)
     }
 
@@ -378,7 +385,10 @@ impl Engine {
             let r = self.gc_step(&mut inner, gc_blocks, &mut pre);
             match inner.stop_on_device_error(r)? {
                 GcStep::Idle => {}
-                _ => {
+                done => {
+                    if done == GcStep::Reclaimed {
+                        self.bg.gc_reclaims_in_a_row.fetch_add(1, Ordering::Relaxed);
+                    }
                     let ns = t.elapsed().as_nanos() as u64;
                     self.bg.gc_windows.fetch_add(1, Ordering::Relaxed);
                     self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
@@ -392,6 +402,7 @@ impl Engine {
         }
         let r = self.compact_step(&mut inner, step_blocks, &mut pre);
         let step = inner.stop_on_device_error(r)?;
+        self.bg.gc_reclaims_in_a_row.store(0, Ordering::Relaxed);
         let ns = t.elapsed().as_nanos() as u64;
         self.bg.free_chunks.store(inner.free_chunks.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
