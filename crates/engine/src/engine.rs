@@ -294,6 +294,9 @@ struct Inner {
     /// The GC victim a bounded step left half done (`Engine::gc_step`);
     /// not persisted: after a reopen GC simply chooses again.
     gc_cursor: Option<GcCursor>,
+    /// The background compactor's last step: segment writes in flight and
+    /// the remaps that wait for them (`Engine::settle`). Not persisted.
+    pending: Option<datapath::Pending>,
     /// Where a bounded compaction step stopped in the oldest full chunk
     /// (`Engine::compact_step`); not persisted, like `gc_cursor`.
     compact_cursor: Option<CompactCursor>,
@@ -551,6 +554,11 @@ impl Engine {
             inner.closed = true;
             return Err(EngineError::Failed);
         }
+        if self.settle(&mut inner).is_err() {
+            inner.failed = true;
+            inner.closed = true;
+            return Err(EngineError::Failed);
+        }
         flush(&*self.cache)?;
         let mut body = encode_checkpoint(&inner);
         let (body_bytes, body_crc) = (body.len(), crc32c(&body));
@@ -654,6 +662,7 @@ impl Inner {
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
             gc_cursor: None,
+            pending: None,
             compact_cursor: None,
             placement: BandPlacement::PerVolume,
             seq: 0,

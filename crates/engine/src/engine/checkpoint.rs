@@ -149,6 +149,7 @@ pub(super) fn decode_checkpoint(
         free_bands,
         gc_band,
         gc_cursor: None,
+        pending: None,
         compact_cursor: None,
         seq,
         stats: EngineStats::from_words(words),

@@ -400,15 +400,26 @@ impl Engine {
         if !compact_due {
             return Ok((Work::Idle, locked.elapsed()));
         }
-        let r = self.compact_step(&mut inner, step_blocks, &mut pre);
+        let r = self.compact_step(&mut inner, step_blocks, &mut pre, true);
         let step = inner.stop_on_device_error(r)?;
         self.bg.gc_reclaims_in_a_row.store(0, Ordering::Relaxed);
-        let ns = t.elapsed().as_nanos() as u64;
         self.bg.free_chunks.store(inner.free_chunks.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
         let compacted = inner.stats.chunks_compacted;
+        let pending = inner.pending.as_ref().map(|p| p.io());
         drop(inner);
-        let held = locked.elapsed();
+        let mut held = locked.elapsed();
+        if let Some(io) = pending {
+            // The step's segment writes complete without the lock; then
+            // (unless a request needed them settled first) the remaps.
+            self.reap_pending(&io);
+            let mut inner = self.lock();
+            let relocked = Instant::now();
+            let r = self.settle(&mut inner);
+            inner.stop_on_device_error(r)?;
+            held += relocked.elapsed();
+        }
+        let ns = t.elapsed().as_nanos() as u64;
         self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
         self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
         if step == CompactStep::Freed {
@@ -442,7 +453,19 @@ impl Engine {
     /// Simulations call it between requests, like `collect_some`.
     pub fn compact_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
         let mut pre = self.preread(|inner| inner.compact_window(blocks_max));
-        self.change(|e, inner| Ok(e.compact_step(inner, blocks_max, &mut pre)? != CompactStep::Idle))
+        let mut pending = None;
+        let step = self.change(|e, inner| {
+            let step = e.compact_step(inner, blocks_max, &mut pre, true)?;
+            pending = inner.pending.as_ref().map(|p| p.io());
+            Ok(step)
+        })?;
+        // As the background compactor does it: writes complete without the
+        // lock, then the remaps.
+        if let Some(io) = pending {
+            self.reap_pending(&io);
+            self.change(|e, inner| e.settle(inner))?;
+        }
+        Ok(step != CompactStep::Idle)
     }
 
     /// Before a write of `bytes` (outside the engine lock): wait as long as

@@ -73,6 +73,130 @@ pub(super) struct PreRead {
     buf: IoBuf,
 }
 
+/// A remap that waits for its segment write: (volume, LBA, the cache
+/// location the block was moved from, its capacity location).
+type Remap = (u32, u64, Loc, Loc);
+
+/// Segment writes a compaction step submitted without waiting, and their
+/// remaps, while the step is still under the lock (`write_segments`).
+#[derive(Default)]
+pub(super) struct Deferred {
+    writes: usize,
+    remaps: Vec<Remap>,
+}
+
+/// The writes of the background compactor's last step, in flight without
+/// the engine lock, and the remaps that wait for them (`Engine::settle`).
+/// Until they are applied every moved block is still read from the cache,
+/// whose chunk is not freed before its last step settles.
+pub(super) struct Pending {
+    io: Arc<PendingIo>,
+    remaps: Vec<Remap>,
+}
+
+/// Completions of a pending step: reaped by the thread that submitted
+/// them (a shared device routes completions to their submitter), published
+/// for whichever thread applies the remaps.
+pub(super) struct PendingIo {
+    owner: std::thread::ThreadId,
+    writes: usize,
+    done: Mutex<Option<(Vec<IoBuf>, Option<DeviceError>)>>,
+    ready: std::sync::Condvar,
+}
+
+impl PendingIo {
+    /// On the submitting thread: reap every write of the step, publish.
+    fn reap(&self, dev: &dyn BlockDevice) {
+        let out = reap_own(dev, self.writes);
+        *self.done.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(out);
+        self.ready.notify_all();
+    }
+
+    /// The published completions, reaping them first if this thread
+    /// submitted them and has not, else waiting for the submitter.
+    fn take(&self, dev: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
+        let mut done = self.done.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if done.is_none() && std::thread::current().id() == self.owner {
+            return reap_own(dev, self.writes);
+        }
+        loop {
+            if let Some(out) = done.take() {
+                return out;
+            }
+            done = self.ready.wait(done).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// Reap `n` completions submitted by this thread: their buffers and the
+/// first error.
+fn reap_own(dev: &dyn BlockDevice, n: usize) -> (Vec<IoBuf>, Option<DeviceError>) {
+    let mut out = Vec::with_capacity(n);
+    let mut got = 0;
+    while got < n {
+        got += dev.reap(n - got, &mut out);
+    }
+    let err = out.iter().find_map(|c| c.result.as_ref().err().cloned());
+    (out.into_iter().map(|c| c.buf).collect(), err)
+}
+
+impl Inner {
+    /// Apply remaps whose writes completed: a block still where it was
+    /// moved from now lives at its copy; one rewritten or trimmed meanwhile
+    /// stays as it is (its copy is garbage in the band).
+    fn apply_remaps(&mut self, remaps: &[Remap]) {
+        let bpb = self.blocks_per_band();
+        for &(vol, lba, from, to) in remaps {
+            if self.vols[vol as usize].l2p[lba as usize] == from {
+                self.invalidate(from);
+                self.vols[vol as usize].l2p[lba as usize] = to;
+                let pb = to.capacity_block().expect("a remap goes to the capacity device");
+                self.bands[(pb / bpb) as usize].valid += 1;
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Finish the background compactor's pending step, if any: its writes
+    /// completed (waiting for them), its remaps applied. Everything that
+    /// writes to, flushes, closes or collects capacity bands, or frees a
+    /// chunk, settles first.
+    pub(super) fn settle(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        let Some(p) = inner.pending.take() else { return Ok(()) };
+        let (bufs, err) = p.io.take(&*self.capacity);
+        bufs.into_iter().for_each(|b| inner.give_buf(b));
+        if let Some(e) = err {
+            return Err(e.into());
+        }
+        inner.apply_remaps(&p.remaps);
+        Ok(())
+    }
+
+    /// The same for writes of the step still under the lock.
+    fn settle_deferred(&self, inner: &mut Inner, d: &mut Deferred) -> Result<(), VolumeError> {
+        let (bufs, err) = reap_own(&*self.capacity, std::mem::take(&mut d.writes));
+        bufs.into_iter().for_each(|b| inner.give_buf(b));
+        if let Some(e) = err {
+            return Err(e.into());
+        }
+        inner.apply_remaps(&std::mem::take(&mut d.remaps));
+        Ok(())
+    }
+
+    /// Without the lock, on the thread that submitted them: reap the
+    /// pending step's writes so that the remaps can be applied.
+    pub(super) fn reap_pending(&self, io: &Arc<PendingIo>) {
+        io.reap(&*self.capacity);
+    }
+}
+
+impl Pending {
+    pub(super) fn io(&self) -> Arc<PendingIo> {
+        self.io.clone()
+    }
+}
+
 impl Inner {
     /// The window the next `compact_step(blocks_max)` reads first, if any.
     pub(super) fn compact_window(&self, blocks_max: u64) -> Option<Window> {
@@ -194,6 +318,13 @@ pub(super) enum GcStep {
 }
 
 /// Blocks a record or segment occupies: header + data, for segments padded to the unit.
+/// Whether the stream's open band (or the GC band) has room for a segment:
+/// a band with room for less than a header and one block is closed.
+fn band_has_room(inner: &Inner, vol: u32, gc: bool) -> bool {
+    let cur = if gc { inner.gc_band } else { inner.vols[inner.stream(vol)].open_band };
+    cur.is_some_and(|b| inner.band_usable() - inner.bands[b as usize].written >= 2)
+}
+
 pub(super) fn segment_blocks(data_blocks: u64, unit_blocks: u64) -> u64 {
     (1 + data_blocks).div_ceil(unit_blocks) * unit_blocks
 }
@@ -348,7 +479,7 @@ impl Engine {
     /// bounded step left half done, if any).
     pub(super) fn compact_oldest(&self, inner: &mut Inner) -> Result<(), VolumeError> {
         assert!(!inner.full_chunks.is_empty(), "a full chunk exists when the log is short of space");
-        while self.compact_step(inner, u64::MAX, &mut None)? != CompactStep::Freed {}
+        while self.compact_step(inner, u64::MAX, &mut None, false)? != CompactStep::Freed {}
         Ok(())
     }
 
@@ -365,8 +496,13 @@ impl Engine {
         inner: &mut Inner,
         blocks_max: u64,
         pre: &mut Option<PreRead>,
+        defer: bool,
     ) -> Result<CompactStep, VolumeError> {
+        self.settle(inner)?;
         let Some(&c) = inner.full_chunks.front() else { return Ok(CompactStep::Idle) };
+        // `defer`: the step's segment writes are left in flight with their
+        // remaps (`Pending`), for the caller to finish without the lock.
+        let mut deferred = defer.then(Deferred::default);
         assert_eq!(inner.chunks[c as usize].state, State::Full);
         let cursor = match inner.compact_cursor {
             Some(k) if k.chunk == c => k,
@@ -430,7 +566,7 @@ impl Engine {
                 }
                 let payload: Vec<Moved<'_>> =
                     blocks[vol].iter().map(|&(lba, crc, off)| (lba, crc, &data[off..off + BLOCK_BYTES])).collect();
-                let moved = self.write_segments(inner, vol as u32, false, &payload, &tombs[vol])?;
+                let moved = self.write_segments(inner, vol as u32, false, &payload, &tombs[vol], deferred.as_mut())?;
                 inner.stats.compaction_bytes += moved * BS;
             }
             inner.give_buf(data);
@@ -443,7 +579,18 @@ impl Engine {
         self.drain_capacity(inner)?;
         if !end_of_chunk {
             inner.compact_cursor = Some(CompactCursor { chunk: c, pos });
+            if let Some(d) = deferred.filter(|d| d.writes > 0) {
+                let owner = std::thread::current().id();
+                let (done, ready) = (Mutex::new(None), std::sync::Condvar::new());
+                let io = Arc::new(PendingIo { owner, writes: d.writes, done, ready });
+                inner.pending = Some(Pending { io, remaps: d.remaps });
+            }
             return Ok(CompactStep::Progress);
+        }
+        // The chunk is freed below: its moved blocks must live at their
+        // copies first.
+        if let Some(d) = deferred.as_mut() {
+            self.settle_deferred(inner, d)?;
         }
         assert_eq!(inner.chunks[c as usize].valid, 0, "every current block moved");
         // Rule 3: the copies, and whatever superseded the chunk's dropped
@@ -474,12 +621,21 @@ impl Engine {
         gc: bool,
         blocks: &[Moved<'_>],
         tombs: &[u64],
+        mut deferred: Option<&mut Deferred>,
     ) -> Result<u64, VolumeError> {
         let unit = inner.cfg.write_unit_bytes / BS;
         let (bpb, usable) = (inner.blocks_per_band(), inner.band_usable());
         let (mut rest, mut rest_t) = (blocks, tombs);
         let mut moved = 0;
         while !rest.is_empty() || !rest_t.is_empty() {
+            // Deferred writes stay within the band they went to and the
+            // queue depth: a new band (possibly after GC, which must see
+            // every remap) is opened only once they are settled.
+            if let Some(d) = deferred.as_deref_mut() {
+                if d.writes > 0 && (d.writes >= CAP_QUEUE_DEPTH || !band_has_room(inner, vol, gc)) {
+                    self.settle_deferred(inner, d)?;
+                }
+            }
             let band = self.open_band(inner, vol, gc)?;
             let wp = inner.bands[band as usize].written;
             let room = usable - wp;
@@ -506,14 +662,27 @@ impl Engine {
             buf[(n + 1) * BLOCK_BYTES..].fill(0);
             let first = band as u64 * bpb + wp;
             inner.sim_wait(None, Some(band));
-            self.submit_capacity(inner, first * BS, buf)?;
+            match deferred.as_deref_mut() {
+                Some(d) => {
+                    self.capacity.submit(IoRequest::write(first * BS, buf, 0));
+                    inner.cap_dirty = true;
+                    d.writes += 1;
+                }
+                None => self.submit_capacity(inner, first * BS, buf)?,
+            }
             inner.stats.capacity_write_bytes += padded * BS;
             inner.stats.compaction_pad_bytes += (padded - n as u64) * BS;
             for (i, &(lba, _, _)) in rest[..n].iter().enumerate() {
                 let loc = inner.vols[vol as usize].l2p[lba as usize];
-                inner.invalidate(loc);
-                inner.vols[vol as usize].l2p[lba as usize] = Loc::capacity(first + 1 + i as u64);
-                inner.bands[band as usize].valid += 1;
+                let to = Loc::capacity(first + 1 + i as u64);
+                match deferred.as_deref_mut() {
+                    Some(d) => d.remaps.push((vol, lba, loc, to)),
+                    None => {
+                        inner.invalidate(loc);
+                        inner.vols[vol as usize].l2p[lba as usize] = to;
+                        inner.bands[band as usize].valid += 1;
+                    }
+                }
                 moved += 1;
             }
             inner.bands[band as usize].written += padded;
@@ -536,11 +705,8 @@ impl Engine {
     fn open_band(&self, inner: &mut Inner, vol: u32, gc: bool) -> Result<u32, VolumeError> {
         let stream = inner.stream(vol);
         let cur = if gc { inner.gc_band } else { inner.vols[stream].open_band };
-        if let Some(b) = cur {
-            // A band with room for less than a header and one block is closed.
-            if inner.band_usable() - inner.bands[b as usize].written >= 2 {
-                return Ok(b);
-            }
+        if let (Some(b), true) = (cur, band_has_room(inner, vol, gc)) {
+            return Ok(b);
         }
         // Zone finish and GC are synchronous on the capacity device.
         self.drain_capacity(inner)?;
@@ -623,6 +789,8 @@ impl Engine {
         blocks_max: u64,
         pre: &mut Option<PreRead>,
     ) -> Result<GcStep, VolumeError> {
+        // Every remap applied before valid counts choose or walk a victim.
+        self.settle(inner)?;
         let blocks_max = blocks_max.max(1);
         let cursor = match inner.gc_cursor {
             Some(c) => c,
@@ -704,7 +872,7 @@ impl Engine {
                     }
                     let payload: Vec<Moved<'_>> =
                         g.0.iter().zip(g.1.chunks(BLOCK_BYTES)).map(|(&(lba, crc), d)| (lba, crc, d)).collect();
-                    let moved = self.write_segments(inner, vol as u32, true, &payload, &g.2)?;
+                    let moved = self.write_segments(inner, vol as u32, true, &payload, &g.2, None)?;
                     inner.stats.gc_bytes += moved * BS;
                     g.0.clear();
                     g.1.clear();
@@ -800,6 +968,7 @@ impl Engine {
 
     /// Wait for every capacity write in flight.
     pub(super) fn drain_capacity(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        self.settle(inner)?;
         let n = inner.cap_inflight;
         if n == 0 {
             return Ok(());
@@ -817,6 +986,8 @@ impl Engine {
 
     /// Flush the capacity device; every segment written so far is durable.
     pub(super) fn flush_capacity(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        // The flushed watermark covers every segment written so far.
+        self.drain_capacity(inner)?;
         let seq = inner.seq;
         flush(&*self.capacity)?;
         inner.cap_flushed_seq = seq;
