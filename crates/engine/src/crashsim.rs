@@ -138,7 +138,8 @@ impl Sim {
                 r
             }
             73..=75 => self.world.engine.collect_some(len).map(|_| ()),
-            76..=79 => self.world.engine.compact_some(len).map(|_| ()),
+            76..=77 => self.world.engine.compact_some(len).map(|_| ()),
+            78..=79 => self.world.engine.compact_some_leaving_remaps(len).map(|_| ()),
             55..=72 => {
                 let mut buf = vec![0u8; len as usize * BS];
                 vol.read(lba * BS as u64, &mut buf).map_err(|e| self.fail(op, format!("read: {e}")))?;

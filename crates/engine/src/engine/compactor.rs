@@ -22,10 +22,17 @@
 //! and writers are slowed smoothly instead of being stopped. The inline
 //! paths stay as safety valves, so no write ever fails for lack of space.
 //!
+//! A step's device I/O mostly runs without the lock: the window it reads
+//! is read beforehand (`Engine::preread`, checked against the place's
+//! generation), and a compaction step's segment writes complete afterwards,
+//! their remaps applied once they have, each only if the block has not
+//! moved meanwhile (`Engine::settle`).
+//!
 //! Invariants: the throttle sleeps outside the engine lock; the compactor
-//! holds the lock for one bounded step at a time and leaves no capacity
-//! write in flight between steps; dropping the [`Compactor`] stops and joins
-//! its thread. The controller is a pure function of (time, bytes, free
+//! holds the lock for one bounded step at a time (plus a short one to
+//! apply remaps), and the only capacity writes in flight between steps are
+//! its last step's, which anything that touches bands settles first;
+//! dropping the [`Compactor`] stops and joins its thread. The controller is a pure function of (time, bytes, free
 //! chunks, bandwidth), tested without threads or clocks.
 
 use super::datapath::{CompactStep, GcStep};
@@ -452,6 +459,17 @@ impl Engine {
     /// record, up to `blocks_max` blocks of it). False if no chunk is full.
     /// Simulations call it between requests, like `collect_some`.
     pub fn compact_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
+        let step = self.compact_some_leaving_remaps(blocks_max)?;
+        self.change(|e, inner| e.settle(inner))?;
+        Ok(step)
+    }
+
+    /// `compact_some`, but the step's remaps stay pending (its writes
+    /// completed) until a later request settles them: simulations put
+    /// writes, trims, reads, GC and crashes between a compaction's writes
+    /// and its remaps, which the background compactor's unlocked wait
+    /// allows in any order.
+    pub fn compact_some_leaving_remaps(&self, blocks_max: u64) -> Result<bool, VolumeError> {
         let mut pre = self.preread(|inner| inner.compact_window(blocks_max));
         let mut pending = None;
         let step = self.change(|e, inner| {
@@ -460,10 +478,9 @@ impl Engine {
             Ok(step)
         })?;
         // As the background compactor does it: writes complete without the
-        // lock, then the remaps.
+        // lock (the remaps are for later).
         if let Some(io) = pending {
             self.reap_pending(&io);
-            self.change(|e, inner| e.settle(inner))?;
         }
         Ok(step != CompactStep::Idle)
     }

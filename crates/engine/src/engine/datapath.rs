@@ -106,10 +106,20 @@ pub(super) struct PendingIo {
 
 impl PendingIo {
     /// On the submitting thread: reap every write of the step, publish.
+    /// A device whose reap panics publishes an I/O error instead (through
+    /// the drop), so that no one waits under the engine lock forever.
     fn reap(&self, dev: &dyn BlockDevice) {
-        let out = reap_own(dev, self.writes);
-        *self.done.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(out);
-        self.ready.notify_all();
+        struct Publish<'a>(&'a PendingIo, Option<(Vec<IoBuf>, Option<DeviceError>)>);
+        impl Drop for Publish<'_> {
+            fn drop(&mut self) {
+                // EIO: the completions are lost with the panic.
+                let out = self.1.take().unwrap_or_else(|| (Vec::new(), Some(DeviceError::Io { errno: 5 })));
+                *self.0.done.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(out);
+                self.0.ready.notify_all();
+            }
+        }
+        let mut publish = Publish(self, None);
+        publish.1 = Some(reap_own(dev, self.writes));
     }
 
     /// The published completions, reaping them first if this thread
