@@ -389,18 +389,19 @@ impl Engine {
         let (gc, compact_due) = self.due(&inner, last);
         let (step_blocks, gc_blocks) = (step_blocks(&inner), gc_blocks(&inner));
         if gc {
-            let r = self.gc_step(&mut inner, gc_blocks, &mut pre);
+            let r = self.gc_step(&mut inner, gc_blocks, &mut pre, true);
             match inner.stop_on_device_error(r)? {
                 GcStep::Idle => {}
                 done => {
                     if done == GcStep::Reclaimed {
                         self.bg.gc_reclaims_in_a_row.fetch_add(1, Ordering::Relaxed);
                     }
+                    let held = locked.elapsed() + self.finish_step(inner)?;
                     let ns = t.elapsed().as_nanos() as u64;
                     self.bg.gc_windows.fetch_add(1, Ordering::Relaxed);
                     self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
                     self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
-                    return Ok((Work::Collected, locked.elapsed()));
+                    return Ok((Work::Collected, held));
                 }
             }
         }
@@ -413,19 +414,7 @@ impl Engine {
         self.bg.free_chunks.store(inner.free_chunks.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
         let compacted = inner.stats.chunks_compacted;
-        let pending = inner.pending.as_ref().map(|p| p.io());
-        drop(inner);
-        let mut held = locked.elapsed();
-        if let Some(io) = pending {
-            // The step's segment writes complete without the lock; then
-            // (unless a request needed them settled first) the remaps.
-            self.reap_pending(&io);
-            let mut inner = self.lock();
-            let relocked = Instant::now();
-            let r = self.settle(&mut inner);
-            inner.stop_on_device_error(r)?;
-            held += relocked.elapsed();
-        }
+        let held = locked.elapsed() + self.finish_step(inner)?;
         let ns = t.elapsed().as_nanos() as u64;
         self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
         self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
@@ -445,6 +434,22 @@ impl Engine {
         Ok((Work::Compacted, held))
     }
 
+    /// After a step under `inner`: release the lock, let the step's segment
+    /// writes complete without it, then (unless a request needed them
+    /// settled first) apply their remaps. Returns the time the lock was
+    /// held again for that.
+    fn finish_step(&self, inner: std::sync::MutexGuard<'_, Inner>) -> Result<Duration, VolumeError> {
+        let pending = inner.pending.as_ref().map(|p| p.io());
+        drop(inner);
+        let Some(io) = pending else { return Ok(Duration::ZERO) };
+        self.reap_pending(&io);
+        let mut inner = self.lock();
+        let relocked = Instant::now();
+        let r = self.settle(&mut inner);
+        inner.stop_on_device_error(r)?;
+        Ok(relocked.elapsed())
+    }
+
     /// One bounded GC step, as the background compactor takes them: the
     /// victim in progress (or a new one) walked for at least one segment and
     /// up to `blocks_max` blocks. False if there was nothing to collect.
@@ -452,7 +457,19 @@ impl Engine {
     /// under reads, writes, trims and crashes.
     pub fn collect_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
         let mut pre = self.preread(|inner| inner.gc_window(blocks_max));
-        self.change(|e, inner| Ok(e.gc_step(inner, blocks_max, &mut pre)? != GcStep::Idle))
+        let mut pending = None;
+        let step = self.change(|e, inner| {
+            let step = e.gc_step(inner, blocks_max, &mut pre, true)?;
+            pending = inner.pending.as_ref().map(|p| p.io());
+            Ok(step)
+        })?;
+        // As the background compactor does it: writes complete without the
+        // lock, then the remaps.
+        if let Some(io) = pending {
+            self.reap_pending(&io);
+            self.change(|e, inner| e.settle(inner))?;
+        }
+        Ok(step != GcStep::Idle)
     }
 
     /// One bounded compaction step of the oldest full chunk (at least one

@@ -151,6 +151,16 @@ fn reap_own(dev: &dyn BlockDevice, n: usize) -> (Vec<IoBuf>, Option<DeviceError>
 }
 
 impl Inner {
+    /// Leave a step's deferred writes, if any, pending (`Engine::settle`).
+    fn defer_pending(&mut self, deferred: Option<Deferred>) {
+        if let Some(d) = deferred.filter(|d| d.writes > 0) {
+            let owner = std::thread::current().id();
+            let (done, ready) = (Mutex::new(None), std::sync::Condvar::new());
+            let io = Arc::new(PendingIo { owner, writes: d.writes, done, ready });
+            self.pending = Some(Pending { io, remaps: d.remaps });
+        }
+    }
+
     /// Apply remaps whose writes completed: a block still where it was
     /// moved from now lives at its copy; one rewritten or trimmed meanwhile
     /// stays as it is (its copy is garbage in the band).
@@ -589,12 +599,7 @@ impl Engine {
         self.drain_capacity(inner)?;
         if !end_of_chunk {
             inner.compact_cursor = Some(CompactCursor { chunk: c, pos });
-            if let Some(d) = deferred.filter(|d| d.writes > 0) {
-                let owner = std::thread::current().id();
-                let (done, ready) = (Mutex::new(None), std::sync::Condvar::new());
-                let io = Arc::new(PendingIo { owner, writes: d.writes, done, ready });
-                inner.pending = Some(Pending { io, remaps: d.remaps });
-            }
+            inner.defer_pending(deferred);
             return Ok(CompactStep::Progress);
         }
         // The chunk is freed below: its moved blocks must live at their
@@ -754,7 +759,7 @@ impl Engine {
     /// if any); false if nothing is reclaimable.
     fn collect_one(&self, inner: &mut Inner) -> Result<bool, VolumeError> {
         loop {
-            match self.gc_step(inner, u64::MAX, &mut None)? {
+            match self.gc_step(inner, u64::MAX, &mut None, false)? {
                 GcStep::Idle => return Ok(false),
                 GcStep::Reclaimed => return Ok(true),
                 GcStep::Progress => {}
@@ -798,9 +803,13 @@ impl Engine {
         inner: &mut Inner,
         blocks_max: u64,
         pre: &mut Option<PreRead>,
+        defer: bool,
     ) -> Result<GcStep, VolumeError> {
         // Every remap applied before valid counts choose or walk a victim.
         self.settle(inner)?;
+        // `defer`: as in `compact_step`, relocations stay in flight with
+        // their remaps for the caller to finish without the lock.
+        let mut deferred = defer.then(Deferred::default);
         let blocks_max = blocks_max.max(1);
         let cursor = match inner.gc_cursor {
             Some(c) => c,
@@ -830,6 +839,11 @@ impl Engine {
         let mut walked = 0u64;
         while pos < written && walked < blocks_max {
             self.drain_capacity(inner)?;
+            // This thread is about to read the capacity device, whose
+            // completions for it would include the deferred writes'.
+            if let Some(d) = deferred.as_mut().filter(|d| d.writes > 0) {
+                self.settle_deferred(inner, d)?;
+            }
             // A step bounded below a window reads only what it may walk (but
             // always enough for the largest segment).
             let len = window_blocks.min(blocks_max.max(inner.segment_blocks_max())).min(written - pos);
@@ -882,7 +896,7 @@ impl Engine {
                     }
                     let payload: Vec<Moved<'_>> =
                         g.0.iter().zip(g.1.chunks(BLOCK_BYTES)).map(|(&(lba, crc), d)| (lba, crc, d)).collect();
-                    let moved = self.write_segments(inner, vol as u32, true, &payload, &g.2, None)?;
+                    let moved = self.write_segments(inner, vol as u32, true, &payload, &g.2, deferred.as_mut())?;
                     inner.stats.gc_bytes += moved * BS;
                     g.0.clear();
                     g.1.clear();
@@ -896,7 +910,13 @@ impl Engine {
         self.drain_capacity(inner)?;
         if pos < written {
             inner.gc_cursor = Some(GcCursor { victim: v, pos });
+            inner.defer_pending(deferred);
             return Ok(GcStep::Progress);
+        }
+        // The victim is discarded below: its blocks must live at their
+        // copies first.
+        if let Some(d) = deferred.as_mut() {
+            self.settle_deferred(inner, d)?;
         }
         assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
         // Rule 3: relocations, and whatever made the victim's dropped entries
