@@ -1142,4 +1142,42 @@ mod tests {
         assert!(w.engine.stats().bands_reclaimed > 0);
         w.engine.check_invariants();
     }
+
+    /// A device whose reap panics while the compactor waits, unlocked, for
+    /// a pending step's writes: the step is published as failed, so a
+    /// request settling it under the engine lock gets an error instead of
+    /// waiting forever.
+    #[test]
+    fn a_pending_step_whose_reap_panics_is_published_as_failed() {
+        use sluice_media::MemoryDevice;
+        struct PanicsOnReap(MemoryDevice);
+        impl BlockDevice for PanicsOnReap {
+            fn info(&self) -> &sluice_media::DeviceInfo {
+                self.0.info()
+            }
+            fn submit(&self, req: IoRequest) {
+                self.0.submit(req)
+            }
+            fn reap(&self, _min: usize, _out: &mut Vec<sluice_media::IoCompletion>) -> usize {
+                panic!("injected: the device's reap fails");
+            }
+            fn in_flight(&self) -> usize {
+                self.0.in_flight()
+            }
+            fn stats(&self) -> sluice_media::DeviceStats {
+                self.0.stats()
+            }
+        }
+        let dev = Arc::new(PanicsOnReap(MemoryDevice::new(1 << 20, 4096)));
+        dev.submit(IoRequest::write(0, IoBuf::zeroed(4096), 0));
+        let owner = std::thread::current().id();
+        let io = Arc::new(PendingIo { owner, writes: 1, done: Mutex::new(None), ready: std::sync::Condvar::new() });
+        let reaped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| io.reap(&*dev)));
+        assert!(reaped.is_err(), "the injected panic reached the compactor");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (io2, dev2) = (io.clone(), dev.clone());
+        std::thread::spawn(move || tx.send(io2.take(&*dev2).1));
+        let err = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the settling thread was answered");
+        assert_eq!(err, Some(DeviceError::Io { errno: 5 }));
+    }
 }
