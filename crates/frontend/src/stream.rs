@@ -306,10 +306,14 @@ impl Read for ConnReader {
             }
             // While bytes flow the buffer is kept and one non-blocking read
             // refills it; a drained socket sends us to the idle path below.
-            if self.buf.is_empty() && self.inner.readable_now() {
+            let ready = if !self.buf.is_empty() {
+                self.inner.read_ready(&mut self.buf)?
+            } else if self.inner.readable_now() {
                 self.buf = vec![0u8; self.capacity.max(IDLE_READ_BYTES)];
-            }
-            let ready = if self.buf.is_empty() { None } else { self.inner.read_ready(&mut self.buf)? };
+                Some(self.inner.read(&mut self.buf)?)
+            } else {
+                None
+            };
             match ready {
                 Some(n) => self.end = n,
                 None => {
