@@ -45,6 +45,7 @@ mod datapath;
 mod placement;
 mod pool;
 mod recover;
+mod unlocked;
 mod volume_handle;
 mod zoned;
 
@@ -296,7 +297,7 @@ struct Inner {
     gc_cursor: Option<GcCursor>,
     /// The background compactor's last step: segment writes in flight and
     /// the remaps that wait for them (`Engine::settle`). Not persisted.
-    pending: Option<datapath::Pending>,
+    pending: Option<unlocked::Pending>,
     /// Where a bounded compaction step stopped in the oldest full chunk
     /// (`Engine::compact_step`); not persisted, like `gc_cursor`.
     compact_cursor: Option<CompactCursor>,

@@ -151,6 +151,39 @@ pub fn decode_header(b: &[u8]) -> Result<Header, HeaderError> {
     Ok(Header { kind, seq: u64_at(8), volume: u32_at(16), epoch: u64_at(24), flushed_seq: u64_at(32), entries })
 }
 
+/// The records of a log chunk read whole into `data` (`bpc` blocks), in
+/// order, as (block of the header within the chunk, header). Ends at the
+/// first block that does not start a whole write or trim record of the first
+/// record's epoch: never written, torn, a previous generation of a reused
+/// chunk, or a record whose data would run past the chunk's end.
+pub fn chunk_records(data: &[u8], bpc: u64) -> impl Iterator<Item = (u64, Header)> + '_ {
+    let mut pos = 0u64;
+    let mut epoch = None;
+    std::iter::from_fn(move || {
+        if pos >= bpc {
+            return None;
+        }
+        let at = pos as usize * BLOCK_BYTES;
+        let h = record_at(&data[at..at + BLOCK_BYTES], pos, bpc).filter(|h| *epoch.get_or_insert(h.epoch) == h.epoch);
+        let Some(h) = h else {
+            pos = bpc;
+            return None;
+        };
+        let here = pos;
+        pos += 1 + h.data_blocks() as u64;
+        Some((here, h))
+    })
+}
+
+/// The header of the write or trim record that `block` (block `pos` of a
+/// chunk of `bpc` blocks) starts, if it starts one whose data ends within
+/// the chunk; None for a block never written, torn, or not a record header.
+pub fn record_at(block: &[u8], pos: u64, bpc: u64) -> Option<Header> {
+    let h = decode_header(block).ok()?;
+    let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim) && pos + 1 + h.data_blocks() as u64 <= bpc;
+    whole.then_some(h)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,19 @@ pub fn pattern(vol: usize, lba: u64, version: u64) -> Vec<u8> {
     b
 }
 
+/// Panics unless every block of every volume `v` of `w` reads back as
+/// version `models[v][lba]` of its pattern (version 0: never written, zeros).
+pub fn assert_reads_as(w: &World, models: &[Vec<u64>]) {
+    for (v, model) in models.iter().enumerate() {
+        for (lba, &ver) in model.iter().enumerate() {
+            let mut b = vec![0u8; BS];
+            w.volumes[v].read((lba * BS) as u64, &mut b).unwrap();
+            let want = if ver == 0 { vec![0u8; BS] } else { pattern(v, lba as u64, ver) };
+            assert!(b == want, "volume {v} block {lba}");
+        }
+    }
+}
+
 /// Configuration of one simulated world.
 pub struct World {
     pub engine: Arc<Engine>,

@@ -24,18 +24,20 @@
 //!
 //! A step's device I/O mostly runs without the lock: the window it reads
 //! is read beforehand (`Engine::preread`, checked against the place's
-//! generation), and a compaction step's segment writes complete afterwards,
-//! their remaps applied once they have, each only if the block has not
-//! moved meanwhile (`Engine::settle`).
+//! generation), and a step's segment writes complete afterwards, their
+//! remaps applied once they have, each only if the block has not moved
+//! meanwhile (`Engine::settle`; both in `unlocked.rs`).
 //!
 //! Invariants: the throttle sleeps outside the engine lock; the compactor
 //! holds the lock for one bounded step at a time (plus a short one to
 //! apply remaps), and the only capacity writes in flight between steps are
 //! its last step's, which anything that touches bands settles first;
-//! dropping the [`Compactor`] stops and joins its thread. The controller is a pure function of (time, bytes, free
+//! dropping the [`Compactor`] stops and joins its thread. The controller is
+//! a pure function of (time, bytes, free
 //! chunks, bandwidth), tested without threads or clocks.
 
 use super::datapath::{CompactStep, GcStep};
+use super::unlocked::{PreRead, Window};
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, PoisonError};
@@ -456,19 +458,11 @@ impl Engine {
     /// Simulations call it between requests to put half-collected victims
     /// under reads, writes, trims and crashes.
     pub fn collect_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
-        let mut pre = self.preread(|inner| inner.gc_window(blocks_max));
-        let mut pending = None;
-        let step = self.change(|e, inner| {
-            let step = e.gc_step(inner, blocks_max, &mut pre, true)?;
-            pending = inner.pending.as_ref().map(|p| p.io());
-            Ok(step)
-        })?;
-        // As the background compactor does it: writes complete without the
-        // lock, then the remaps.
-        if let Some(io) = pending {
-            self.reap_pending(&io);
-            self.change(|e, inner| e.settle(inner))?;
-        }
+        let step = self.step_in_phases(
+            |inner| inner.gc_window(blocks_max),
+            |e, inner, pre| e.gc_step(inner, blocks_max, pre, true),
+        )?;
+        self.change(|e, inner| e.settle(inner))?;
         Ok(step != GcStep::Idle)
     }
 
@@ -487,19 +481,33 @@ impl Engine {
     /// and its remaps, which the background compactor's unlocked wait
     /// allows in any order.
     pub fn compact_some_leaving_remaps(&self, blocks_max: u64) -> Result<bool, VolumeError> {
-        let mut pre = self.preread(|inner| inner.compact_window(blocks_max));
+        let step = self.step_in_phases(
+            |inner| inner.compact_window(blocks_max),
+            |e, inner, pre| e.compact_step(inner, blocks_max, pre, true),
+        )?;
+        Ok(step != CompactStep::Idle)
+    }
+
+    /// A bounded step in the background compactor's phases: the window
+    /// `plan` names read without the lock, the step under it, and its
+    /// deferred writes reaped without it. The remaps stay pending for the
+    /// caller (or any later request) to settle.
+    fn step_in_phases<S>(
+        &self,
+        plan: impl FnOnce(&Inner) -> Option<Window>,
+        step: impl FnOnce(&Engine, &mut Inner, &mut Option<PreRead>) -> Result<S, VolumeError>,
+    ) -> Result<S, VolumeError> {
+        let mut pre = self.preread(plan);
         let mut pending = None;
-        let step = self.change(|e, inner| {
-            let step = e.compact_step(inner, blocks_max, &mut pre, true)?;
+        let done = self.change(|e, inner| {
+            let done = step(e, inner, &mut pre)?;
             pending = inner.pending.as_ref().map(|p| p.io());
-            Ok(step)
+            Ok(done)
         })?;
-        // As the background compactor does it: writes complete without the
-        // lock (the remaps are for later).
         if let Some(io) = pending {
             self.reap_pending(&io);
         }
-        Ok(step != CompactStep::Idle)
+        Ok(done)
     }
 
     /// Before a write of `bytes` (outside the engine lock): wait as long as
@@ -530,8 +538,9 @@ impl Engine {
         let free = inner.free_chunks.len();
         self.bg.free_chunks.store(free, Ordering::SeqCst);
         if free < self.bg.start_chunks.load(Ordering::Relaxed) && self.bg.asleep.load(Ordering::SeqCst) {
-            // Past the compactor's check or inside its wait: taking `stop`
-            // orders this notify after the wait began.
+            // The compactor sets `asleep` holding `stop` until its wait
+            // releases it: taking `stop` orders this notify after the wait
+            // began, so it cannot be lost.
             drop(self.bg.stop.lock().unwrap_or_else(PoisonError::into_inner));
             self.bg.wake.notify_one();
         }
@@ -614,7 +623,7 @@ mod tests {
         assert_eq!(t.bandwidth(), 1250.0);
     }
 
-    use crate::sim::{pattern, small_world};
+    use crate::sim::{assert_reads_as, pattern, small_world};
     use crate::volume::Volume;
     use sluice_media::rng::SplitMix64 as Rng;
 
@@ -683,14 +692,7 @@ mod tests {
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         drop(c);
-        for (v, model) in models.iter().enumerate() {
-            for (lba, &ver) in model.iter().enumerate() {
-                let mut b = vec![0u8; 4096];
-                w.volumes[v].read(lba as u64 * 4096, &mut b).unwrap();
-                let want = if ver == 0 { vec![0u8; 4096] } else { pattern(v, lba as u64, ver) };
-                assert!(b == want, "volume {v} block {lba}");
-            }
-        }
+        assert_reads_as(&w, &models);
         let s = w.engine.stats();
         assert!(s.chunks_compacted > 20 && s.bands_reclaimed > 0, "{s:?}");
         w.engine.check_invariants();

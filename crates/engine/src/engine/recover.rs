@@ -27,8 +27,9 @@
 //! Counters restart at zero after a crash (they are saved only by a clean
 //! shutdown).
 
-use super::datapath::{chunk_records, segment_blocks};
+use super::datapath::segment_blocks;
 use super::*;
+use crate::layout::chunk_records;
 use crate::layout::{decode_header, Header, RecordKind};
 
 /// Where one (volume, LBA) currently resolves to during the scan.
