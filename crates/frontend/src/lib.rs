@@ -3,8 +3,10 @@
 //! `proto` is the wire format (pure, fuzzable); `server` owns listening,
 //! connections and shutdown; `handshake` negotiates options; `transmission`
 //! runs requests against an `Arc<dyn Volume>`; `stream` hides TCP vs Unix vs TLS; `tls` builds the
-//! TLS configuration and the encrypted stream.
+//! TLS configuration and the encrypted stream; `client` is a lean NBD client for
+//! load generation.
 
+pub mod client;
 pub mod handshake;
 mod pool;
 pub mod proto;

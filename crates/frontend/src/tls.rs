@@ -27,7 +27,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, ServerConnection};
 
 use crate::stream::Stream;
-use crate::tls_records::{self, Direction};
+use crate::tls_records::{self, Direction, HandshakeError};
 
 /// The read buffer: several TLS records per system call, and a partial
 /// record moved to its front only once the largest record no longer fits
@@ -114,21 +114,17 @@ impl TlsStream {
             while conn.wants_write() {
                 conn.write_tls(&mut wsock)?;
             }
-            let have = &rbuf[rpos..rend];
-            let whole = (have.len() >= tls_records::HEADER_BYTES)
-                .then(|| tls_records::HEADER_BYTES + u16::from_be_bytes([have[3], have[4]]) as usize)
-                .filter(|&n| n <= have.len());
-            if let Some(n) = whole {
-                let mut rec = &have[..n];
-                while !rec.is_empty() {
-                    conn.read_tls(&mut rec)?;
-                    if let Err(e) = conn.process_new_packets() {
-                        let _ = conn.write_tls(&mut wsock);
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-                    }
+            match tls_records::feed_handshake_record(&mut conn, &rbuf[rpos..rend]) {
+                Ok(Some(n)) => {
+                    rpos += n;
+                    continue;
                 }
-                rpos += n;
-                continue;
+                Ok(None) => {}
+                Err(HandshakeError::Io(e)) => return Err(e),
+                Err(HandshakeError::Tls(e)) => {
+                    let _ = conn.write_tls(&mut wsock);
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
             }
             // Need more of this record: keep its start, read after it.
             rbuf.copy_within(rpos..rend, 0);

@@ -85,12 +85,33 @@ impl Direction {
     /// Appends `plaintext` to `out` as application-data records of at most
     /// 2^14 plaintext bytes each.
     pub(crate) fn seal(&mut self, plaintext: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
-        for piece in plaintext.chunks(PLAINTEXT_MAX) {
-            let body_len = piece.len() + 1 + TAG_BYTES;
+        self.seal_parts(&[plaintext], out)
+    }
+
+    /// Appends the concatenation of `parts` to `out` as application-data
+    /// records of at most 2^14 plaintext bytes each: a request header and
+    /// its payload share records, and nothing is copied but into `out`.
+    pub(crate) fn seal_parts(&mut self, parts: &[&[u8]], out: &mut Vec<u8>) -> io::Result<()> {
+        let mut left: usize = parts.iter().map(|p| p.len()).sum();
+        let (mut part, mut at) = (0, 0);
+        while left > 0 {
+            let len = left.min(PLAINTEXT_MAX);
+            left -= len;
+            let body_len = len + 1 + TAG_BYTES;
             let start = out.len();
             out.extend_from_slice(&[CONTENT_APPLICATION_DATA, 3, 3]);
             out.extend_from_slice(&(body_len as u16).to_be_bytes());
-            out.extend_from_slice(piece);
+            let mut need = len;
+            while need > 0 {
+                let p = &parts[part][at..];
+                let take = p.len().min(need);
+                out.extend_from_slice(&p[..take]);
+                need -= take;
+                at += take;
+                if at == parts[part].len() {
+                    (part, at) = (part + 1, 0);
+                }
+            }
             out.push(CONTENT_APPLICATION_DATA);
             let header: [u8; HEADER_BYTES] = out[start..start + HEADER_BYTES].try_into().expect("5 bytes");
             let nonce = self.next_nonce()?;
@@ -135,6 +156,34 @@ impl Direction {
     }
 }
 
+/// During a handshake: if `have` starts with a whole record (any type),
+/// feeds exactly that record to rustls and returns its length; None if more
+/// bytes are needed. Feeding whole records only is what keeps rustls from
+/// swallowing bytes that follow the handshake.
+pub(crate) fn feed_handshake_record<T>(
+    conn: &mut rustls::ConnectionCommon<T>,
+    have: &[u8],
+) -> Result<Option<usize>, HandshakeError> {
+    let whole = (have.len() >= HEADER_BYTES)
+        .then(|| HEADER_BYTES + u16::from_be_bytes([have[3], have[4]]) as usize)
+        .filter(|&n| n <= have.len());
+    let Some(n) = whole else { return Ok(None) };
+    let mut rec = &have[..n];
+    while !rec.is_empty() {
+        conn.read_tls(&mut rec).map_err(HandshakeError::Io)?;
+        conn.process_new_packets().map_err(HandshakeError::Tls)?;
+    }
+    Ok(Some(n))
+}
+
+/// Why feeding a handshake record failed.
+#[derive(Debug)]
+pub(crate) enum HandshakeError {
+    Io(io::Error),
+    /// rustls refused the peer's message (an alert for it may be queued).
+    Tls(rustls::Error),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +216,18 @@ mod tests {
         assert_eq!(records, 4);
         assert_eq!(&got[..40_000], &data[..]);
         assert_eq!(&got[40_000..], b"tail");
+    }
+
+    #[test]
+    fn parts_seal_as_their_concatenation_would() {
+        let (mut a, mut b) = pair();
+        let head = [1u8; 28];
+        let body: Vec<u8> = (0..40_000u32).map(|i| (i * 7) as u8).collect();
+        let (mut one, mut parts) = (Vec::new(), Vec::new());
+        a.seal(&[&head[..], &body[..]].concat(), &mut one).unwrap();
+        b.seal_parts(&[&head, &body, &[]], &mut parts).unwrap();
+        assert_eq!(one, parts);
+        assert_eq!(one.len(), 28 + 40_000 + 3 * (HEADER_BYTES + 1 + TAG_BYTES));
     }
 
     #[test]

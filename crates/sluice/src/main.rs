@@ -10,6 +10,7 @@
 
 mod connections;
 mod metrics;
+mod nbdload;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -180,6 +181,36 @@ enum Bench {
         /// The server's process id, for /proc/PID/status.
         #[arg(long)]
         server_pid: u32,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Sequential READs or WRITEs at a fixed queue depth against any NBD
+    /// server, plaintext or TLS (a lean client: its TLS cost is ring's
+    /// AES-GCM, not GnuTLS's); reports MiB/s and the client's CPU per MiB.
+    NbdLoad {
+        /// The server's TCP address.
+        #[arg(long, default_value = "127.0.0.1:10809")]
+        addr: String,
+        #[arg(long, default_value = "default")]
+        export: String,
+        /// write or read.
+        #[arg(long, default_value = "write")]
+        rw: String,
+        #[arg(long, default_value = "128k")]
+        bs: String,
+        #[arg(long, default_value_t = 32)]
+        iodepth: usize,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// The cursor wraps within this many bytes from offset 0.
+        #[arg(long, default_value = "1g")]
+        span: String,
+        /// STARTTLS and verify the server against this CA (PEM).
+        #[arg(long)]
+        tls_ca: Option<PathBuf>,
+        /// The name the certificate must carry.
+        #[arg(long, default_value = "localhost")]
+        tls_name: String,
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -506,6 +537,30 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     write_json(p, &r)?;
                 }
                 connections::print(&r, json.as_deref());
+                Ok(())
+            }
+            Bench::NbdLoad { addr, export, rw, bs, iodepth, seconds, span, tls_ca, tls_name, json } => {
+                let write = match rw.as_str() {
+                    "write" => true,
+                    "read" => false,
+                    other => return Err(CliError(format!("--rw {other:?}: expected write or read"))),
+                };
+                let opts = nbdload::LoadOpts {
+                    addr,
+                    export,
+                    tls: tls_ca.map(|ca| sluice_frontend::client::ClientTlsOptions { ca, server_name: tls_name }),
+                    write,
+                    block_bytes: u32::try_from(parse_bytes(&bs)?)
+                        .map_err(|_| CliError(format!("--bs {bs}: too big")))?,
+                    iodepth,
+                    seconds,
+                    span_bytes: parse_bytes(&span)?,
+                };
+                let r = nbdload::run(&opts)?;
+                if let Some(p) = &json {
+                    write_json(p, &r)?;
+                }
+                nbdload::print(&r, json.as_deref());
                 Ok(())
             }
             Bench::Uring { path, file_bytes, iodepth, seconds, json } => {

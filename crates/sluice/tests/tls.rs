@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{need, small_config, start, stop};
+use common::{need, qemu_io, small_config, start, stop};
 use std::path::Path;
 use std::process::Command;
 
@@ -65,9 +65,13 @@ fn nbdinfo(uri: &str) -> (bool, String) {
 
 /// Adds `[tls] mode = "require"` with `pki_dir`'s server certificate.
 fn require_tls(config: &Path, pki_dir: &Path) {
+    tls_mode(config, pki_dir, "require")
+}
+
+fn tls_mode(config: &Path, pki_dir: &Path, mode: &str) {
     let mut text = std::fs::read_to_string(config).unwrap();
     text += &format!(
-        "[tls]\nmode = \"require\"\ncert = {:?}\nkey = {:?}\n",
+        "[tls]\nmode = {mode:?}\ncert = {:?}\nkey = {:?}\n",
         pki_dir.join("server-cert.pem"),
         pki_dir.join("server-key.pem")
     );
@@ -118,6 +122,56 @@ fn tls_required_serves_verified_clients_and_refuses_plaintext() {
         .unwrap();
     let t = String::from_utf8_lossy(&plain.stdout).to_string() + &String::from_utf8_lossy(&plain.stderr);
     assert!(!plain.status.success() && t.contains("requires TLS"), "{t}");
+    let (ok, out) = nbd_load(port, &[]);
+    assert!(!ok && out.contains("requires TLS"), "{out}");
+
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `sluice bench nbd-load` with these extra arguments against 127.0.0.1:port
+/// for a moment over the first 4 MiB (unless `args` name a span);
+/// (success, stdout + stderr).
+fn nbd_load(port: u16, args: &[&str]) -> (bool, String) {
+    let span: &[&str] = if args.contains(&"--span") { &[] } else { &["--span", "4m"] };
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "nbd-load", "--addr", &format!("127.0.0.1:{port}"), "--seconds", "0.3"])
+        .args(span)
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// The benchmark client's writes land as 0xA5 bytes over plaintext and over
+/// TLS (read back by qemu-io, which checks the pattern), its reads complete,
+/// and it refuses a server whose certificate another CA signed.
+#[test]
+fn the_load_client_writes_and_reads_over_plaintext_and_tls() {
+    need("openssl");
+    need("qemu-io");
+    let (dir, config) = small_config("tls-load");
+    let (pki_dir, other_ca) = (dir.join("pki"), dir.join("other-ca"));
+    pki(&pki_dir, true);
+    pki(&other_ca, false);
+    tls_mode(&config, &pki_dir, "allow");
+    let (server, port) = start(&config);
+    let ca = pki_dir.join("ca-cert.pem").display().to_string();
+
+    let (ok, out) = nbd_load(port, &["--rw", "write", "--bs", "64k", "--span", "2m"]);
+    assert!(ok && out.contains("write 64 KiB QD32:") && !out.contains("TLS"), "{out}");
+    qemu_io(port, &["read -P 0xa5 0 2M", "read -P 0 2M 2M"]);
+    qemu_io(port, &["write -P 0 0 2M"]);
+    let (ok, out) = nbd_load(port, &["--rw", "write", "--tls-ca", &ca]);
+    assert!(ok && out.contains("write 128 KiB QD32 over TLS:"), "{out}");
+    qemu_io(port, &["read -P 0xa5 0 4M", "read -P 0 4M 4M"]);
+    for args in [&["--rw", "read"][..], &["--rw", "read", "--iodepth", "3", "--bs", "4k", "--tls-ca", &ca]] {
+        let (ok, out) = nbd_load(port, args);
+        assert!(ok && out.contains("read "), "{args:?}: {out}");
+    }
+    let other = other_ca.join("ca-cert.pem").display().to_string();
+    let (ok, out) = nbd_load(port, &["--rw", "read", "--tls-ca", &other]);
+    assert!(!ok && out.contains("TLS"), "a server another CA signed was trusted: {out}");
 
     stop(server);
     let _ = std::fs::remove_dir_all(&dir);
