@@ -143,6 +143,11 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
             "Windows read without the lock, then again under it (their chunk or band moved on meanwhile).",
             s.compactor.windows_reread,
         ),
+        (
+            "sluice_compactor_copies_superseded_total",
+            "Blocks background compaction/GC copied to the capacity device but did not remap: rewritten or trimmed while the copy was in flight (counted in the compaction/GC bytes written).",
+            s.compactor.copies_superseded,
+        ),
     ] {
         family(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {x}");

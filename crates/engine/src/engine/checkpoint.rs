@@ -97,9 +97,9 @@ pub(super) fn decode_checkpoint(
         if n as u64 != size / BS {
             return Err(bad(&r));
         }
-        let mut l2p = Vec::with_capacity(n);
-        for _ in 0..n {
-            l2p.push(Loc(r.u32()?));
+        let mut l2p = huge_map(n, Loc::NONE);
+        for e in l2p.iter_mut() {
+            *e = Loc(r.u32()?);
         }
         vols.push(Vol { name: name.clone(), l2p, open_band, moved: Moves::default() });
     }

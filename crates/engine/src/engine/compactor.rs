@@ -184,6 +184,11 @@ pub(super) struct Background {
     pub(super) windows_unlocked: AtomicU64,
     /// ... and read again under it (the chunk or band moved on meanwhile).
     pub(super) windows_reread: AtomicU64,
+    /// Blocks a background step copied to the capacity device whose remap
+    /// was dropped at settling: rewritten or trimmed while the copy was in
+    /// flight, so the copy is garbage (still counted in the compaction or
+    /// GC bytes written).
+    pub(super) copies_superseded: AtomicU64,
     pub(super) throttle_ns: AtomicU64,
 }
 
@@ -207,6 +212,7 @@ impl Background {
             gc_reclaims_in_a_row: AtomicUsize::new(0),
             windows_unlocked: AtomicU64::new(0),
             windows_reread: AtomicU64::new(0),
+            copies_superseded: AtomicU64::new(0),
             throttle_ns: AtomicU64::new(0),
         }
     }
@@ -232,6 +238,11 @@ pub struct CompactorSnapshot {
     /// Windows read without the lock and then read again under it, because
     /// the chunk or band had moved on meanwhile.
     pub windows_reread: u64,
+    /// Blocks background steps copied to the capacity device and then did
+    /// not remap, because they were rewritten or trimmed while the copy was
+    /// in flight (the copies are garbage; `EngineStats::compaction_bytes`
+    /// and `gc_bytes` count what was written, these included).
+    pub copies_superseded: u64,
     pub throttle_seconds: f64,
 }
 
@@ -557,6 +568,7 @@ impl Engine {
             throttled_writes: bg.throttled_writes.load(Ordering::Relaxed),
             windows_read_unlocked: bg.windows_unlocked.load(Ordering::Relaxed),
             windows_reread: bg.windows_reread.load(Ordering::Relaxed),
+            copies_superseded: bg.copies_superseded.load(Ordering::Relaxed),
             throttle_seconds: bg.throttle_ns.load(Ordering::Relaxed) as f64 / 1e9,
         }
     }
