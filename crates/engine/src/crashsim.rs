@@ -18,12 +18,26 @@
 //!
 //! Every failure message names the seed; `run_crash_seed(seed, ops)` replays
 //! it exactly (`sluice sim --seed-start SEED --seeds 1`).
+//!
+//! **On a zoned capacity device** (`run_crash_seed_zns`, `sluice sim
+//! --zns`): the capacity device is the emulated ZNS SSD of
+//! `small_world_zns` over a `CrashDevice` backend. Power loss keeps the
+//! backend's durable image plus a seeded subset of its unflushed writes, as
+//! above, and the zone states of a power cycle (`ZnsModel::power_cycle`):
+//! open zones close, write pointers stay where the accepted writes took them
+//! — so a zone may read zeros or torn data below its write pointer, the
+//! pessimistic case of a drive whose volatile cache lost data it had
+//! accepted. A zone reset is durable (an Empty zone reads as zeros after
+//! the crash). The engine must reopen with no request rejected by the
+//! device and every flushed write intact, then keep every zone rule.
 
 use crate::engine::Engine;
-use crate::sim::{pattern, small_device_bytes, small_world_on, World};
+use crate::sim::{pattern, small_device_bytes, small_world_on, small_zns_profile, World};
 use crate::volume::Volume;
+use sluice_media::clock::ClockRef;
+use sluice_media::device::{discard, flush, DeviceInfo, DeviceStats, IoCompletion, IoRequest};
 use sluice_media::rng::SplitMix64 as Rng;
-use sluice_media::{BlockDevice, CrashDevice, FaultPlan};
+use sluice_media::{BlockDevice, CrashDevice, Emulated, FaultPlan, VirtualClock, ZnsModel, ZoneState};
 use std::sync::Arc;
 
 const BS: usize = 4096;
@@ -77,12 +91,42 @@ fn new_versions(version: &mut u64, v: usize, lba: u64, len: u64) -> (Vec<u8>, Ve
     (data, versions)
 }
 
+/// A crash device shared with the emulator that wraps it (the emulator owns
+/// a boxed backend; the simulation keeps a handle to crash and inject it).
+struct Backend(Arc<CrashDevice>);
+
+impl BlockDevice for Backend {
+    fn info(&self) -> &DeviceInfo {
+        self.0.info()
+    }
+    fn submit(&self, req: IoRequest) {
+        self.0.submit(req)
+    }
+    fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
+        self.0.reap(min, out)
+    }
+    fn in_flight(&self) -> usize {
+        self.0.in_flight()
+    }
+    fn stats(&self) -> DeviceStats {
+        self.0.stats()
+    }
+}
+
+/// The emulated ZNS SSD over `backend`, with `model`'s zones.
+fn zns_over(backend: &Arc<CrashDevice>, model: ZnsModel, clock: ClockRef) -> Arc<Emulated<ZnsModel>> {
+    Arc::new(Emulated::new(model.device_info(), model, Box::new(Backend(backend.clone())), clock))
+}
+
 struct Sim {
     seed: u64,
     rng: Rng,
     sizes: Vec<u64>,
     cache: Arc<CrashDevice>,
+    /// The capacity device, or on ZNS the emulator's backend.
     capacity: Arc<CrashDevice>,
+    /// On ZNS: the emulated drive the engine uses.
+    zns: Option<Arc<Emulated<ZnsModel>>>,
     world: World,
     model: Vec<Vec<BlockModel>>,
     version: u64,
@@ -188,13 +232,33 @@ impl Sim {
         self.capacity = Arc::new(self.capacity.crash(s ^ 0x5bd1_e995));
         self.report.crashes += 1;
         let cache: Arc<dyn BlockDevice> = self.cache.clone();
-        let capacity: Arc<dyn BlockDevice> = self.capacity.clone();
+        let capacity: Arc<dyn BlockDevice> = match &self.zns {
+            None => self.capacity.clone(),
+            Some(old) => {
+                let mut model = old.with_model(|m| m.clone());
+                model.power_cycle();
+                // Resets are durable: an Empty zone holds nothing.
+                let zone = model.profile().zone_size_bytes;
+                let dev = &*self.capacity;
+                let zones = (0..model.profile().zone_count).map(|i| model.zone(i));
+                let empty = zones.filter(|z| z.state == ZoneState::Empty);
+                empty
+                    .map(|z| discard(dev, z.start, zone))
+                    .chain(std::iter::once(flush(dev)))
+                    .collect::<Result<(), _>>()
+                    .map_err(|e| self.fail(op, format!("resetting the crashed backend: {e}")))?;
+                let zns = zns_over(&self.capacity, model, old.clock().clone());
+                self.zns = Some(zns.clone());
+                zns
+            }
+        };
         let engine = Engine::open(cache, capacity).map_err(|e| self.fail(op, format!("reopen after crash: {e}")))?;
         let volumes = (0..self.sizes.len())
             .map(|i| engine.volume(&format!("v{i}")).map_err(|e| self.fail(op, format!("volume: {e}"))))
             .collect::<Result<Vec<_>, _>>()?;
         self.world = World { engine, volumes };
         self.world.engine.check_invariants();
+        self.check_zones(op)?;
         for v in 0..self.sizes.len() {
             let mut buf = vec![0u8; self.sizes[v] as usize * BS];
             self.world.volumes[v].read(0, &mut buf).map_err(|e| self.fail(op, format!("read after crash: {e}")))?;
@@ -219,6 +283,19 @@ impl Sim {
     }
 }
 
+impl Sim {
+    /// On ZNS: the drive rejected nothing, and its model is consistent.
+    fn check_zones(&self, op: usize) -> Result<(), String> {
+        let Some(z) = &self.zns else { return Ok(()) };
+        z.with_model(|m| m.check_invariants());
+        let errors = z.stats().errors - self.capacity.stats().errors;
+        if errors > 0 {
+            return Err(self.fail(op, format!("the ZNS drive rejected {errors} requests")));
+        }
+        Ok(())
+    }
+}
+
 /// A fresh small engine on two crash devices.
 fn crash_world(sizes: &[u64]) -> (Arc<CrashDevice>, Arc<CrashDevice>, World) {
     let (cb, pb) = small_device_bytes(sizes);
@@ -230,11 +307,32 @@ fn crash_world(sizes: &[u64]) -> (Arc<CrashDevice>, Arc<CrashDevice>, World) {
 
 /// Run one seed: `ops` operations with crashes sprinkled in.
 pub fn run_crash_seed(seed: u64, ops: usize) -> Result<CrashReport, String> {
+    run_crash_seed_on(seed, ops, false)
+}
+
+/// The same on the emulated ZNS SSD of `small_world_zns` (module docs).
+pub fn run_crash_seed_zns(seed: u64, ops: usize) -> Result<CrashReport, String> {
+    run_crash_seed_on(seed, ops, true)
+}
+
+fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool) -> Result<CrashReport, String> {
     let mut rng = Rng(seed ^ 0xc0ff_ee00_d15c_0123);
     let sizes: Vec<u64> = (0..3).map(|_| 32 + rng.below(160)).collect();
-    let (cache, capacity, world) = crash_world(&sizes);
+    let (cache, capacity, zns, world) = if zoned {
+        let (cb, _) = small_device_bytes(&sizes);
+        let cache = Arc::new(CrashDevice::new(cb, 4096));
+        let p = small_zns_profile(&sizes);
+        let backend = Arc::new(CrashDevice::new(p.capacity_bytes(), 4096));
+        let zns = zns_over(&backend, ZnsModel::new(p), VirtualClock::new());
+        let world = small_world_on(cache.clone(), zns.clone(), &sizes);
+        (cache, backend, Some(zns), world)
+    } else {
+        let (cache, capacity, world) = crash_world(&sizes);
+        (cache, capacity, None, world)
+    };
     let model = sizes.iter().map(|&n| vec![BlockModel::default(); n as usize]).collect();
-    let mut sim = Sim { seed, rng, sizes, cache, capacity, world, model, version: 0, report: CrashReport::default() };
+    let mut sim =
+        Sim { seed, rng, sizes, cache, capacity, zns, world, model, version: 0, report: CrashReport::default() };
     // A crash every ~300 operations; half of them inside an operation.
     let mut armed: Option<usize> = None;
     for op in 0..ops {
@@ -264,12 +362,17 @@ pub fn run_crash_seed(seed: u64, ops: usize) -> Result<CrashReport, String> {
                 sim.crash(op)?;
             }
         } else if !ok {
+            sim.check_zones(op)?;
             return Err(sim.fail(op, "device error with no fault injected".into()));
         }
         if op % 101 == 0 {
             sim.world.engine.check_invariants();
+            if armed.is_none() {
+                sim.check_zones(op)?;
+            }
         }
     }
+    sim.check_zones(ops)?;
     sim.report.ops = ops;
     Ok(sim.report)
 }
@@ -295,6 +398,26 @@ mod tests {
         assert!(total.crashes > 1000, "{total:?}");
         assert!(total.crashes_inside_ops > 300, "{total:?}");
     }
+
+    /// The same campaign on the emulated ZNS SSD: no request rejected by the
+    /// drive, before or after any crash (`sluice sim --zns --seeds N`).
+    #[test]
+    fn crashes_on_zns_lose_nothing_flushed_and_break_no_zone_rule() {
+        let mut total = CrashReport::default();
+        for seed in 0..ZNS_SEEDS {
+            match run_crash_seed_zns(seed, 1200) {
+                Ok(r) => {
+                    total.crashes += r.crashes;
+                    total.crashes_inside_ops += r.crashes_inside_ops;
+                }
+                Err(e) => panic!("{e}\nreplay: sluice sim --zns --seed-start {seed} --seeds 1"),
+            }
+        }
+        assert!(total.crashes > ZNS_SEEDS as usize * 2, "{total:?}");
+        assert!(total.crashes_inside_ops > ZNS_SEEDS as usize / 2, "{total:?}");
+    }
+
+    const ZNS_SEEDS: u64 = 200;
 
     #[test]
     fn a_device_error_stops_changes_until_reopen_and_keeps_flushed_data() {

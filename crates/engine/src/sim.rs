@@ -91,19 +91,25 @@ pub fn small_world(volume_blocks: &[u64]) -> World {
 /// limits is rejected by the device.
 pub fn small_world_zns(volume_blocks: &[u64]) -> World {
     let (cache_bytes, _) = small_device_bytes(volume_blocks);
+    let p = small_zns_profile(volume_blocks);
+    let backend = Box::new(MemoryDevice::new(p.capacity_bytes(), 4096));
+    let zns: Arc<dyn BlockDevice> = Arc::new(zns_device(p, backend, VirtualClock::new()));
+    small_world_on(Arc::new(MemoryDevice::new(cache_bytes, 4096)), zns, volume_blocks)
+}
+
+/// The ZNS SSD of `small_world_zns`: zones of 32 blocks holding 24, at most
+/// 3 open and 6 active, enough zones for the volumes plus ~30 % spare.
+pub fn small_zns_profile(volume_blocks: &[u64]) -> ZnsProfile {
     let total: u64 = volume_blocks.iter().sum();
     let zones = (total * 13 / 10).div_ceil(24) + volume_blocks.len() as u64 + 6;
-    let p = ZnsProfile {
+    ZnsProfile {
         zone_size_bytes: 32 * 4096,
         zone_capacity_bytes: 24 * 4096,
         zone_count: zones,
         max_open: 3,
         max_active: 6,
         ..ZnsProfile::tiny()
-    };
-    let backend = Box::new(MemoryDevice::new(p.capacity_bytes(), 4096));
-    let zns: Arc<dyn BlockDevice> = Arc::new(zns_device(p, backend, VirtualClock::new()));
-    small_world_on(Arc::new(MemoryDevice::new(cache_bytes, 4096)), zns, volume_blocks)
+    }
 }
 
 /// Run one seed on the memory-backed world; Err names what diverged.

@@ -331,6 +331,7 @@ impl Bookings {
 }
 
 /// The ZNS rules and costs; wrap it with `zns_device`.
+#[derive(Clone)]
 pub struct ZnsModel {
     profile: ZnsProfile,
     zones: Vec<Zone>,
@@ -411,6 +412,20 @@ impl ZnsModel {
         let zi = zone_idx as usize;
         self.release(zi);
         self.zones[zi].state = state;
+    }
+
+    /// Power loss and restart: every open zone is closed (Empty if nothing
+    /// was written to it), as a drive reports its zones after a power cycle;
+    /// write pointers and Full, Empty, Read-Only and Offline zones stay.
+    /// What the zones hold is the backend's business (a crash simulation
+    /// pairs this with the backend's durable image).
+    pub fn power_cycle(&mut self) {
+        for zi in 0..self.zones.len() {
+            if self.zones[zi].is_open() {
+                self.close(zi);
+            }
+        }
+        debug_assert_eq!(self.open_count, 0);
     }
 
     /// Check every counting invariant (O(zones); tests call it after each step).

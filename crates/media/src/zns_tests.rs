@@ -684,3 +684,27 @@ fn zn540_full_profile_keeps_zone_state_small() {
     assert_eq!(zone(&d, ZN540_ZONE_COUNT - 1).write_pointer, last + BS);
     assert_eq!(d.info().capacity_bytes, ZN540_ZONE_COUNT * 2 * GIB);
 }
+
+/// After a power cycle every open zone is Closed (or Empty if nothing was
+/// written to it), still active, its write pointer where it was; Full and
+/// Empty zones stay; writes continue at the write pointers.
+#[test]
+fn a_power_cycle_closes_open_zones_and_keeps_write_pointers() {
+    let dev = tiny();
+    write(&dev, zstart(0), 2, 1).unwrap(); // implicitly open
+    mgmt(&dev, ZoneAction::Open, zstart(1)).unwrap(); // explicitly open, empty
+    write(&dev, zstart(2), 12, 2).unwrap(); // 48 KiB: full
+    assert_eq!(state(&dev, 2), ZoneState::Full);
+    let mut m = dev.with_model(|m| m.clone());
+    m.power_cycle();
+    m.check_invariants();
+    assert_eq!((m.open_zones(), m.active_zones()), (0, 1));
+    assert_eq!(m.zone(0).state, ZoneState::Closed);
+    assert_eq!(m.zone(0).write_pointer, zstart(0) + 2 * BS);
+    assert_eq!(m.zone(1).state, ZoneState::Empty);
+    assert_eq!(m.zone(2).state, ZoneState::Full);
+    let dev = tiny_with(m);
+    assert!(write(&dev, zstart(0), 1, 3).is_err(), "a write off the write pointer");
+    write(&dev, zstart(0) + 2 * BS, 1, 3).unwrap();
+    assert_eq!(state(&dev, 0), ZoneState::ImplicitlyOpen);
+}

@@ -71,6 +71,10 @@ enum Cmd {
         /// Operations per seed.
         #[arg(long, default_value_t = 1200)]
         ops: usize,
+        /// The capacity device is an emulated ZNS SSD (zone states through
+        /// each power cycle; no request may be rejected by the drive).
+        #[arg(long)]
+        zns: bool,
     },
 }
 
@@ -441,17 +445,24 @@ fn bench_trace(
     Ok(())
 }
 
-fn sim(seeds: u64, seed_start: u64, ops: usize) -> Result<(), CliError> {
+fn sim(seeds: u64, seed_start: u64, ops: usize, zns: bool) -> Result<(), CliError> {
     let t = Instant::now();
     let (mut crashes, mut inside) = (0, 0);
+    type Run = fn(u64, usize) -> Result<sluice_engine::crashsim::CrashReport, String>;
+    let (run, flag): (Run, &str) = if zns {
+        (sluice_engine::crashsim::run_crash_seed_zns, " --zns")
+    } else {
+        (sluice_engine::crashsim::run_crash_seed, "")
+    };
     for seed in seed_start..seed_start.saturating_add(seeds) {
-        let r = sluice_engine::crashsim::run_crash_seed(seed, ops)
-            .map_err(|e| CliError(format!("{e}\nreplay: sluice sim --seed-start {seed} --seeds 1 --ops {ops}")))?;
+        let r = run(seed, ops).map_err(|e| {
+            CliError(format!("{e}\nreplay: sluice sim{flag} --seed-start {seed} --seeds 1 --ops {ops}"))
+        })?;
         crashes += r.crashes;
         inside += r.crashes_inside_ops;
     }
     println!(
-        "sim: {seeds} seeds from {seed_start}, {ops} ops each, {crashes} crashes ({inside} inside an operation), \
+        "sim{flag}: {seeds} seeds from {seed_start}, {ops} ops each, {crashes} crashes ({inside} inside an operation), \
          every block checked after each: all passed in {:.1} s",
         t.elapsed().as_secs_f64()
     );
@@ -460,7 +471,7 @@ fn sim(seeds: u64, seed_start: u64, ops: usize) -> Result<(), CliError> {
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Sim { seeds, seed_start, ops } => sim(seeds, seed_start, ops),
+        Cmd::Sim { seeds, seed_start, ops, zns } => sim(seeds, seed_start, ops, zns),
         Cmd::Stats { addr, interval, json } => {
             if !(interval > 0.0 && interval <= 3600.0) {
                 return Err(CliError("--interval must be in (0, 3600] seconds".into()));
