@@ -202,11 +202,18 @@ struct Band {
     written: u64,
     /// Engine write sequence when the band was closed (for age).
     closed_seq: u64,
+    /// Tombstone entries written into the band since it was last free;
+    /// `TOMBSTONES_UNKNOWN` after a clean open (the checkpoint does not keep
+    /// it). With `valid` 0 and none, GC has nothing to look at in the band.
+    tombstones: u32,
     /// Bumped (in memory) before the band's blocks are discarded, so a read
     /// that looked a block up before GC moved it and read it after can tell
     /// its data may be gone (`Inner::generation`).
     gen: u64,
 }
+
+/// `Band::tombstones` when not known: GC walks the band to find out.
+const TOMBSTONES_UNKNOWN: u32 = u32::MAX;
 
 /// Where a bounded GC step stopped in its victim.
 #[derive(Clone, Copy, Debug)]
@@ -677,7 +684,7 @@ impl Inner {
             full_chunks: VecDeque::new(),
             open_chunk: None,
             bands: (0..band_count)
-                .map(|_| Band { state: State::Free, valid: 0, written: 0, closed_seq: 0, gen: 0 })
+                .map(|_| Band { state: State::Free, valid: 0, written: 0, closed_seq: 0, gen: 0, tombstones: 0 })
                 .collect(),
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,

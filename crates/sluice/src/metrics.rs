@@ -148,6 +148,11 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
             "Blocks background compaction/GC copied to the capacity device but did not remap: rewritten or trimmed while the copy was in flight (counted in the compaction/GC bytes written).",
             s.compactor.copies_superseded,
         ),
+        (
+            "sluice_gc_victims_unread_total",
+            "GC victims reclaimed without being read (nothing valid and no tombstone left in them).",
+            s.compactor.victims_unread,
+        ),
     ] {
         family(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {x}");

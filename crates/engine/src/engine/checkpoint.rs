@@ -128,7 +128,9 @@ pub(super) fn decode_checkpoint(
         let valid = r.u32()?;
         let written = r.u64()?;
         let closed_seq = r.u64()?;
-        bands.push(Band { state, valid, written, closed_seq, gen: 0 });
+        // Not in the checkpoint: GC reads such a band to find its tombstones.
+        let tombstones = if written == 0 { 0 } else { TOMBSTONES_UNKNOWN };
+        bands.push(Band { state, valid, written, closed_seq, gen: 0, tombstones });
     }
     let n = r.u32()? as usize;
     let mut free_bands = VecDeque::with_capacity(n);

@@ -189,6 +189,8 @@ pub(super) struct Background {
     /// flight, so the copy is garbage (still counted in the compaction or
     /// GC bytes written).
     pub(super) copies_superseded: AtomicU64,
+    /// GC victims (background or inline) reclaimed without being read.
+    pub(super) victims_unread: AtomicU64,
     pub(super) throttle_ns: AtomicU64,
 }
 
@@ -213,6 +215,7 @@ impl Background {
             windows_unlocked: AtomicU64::new(0),
             windows_reread: AtomicU64::new(0),
             copies_superseded: AtomicU64::new(0),
+            victims_unread: AtomicU64::new(0),
             throttle_ns: AtomicU64::new(0),
         }
     }
@@ -243,6 +246,9 @@ pub struct CompactorSnapshot {
     /// in flight (the copies are garbage; `EngineStats::compaction_bytes`
     /// and `gc_bytes` count what was written, these included).
     pub copies_superseded: u64,
+    /// GC victims (inline ones included) reclaimed without reading them:
+    /// nothing valid and no tombstone left in them.
+    pub victims_unread: u64,
     pub throttle_seconds: f64,
 }
 
@@ -569,6 +575,7 @@ impl Engine {
             windows_read_unlocked: bg.windows_unlocked.load(Ordering::Relaxed),
             windows_reread: bg.windows_reread.load(Ordering::Relaxed),
             copies_superseded: bg.copies_superseded.load(Ordering::Relaxed),
+            victims_unread: bg.victims_unread.load(Ordering::Relaxed),
             throttle_seconds: bg.throttle_ns.load(Ordering::Relaxed) as f64 / 1e9,
         }
     }

@@ -433,6 +433,8 @@ impl Engine {
                 entries,
             };
             encode_header(&mut buf[..BLOCK_BYTES], &h);
+            let b = &mut inner.bands[band as usize];
+            b.tombstones = b.tombstones.saturating_add(t as u32);
             for (i, (_, _, d)) in rest[..n].iter().enumerate() {
                 buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(d);
             }
@@ -509,6 +511,7 @@ impl Engine {
         assert_eq!(band.valid, 0);
         band.state = State::Open;
         band.written = 0;
+        band.tombstones = 0;
         if gc {
             inner.gc_band = Some(b);
         } else {
@@ -580,6 +583,12 @@ impl Engine {
         let unit = inner.cfg.write_unit_bytes / BS;
         let first = v as u64 * bpb;
         let written = inner.bands[v as usize].written;
+        // A victim with no valid block and no tombstone holds nothing to
+        // move: reclaim it without reading it.
+        if inner.bands[v as usize].valid == 0 && inner.bands[v as usize].tombstones == 0 {
+            pos = written;
+            self.bg.victims_unread.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         // Reads are whole windows of the band (≥ a chunk, ≥ the largest
         // segment), not a header and then data per segment: a NAND device
         // serves one large read from all its dies at once.

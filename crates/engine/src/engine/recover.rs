@@ -237,6 +237,7 @@ pub(super) fn recover(
         let b = &mut inner.bands[s.band as usize];
         b.state = State::Full;
         b.closed_seq = b.closed_seq.max(h.seq);
+        b.tombstones = b.tombstones.saturating_add(h.entries.iter().filter(|e| e.tombstone).count() as u32);
     }
 
     // Steps 4 and 5: winners into the L2P and the P2Ls; states and lists.
