@@ -369,7 +369,11 @@ fn write_all_vectored(sock: &mut TcpStream, parts: &[&[u8]]) -> io::Result<()> {
         let mut slices = Vec::with_capacity(parts.len() - part);
         slices.push(IoSlice::new(&parts[part][at..]));
         slices.extend(parts[part + 1..].iter().map(|p| IoSlice::new(p)));
-        let mut n = sock.write_vectored(&slices[..slices.len().min(1024)])?;
+        let mut n = match sock.write_vectored(&slices[..slices.len().min(1024)]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Err(io::Error::new(io::ErrorKind::WriteZero, "the server stopped reading"));
         }

@@ -6,7 +6,8 @@
 //! image at once and are remembered, in submission order, as unflushed
 //! operations; a completed `Flush` applies them all to the durable image. A FUA
 //! write is durable on completion: it goes to both images and is never
-//! unflushed. `crash(seed)` builds a new device from the durable image plus,
+//! unflushed; so is a discard flagged `fua` (what a zone reset is to a ZNS
+//! drive), at O(range) in the FUA bookkeeping below. `crash(seed)` builds a new device from the durable image plus,
 //! for each unflushed operation and decided by the seed, all of it, none of it,
 //! or (torn, multi-block only) a random subset of its blocks; a single block is
 //! atomic. Chosen operations apply in submission order. The original device is
@@ -248,7 +249,21 @@ impl State {
                 }
                 let seq = self.next_seq;
                 self.next_seq += 1;
-                self.unflushed.push(Unflushed { seq, first_block: first, block_count: count, change: Change::Discard });
+                if req.fua {
+                    // Durable on completion, like a FUA write (a zone reset:
+                    // the drive persists zone state before it answers).
+                    for b in self.durable.present(first, count) {
+                        self.durable.blocks.remove(&b);
+                    }
+                    if !self.unflushed.is_empty() {
+                        for b in first..first + count {
+                            self.fua_seq.insert(b, seq);
+                        }
+                    }
+                } else {
+                    let change = Change::Discard;
+                    self.unflushed.push(Unflushed { seq, first_block: first, block_count: count, change });
+                }
             }
             IoOp::Flush => {
                 for op in std::mem::take(&mut self.unflushed) {
@@ -468,6 +483,31 @@ mod tests {
             }
         }
         assert!(fua > 0 && later > 0, "fua {fua} later {later}");
+    }
+
+    /// A discard flagged FUA is durable at once, and an older unflushed
+    /// write to its blocks never lands after it; a later one may.
+    #[test]
+    fn a_fua_discard_is_durable_and_older_writes_never_land_after_it() {
+        let d = CrashDevice::new(4 * BS as u64, BS as u64);
+        write_at(&d, 0, &block(0x11)).unwrap();
+        flush(&d).unwrap();
+        write_at(&d, 0, &block(0x22)).unwrap(); // unflushed, older than the discard
+        let mut req = IoRequest::discard(0, 2 * BS as u64, 0);
+        req.fua = true;
+        assert_eq!(sync_io(&d, req).result, Ok(2 * BS as u64));
+        write_at(&d, BS as u64, &block(0x33)).unwrap(); // unflushed, newer
+        let (mut newer, mut zeros) = (0, 0);
+        for seed in 0..64 {
+            let c = d.crash(seed);
+            assert!(read_at(&c, 0, BS).unwrap().iter().all(|&b| b == 0), "seed {seed}: the discard was lost");
+            match read_at(&c, BS as u64, BS).unwrap()[0] {
+                0x33 => newer += 1,
+                0 => zeros += 1,
+                other => panic!("seed {seed}: {other:#x}"),
+            }
+        }
+        assert!(newer > 0 && zeros > 0, "newer {newer} zeros {zeros}");
     }
 
     #[test]

@@ -96,6 +96,13 @@ impl Inner {
         self.gc_cursor.or_else(|| Engine::gc_victim(self).map(|victim| GcCursor { victim, pos: 0 }))
     }
 
+    /// Whether GC reclaims victim `v` without reading it: nothing valid and
+    /// no tombstone is left in it (`Band::tombstones`).
+    pub(super) fn gc_skips_reading(&self, v: u32) -> bool {
+        let b = &self.bands[v as usize];
+        b.valid == 0 && b.tombstones == 0
+    }
+
     /// Blocks a GC step reads at `pos` of a victim `written` blocks long: a
     /// step bounded below a window reads only what it may walk (but always
     /// enough for the largest segment).
@@ -585,8 +592,11 @@ impl Engine {
         let written = inner.bands[v as usize].written;
         // A victim with no valid block and no tombstone holds nothing to
         // move: reclaim it without reading it.
-        if inner.bands[v as usize].valid == 0 && inner.bands[v as usize].tombstones == 0 {
+        if inner.gc_skips_reading(v) {
             pos = written;
+            if let Some(p) = pre.take() {
+                inner.give_buf(p.into_buf());
+            }
             self.bg.victims_unread.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         // Reads are whole windows of the band (≥ a chunk, ≥ the largest

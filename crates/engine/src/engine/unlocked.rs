@@ -182,6 +182,12 @@ impl Engine {
     }
 }
 
+impl PreRead {
+    pub(super) fn into_buf(self) -> IoBuf {
+        self.buf
+    }
+}
+
 impl Pending {
     pub(super) fn io(&self) -> Arc<PendingIo> {
         self.io.clone()
@@ -201,6 +207,9 @@ impl Inner {
     /// The window the next `gc_step(blocks_max)` reads first, if any.
     pub(super) fn gc_window(&self, blocks_max: u64) -> Option<Window> {
         let GcCursor { victim: v, pos } = self.gc_next()?;
+        if self.gc_skips_reading(v) {
+            return None;
+        }
         let written = self.bands[v as usize].written;
         let len = self.gc_read_blocks(pos, blocks_max, written);
         let offset = (v as u64 * self.blocks_per_band() + pos) * BS;
