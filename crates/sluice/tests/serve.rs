@@ -33,7 +33,7 @@ fn flushed_data_survives_kill_9() {
     qemu_io(port, &["write -P 0x5a 0 80M", "write -z 8M 1M", "discard 16M 1M", "flush"]);
     qemu_io(port, &["write -P 0x77 32M 1M"]);
     server.kill().unwrap(); // SIGKILL: no shutdown, no checkpoint
-    let out = server.wait_with_output().unwrap();
+    let out = server.into_child().wait_with_output().unwrap();
     assert!(!out.status.success());
 
     let (server, port) = start(&config);
@@ -44,7 +44,7 @@ fn flushed_data_survives_kill_9() {
     qemu_io(port, &["read -P 0x77 32M 1M"]);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
-    let out = server.wait_with_output().unwrap();
+    let out = server.into_child().wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("recovered from the devices") && err.contains("clean shutdown"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);

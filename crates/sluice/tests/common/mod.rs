@@ -18,22 +18,57 @@ pub fn need(bin: &str) {
     );
 }
 
+/// A running `sluice serve`, killed if dropped while still held (a failing
+/// test must not leave a server behind); `stop` ends it cleanly instead.
+pub struct Served(Option<Child>);
+
+impl Served {
+    /// The process, for tests that end it themselves.
+    pub fn into_child(mut self) -> Child {
+        self.0.take().expect("held")
+    }
+}
+
+impl std::ops::Deref for Served {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("held")
+    }
+}
+
+impl std::ops::DerefMut for Served {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("held")
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Start the server; returns it and its TCP port (read from its first line).
-pub fn start(config: &Path) -> (Child, u16) {
+pub fn start(config: &Path) -> (Served, u16) {
     let (child, port, _) = start_with_metrics(config);
     (child, port)
 }
 
 /// Start the server; also returns the metrics address (its second line).
-pub fn start_with_metrics(config: &Path) -> (Child, u16, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+pub fn start_with_metrics(config: &Path) -> (Served, u16, String) {
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--config"])
         .arg(config)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sluice serve");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    // Held from here, so a panic below does not leave it running.
+    let mut served = Served(Some(child));
+    let mut out = BufReader::new(served.stdout.take().expect("stdout"));
     let mut line = String::new();
     out.read_line(&mut line).expect("first line");
     let port =
@@ -46,10 +81,11 @@ pub fn start_with_metrics(config: &Path) -> (Child, u16, String) {
         .and_then(|m| m.strip_suffix("/metrics"))
         .unwrap_or_else(|| panic!("no metrics address in {metrics:?}"))
         .to_string();
-    (child, port, metrics)
+    (served, port, metrics)
 }
 
-pub fn stop(child: Child) {
+pub fn stop(served: Served) {
+    let child = served.into_child();
     // SAFETY: sending a signal to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().expect("wait");
