@@ -281,9 +281,7 @@ impl Sim {
         }
         Ok(())
     }
-}
 
-impl Sim {
     /// On ZNS: the drive rejected nothing, and its model is consistent.
     fn check_zones(&self, op: usize) -> Result<(), String> {
         let Some(z) = &self.zns else { return Ok(()) };

@@ -35,6 +35,7 @@ use crate::persist::{CheckpointError, Reader, Superblock, Writer};
 use crate::volume::{check, Extent, Volume, VolumeError};
 use serde::Serialize;
 use sluice_media::device::{flush, read_at, sync_io, write_at};
+use sluice_media::memory::huge_page_vec;
 use sluice_media::{BlockDevice, DeviceError, DeviceStats, IoBuf, IoOp, IoRequest, SharedDevice};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -66,25 +67,6 @@ const CAP_QUEUE_DEPTH: usize = 16;
 /// block index; otherwise cache block index + 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Loc(u32);
-
-/// A map of `n` entries all `fill`, its memory advised for transparent huge
-/// pages before anything touches it: the L2P is read and written at random
-/// (4 MiB of it per 4 GiB of volume, 4 GiB per 4 TiB), so with 4 KiB pages
-/// nearly every lookup misses the TLB. Without THP it is an ordinary Vec.
-fn huge_map<T: Clone>(n: usize, fill: T) -> Vec<T> {
-    let mut v = Vec::with_capacity(n);
-    const HUGE: usize = 2 << 20;
-    let (ptr, bytes) = (v.as_ptr() as usize, n * std::mem::size_of::<T>());
-    let start = ptr.next_multiple_of(HUGE);
-    let end = (ptr + bytes) / HUGE * HUGE;
-    if end > start {
-        // SAFETY: advice on whole pages of this Vec's own untouched
-        // allocation; a failure (no THP) changes nothing.
-        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-    }
-    v.resize(n, fill);
-    v
-}
 
 const CAP_BIT: u32 = 1 << 31;
 
@@ -496,7 +478,7 @@ impl Engine {
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
         };
         let inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
-        write_superblock(&*cache, &inner.sb)?;
+        inner.sb.write_to(&*cache)?;
         Ok(Engine::assemble(cache, capacity, inner, None))
     }
 
@@ -560,7 +542,7 @@ impl Engine {
         // Step 3: dirty before the first change.
         inner.sb.clean = false;
         inner.sb.generation += 1;
-        write_superblock(&*cache, &inner.sb)?;
+        inner.sb.write_to(&*cache)?;
         let engine = Engine::assemble(cache, capacity, inner, recovered_in);
         if !relog.is_empty() {
             engine.relog(&relog).map_err(|e| EngineError::Recovery(e.to_string()))?;
@@ -597,7 +579,7 @@ impl Engine {
         inner.sb.checkpoint_crc = body_crc;
         inner.sb.clean = true;
         inner.sb.generation += 1;
-        write_superblock(&*self.cache, &inner.sb)?;
+        inner.sb.write_to(&*self.cache)?;
         inner.closed = true;
         Ok(())
     }
@@ -671,7 +653,7 @@ impl Inner {
                 .iter()
                 .map(|(name, size)| Vol {
                     name: name.clone(),
-                    l2p: huge_map((size / BS) as usize, Loc::NONE),
+                    l2p: huge_page_vec((size / BS) as usize, Loc::NONE),
                     open_band: None,
                     moved: Moves::default(),
                 })
@@ -814,12 +796,4 @@ impl Inner {
             (0..self.bands.len() as u32).filter(|&b| self.bands[b as usize].state == State::Open).collect();
         assert_eq!(owned, open, "open bands are the streams' bands");
     }
-}
-
-/// Both superblock copies, then a flush: durable before anything relies on it.
-fn write_superblock(cache: &dyn BlockDevice, sb: &Superblock) -> Result<(), DeviceError> {
-    let b = sb.encode();
-    write_at(cache, 0, &b)?;
-    write_at(cache, BS, &b)?;
-    flush(cache)
 }

@@ -14,6 +14,8 @@
 //! clean state.
 
 use crate::layout::{crc32c, BLOCK_BYTES};
+use sluice_media::device::{flush, write_at};
+use sluice_media::{BlockDevice, DeviceError};
 
 pub const SUPERBLOCK_MAGIC: u32 = 0x534c_5342; // "SLSB"
 pub const SUPERBLOCK_VERSION: u16 = 2;
@@ -57,6 +59,15 @@ pub enum SuperblockError {
 }
 
 impl Superblock {
+    /// Both copies (blocks 0 and 1 of the cache device), then a flush:
+    /// durable before anything relies on it.
+    pub fn write_to(&self, cache: &dyn BlockDevice) -> Result<(), DeviceError> {
+        let b = self.encode();
+        write_at(cache, 0, &b)?;
+        write_at(cache, BLOCK_BYTES as u64, &b)?;
+        flush(cache)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.volumes.len() <= VOLUMES_MAX);
         let mut b = vec![0u8; BLOCK_BYTES];

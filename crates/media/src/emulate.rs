@@ -239,6 +239,52 @@ impl<M: MediaModel> ZonedDevice for Emulated<M> {
     }
 }
 
+/// A resource's booked busy intervals. Unlike `Timelines` (one free-at time) a
+/// request ready early may use a gap before work booked for later: programs that
+/// wait for a zone's buffer slot are booked in the future, and without backfill
+/// they would block other zones' units that are ready now (head-of-line
+/// blocking no real controller has, since it acts on events in time order).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Bookings {
+    /// Sorted, disjoint, non-adjacent (start, end) intervals.
+    busy: Vec<(u64, u64)>,
+}
+
+impl Bookings {
+    /// Drop intervals over by `now_ns` (every later request is ready at or after it).
+    pub(crate) fn forget_before(&mut self, now_ns: u64) {
+        let done = self.busy.partition_point(|&(_, end)| end <= now_ns);
+        self.busy.drain(..done);
+    }
+
+    /// Book `dur_ns` in the first gap at or after `ready_ns`; returns the end.
+    pub(crate) fn book(&mut self, ready_ns: u64, dur_ns: u64) -> u64 {
+        let mut start = ready_ns;
+        let mut i = self.busy.partition_point(|&(_, end)| end <= ready_ns);
+        while i < self.busy.len() && self.busy[i].0 < start + dur_ns {
+            start = start.max(self.busy[i].1);
+            i += 1;
+        }
+        let end = start + dur_ns;
+        // Insert at i, merging with touching neighbours.
+        let merge_prev = i > 0 && self.busy[i - 1].1 == start;
+        let merge_next = i < self.busy.len() && self.busy[i].0 == end;
+        match (merge_prev, merge_next) {
+            (true, true) => {
+                self.busy[i - 1].1 = self.busy[i].1;
+                self.busy.remove(i);
+            }
+            (true, false) => self.busy[i - 1].1 = end,
+            (false, true) => self.busy[i].0 = start,
+            (false, false) => self.busy.insert(i, (start, end)),
+        }
+        let j = self.busy.partition_point(|&(_, e)| e < end); // the interval now holding [start, end)
+        assert!(self.busy[j].0 <= start && self.busy[j].1 >= end, "booking lost");
+        assert!(j + 1 >= self.busy.len() || self.busy[j].1 < self.busy[j + 1].0, "bookings overlap");
+        end
+    }
+}
+
 /// Per-resource busy timelines (dies, channels, actuators): a request that needs
 /// a resource starts when both it and the resource are free.
 #[derive(Clone, Debug)]

@@ -63,8 +63,7 @@ impl Arena {
         let skip = (HUGE_PAGE_BYTES - map as usize % HUGE_PAGE_BYTES) % HUGE_PAGE_BYTES;
         // SAFETY: `skip < HUGE_PAGE_BYTES`, within the mapping.
         let start = unsafe { (map as *mut u8).add(skip) };
-        // SAFETY: advice on our own mapping; failure (no THP) is harmless.
-        unsafe { libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
+        advise_huge_pages(start, bytes);
         for off in (0..bytes).step_by(4096) {
             // SAFETY: `off < bytes`, within the mapping past `start`.
             unsafe { std::ptr::write_volatile(start.add(off), 0) };
@@ -78,6 +77,30 @@ impl Drop for Arena {
         // SAFETY: unmapping the mapping this arena made, once.
         unsafe { libc::munmap(self.map, self.map_len) };
     }
+}
+
+/// Asks for transparent huge pages on the whole 2 MiB pages within
+/// `[start, start + bytes)`, memory the caller owns and has not yet
+/// touched (pages already faulted in stay small). A request: without THP,
+/// or on failure, nothing changes.
+fn advise_huge_pages(start: *const u8, bytes: usize) {
+    let first = (start as usize).next_multiple_of(HUGE_PAGE_BYTES);
+    let end = (start as usize).saturating_add(bytes) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+    if end > first {
+        // SAFETY: advice only, on whole pages of the caller's own memory.
+        unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
+    }
+}
+
+/// A vector of `n` copies of `fill` whose memory was advised for huge pages
+/// before it was filled: for large maps read and written at random (an
+/// engine's L2P), which with 4 KiB pages miss the TLB on nearly every
+/// access. Without THP it is an ordinary vector.
+pub fn huge_page_vec<T: Clone>(n: usize, fill: T) -> Vec<T> {
+    let mut v = Vec::with_capacity(n);
+    advise_huge_pages(v.as_ptr() as *const u8, n * std::mem::size_of::<T>());
+    v.resize(n, fill);
+    v
 }
 
 /// A 64 KiB page: its own allocation, or a slot of the device's `Arena`.

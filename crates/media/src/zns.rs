@@ -70,7 +70,7 @@ use crate::device::{
     BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoOp, IoRequest, ZoneAction, ZoneDesc, ZoneError, ZoneLimits,
     ZoneState,
 };
-use crate::emulate::{transfer_ns, BackendAction, Emulated, MediaModel, Service};
+use crate::emulate::{transfer_ns, BackendAction, Bookings, Emulated, MediaModel, Service};
 use serde::Serialize;
 use std::collections::VecDeque;
 
@@ -282,52 +282,6 @@ struct OpenPlan {
     takes_open: bool,
     /// Implicitly open zone to close first, to free an open slot.
     victim: Option<usize>,
-}
-
-/// A resource's booked busy intervals. Unlike `Timelines` (one free-at time) a
-/// request ready early may use a gap before work booked for later: programs that
-/// wait for a zone's buffer slot are booked in the future, and without backfill
-/// they would block other zones' units that are ready now (head-of-line
-/// blocking no real controller has, since it acts on events in time order).
-#[derive(Clone, Debug, Default)]
-struct Bookings {
-    /// Sorted, disjoint, non-adjacent (start, end) intervals.
-    busy: Vec<(u64, u64)>,
-}
-
-impl Bookings {
-    /// Drop intervals over by `now_ns` (every later request is ready at or after it).
-    fn forget_before(&mut self, now_ns: u64) {
-        let done = self.busy.partition_point(|&(_, end)| end <= now_ns);
-        self.busy.drain(..done);
-    }
-
-    /// Book `dur_ns` in the first gap at or after `ready_ns`; returns the end.
-    fn book(&mut self, ready_ns: u64, dur_ns: u64) -> u64 {
-        let mut start = ready_ns;
-        let mut i = self.busy.partition_point(|&(_, end)| end <= ready_ns);
-        while i < self.busy.len() && self.busy[i].0 < start + dur_ns {
-            start = start.max(self.busy[i].1);
-            i += 1;
-        }
-        let end = start + dur_ns;
-        // Insert at i, merging with touching neighbours.
-        let merge_prev = i > 0 && self.busy[i - 1].1 == start;
-        let merge_next = i < self.busy.len() && self.busy[i].0 == end;
-        match (merge_prev, merge_next) {
-            (true, true) => {
-                self.busy[i - 1].1 = self.busy[i].1;
-                self.busy.remove(i);
-            }
-            (true, false) => self.busy[i - 1].1 = end,
-            (false, true) => self.busy[i].0 = start,
-            (false, false) => self.busy.insert(i, (start, end)),
-        }
-        let j = self.busy.partition_point(|&(_, e)| e < end); // the interval now holding [start, end)
-        assert!(self.busy[j].0 <= start && self.busy[j].1 >= end, "booking lost");
-        assert!(j + 1 >= self.busy.len() || self.busy[j].1 < self.busy[j + 1].0, "bookings overlap");
-        end
-    }
 }
 
 /// The ZNS rules and costs; wrap it with `zns_device`.

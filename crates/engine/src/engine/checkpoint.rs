@@ -97,7 +97,7 @@ pub(super) fn decode_checkpoint(
         if n as u64 != size / BS {
             return Err(bad(&r));
         }
-        let mut l2p = huge_map(n, Loc::NONE);
+        let mut l2p = huge_page_vec(n, Loc::NONE);
         for e in l2p.iter_mut() {
             *e = Loc(r.u32()?);
         }

@@ -153,24 +153,29 @@ impl Engine {
     /// chunk, settles first.
     pub(super) fn settle(&self, inner: &mut Inner) -> Result<(), VolumeError> {
         let Some(p) = inner.pending.take() else { return Ok(()) };
-        let (bufs, err) = p.io.take(&*self.capacity);
-        bufs.into_iter().for_each(|b| inner.give_buf(b));
-        if let Some(e) = err {
-            return Err(e.into());
-        }
-        let dropped = inner.apply_remaps(&p.remaps);
-        self.bg.copies_superseded.fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+        self.finish_writes(inner, p.io.take(&*self.capacity), &p.remaps)
     }
 
     /// The same for writes of the step still under the lock.
     pub(super) fn settle_deferred(&self, inner: &mut Inner, d: &mut Deferred) -> Result<(), VolumeError> {
-        let (bufs, err) = reap_own(&*self.capacity, std::mem::take(&mut d.writes));
+        let done = reap_own(&*self.capacity, std::mem::take(&mut d.writes));
+        self.finish_writes(inner, done, &std::mem::take(&mut d.remaps))
+    }
+
+    /// Completed segment writes (their buffers, the first error): buffers
+    /// back to the pool, then, if all succeeded, the remaps that waited for
+    /// them; those dropped (the block moved on) are counted as superseded.
+    fn finish_writes(
+        &self,
+        inner: &mut Inner,
+        (bufs, err): (Vec<IoBuf>, Option<DeviceError>),
+        remaps: &[Remap],
+    ) -> Result<(), VolumeError> {
         bufs.into_iter().for_each(|b| inner.give_buf(b));
         if let Some(e) = err {
             return Err(e.into());
         }
-        let dropped = inner.apply_remaps(&std::mem::take(&mut d.remaps));
+        let dropped = inner.apply_remaps(remaps);
         self.bg.copies_superseded.fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
