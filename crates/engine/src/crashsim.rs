@@ -178,7 +178,11 @@ impl Sim {
             }
             15..=54 => {
                 let (data, versions) = new_versions(&mut self.version, v, lba, len);
-                let r = vol.write(lba * BS as u64, &data, fua);
+                let r = if kind >= 35 {
+                    crate::sim::write_owned(vol, lba * BS as u64, &data, fua)
+                } else {
+                    vol.write(lba * BS as u64, &data, fua)
+                };
                 for (i, &ver) in versions.iter().enumerate() {
                     let b = &mut self.model[v][(lba + i as u64) as usize];
                     b.put(ver);

@@ -32,7 +32,7 @@
 use crate::layout::{crc32c, encode_header, BLOCK_BYTES, RECORD_BLOCKS_MAX};
 use crate::metrics::{Op, OpSnapshot, VolumeMetrics};
 use crate::persist::{CheckpointError, Reader, Superblock, Writer};
-use crate::volume::{check, Extent, Volume, VolumeError};
+use crate::volume::{check, Extent, Volume, VolumeError, WriteBuf};
 use serde::Serialize;
 use sluice_media::device::{flush, read_at, sync_io, write_at};
 use sluice_media::memory::huge_page_vec;
@@ -368,6 +368,9 @@ pub struct Engine {
     unlocked_reads: std::sync::atomic::AtomicUsize,
     unlocked_reads_max: usize,
     inner: Mutex<Inner>,
+    /// Buffers `write_buffer` hands out, so requests' payloads are received
+    /// where the log record is written from (a lock of their own).
+    write_bufs: Mutex<BufPool>,
     /// Set when `open` found an unclean stop: how long recovery took.
     recovered_in: Option<std::time::Duration>,
     /// Request metrics, one per volume (shared by every handle to it).
@@ -403,6 +406,7 @@ impl Engine {
             unlocked_reads: std::sync::atomic::AtomicUsize::new(0),
             unlocked_reads_max: depth.saturating_sub(CAP_QUEUE_DEPTH + 2),
             inner: Mutex::new(inner),
+            write_bufs: Mutex::new(BufPool::default()),
             recovered_in,
             metrics,
             bg: compactor::Background::new(),

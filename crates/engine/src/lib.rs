@@ -13,4 +13,4 @@ pub use engine::{
     BandPlacement, Compactor, CompactorConfig, CompactorSnapshot, Engine, EngineConfig, EngineError, EngineSnapshot,
     EngineStats, EngineVolume, VolumeSnapshot, VolumeSpec,
 };
-pub use volume::{Extent, Volume, VolumeError};
+pub use volume::{Extent, Volume, VolumeError, WriteBuf};

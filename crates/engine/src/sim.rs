@@ -9,7 +9,7 @@
 //! seed replays it exactly.
 
 use crate::engine::{Engine, EngineConfig, EngineVolume, VolumeSpec};
-use crate::volume::Volume;
+use crate::volume::{Volume, VolumeError};
 use sluice_media::rng::SplitMix64 as Rng;
 use sluice_media::{zns_device, BlockDevice, MemoryDevice, VirtualClock, ZnsProfile};
 use std::collections::HashMap;
@@ -112,6 +112,13 @@ pub fn small_zns_profile(volume_blocks: &[u64]) -> ZnsProfile {
     }
 }
 
+/// `data` written through `write_buffer` and `write_owned`.
+pub fn write_owned(vol: &dyn Volume, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
+    let mut buf = vol.write_buffer(data.len());
+    buf.data_mut().copy_from_slice(data);
+    vol.write_owned(offset, buf, fua)
+}
+
 /// Run one seed on the memory-backed world; Err names what diverged.
 pub fn run_seed(seed: u64, ops: usize) -> Result<(), String> {
     run_seed_with(seed, ops, small_world).map(|_| ())
@@ -133,14 +140,19 @@ pub fn run_seed_with(seed: u64, ops: usize, build: impl FnOnce(&[u64]) -> World)
         let lba = rng.below(blocks - len + 1);
         let fail = |what: String| format!("seed {seed} op {op}: {what}");
         match rng.below(100) {
-            0..=54 => {
+            k @ 0..=54 => {
                 let mut data = Vec::with_capacity((len as usize) * BS);
                 for i in 0..len {
                     version += 1;
                     data.extend_from_slice(&pattern(v, lba + i, version));
                     model[v].insert(lba + i, version);
                 }
-                vol.write(lba * 4096, &data, rng.below(10) == 0).map_err(|e| fail(format!("write: {e}")))?;
+                let fua = rng.below(10) == 0;
+                // Half the writes hand over their data in the volume's own
+                // buffer, as the NBD server does.
+                let r =
+                    if k >= 27 { write_owned(vol, lba * 4096, &data, fua) } else { vol.write(lba * 4096, &data, fua) };
+                r.map_err(|e| fail(format!("write: {e}")))?;
             }
             80..=84 => {
                 // Bounded GC and compaction steps, as the background

@@ -12,6 +12,59 @@
 //! Calls are synchronous and `&self`: a frontend may call from many threads.
 
 use serde::Serialize;
+use sluice_media::IoBuf;
+
+/// The data of one write, in a buffer the volume handed out
+/// (`Volume::write_buffer`) so that `write_owned` can store it without
+/// copying it again: the engine's buffer keeps a block free in front of the
+/// data for the log record's header. A frontend reads a request's payload
+/// straight into `data_mut`.
+pub struct WriteBuf {
+    buf: IoBuf,
+    head: usize,
+    len: usize,
+}
+
+impl WriteBuf {
+    /// A buffer of `len` bytes with no room in front (any volume accepts it).
+    pub fn plain(len: usize) -> WriteBuf {
+        WriteBuf { buf: IoBuf::zeroed(len), head: 0, len }
+    }
+
+    /// `len` bytes of data after `head` bytes of room, in `buf` (whose
+    /// length must be at least `head + len`; its contents are undefined
+    /// until written).
+    pub fn with_head(mut buf: IoBuf, head: usize, len: usize) -> WriteBuf {
+        buf.set_len(head + len);
+        WriteBuf { buf, head, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of room in front of the data.
+    pub fn head(&self) -> usize {
+        self.head
+    }
+
+    pub fn data(&self) -> &[u8] {
+        &self.buf[self.head..self.head + self.len]
+    }
+
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.head..self.head + self.len]
+    }
+
+    /// The whole buffer, room included.
+    pub fn into_inner(self) -> IoBuf {
+        self.buf
+    }
+}
 
 /// Errors a volume returns; each maps to one NBD/errno answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -78,6 +131,16 @@ pub trait Volume: Send + Sync {
             self.write(offset, data, fua)?;
         }
         Ok(())
+    }
+    /// A buffer for the data of a `len`-byte write, to be filled and passed
+    /// to `write_owned`. The default has no room in front.
+    fn write_buffer(&self, len: usize) -> WriteBuf {
+        WriteBuf::plain(len)
+    }
+    /// `write` of data in a buffer from `write_buffer`, which the volume may
+    /// store without another copy. The default is `write`.
+    fn write_owned(&self, offset: u64, data: WriteBuf, fua: bool) -> Result<(), VolumeError> {
+        self.write(offset, data.data(), fua)
     }
     /// True when the volume runs one request at a time anyway (one lock held
     /// across the whole call, device I/O included). A server then gains

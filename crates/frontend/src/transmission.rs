@@ -26,7 +26,7 @@ use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use sluice_engine::{Volume, VolumeError};
+use sluice_engine::{Volume, VolumeError, WriteBuf};
 
 use crate::handshake::Session;
 use crate::pool::WorkerPool;
@@ -169,7 +169,8 @@ impl ReplyWriter {
 struct Job {
     header: RequestHeader,
     command: Command,
-    payload: Vec<u8>,
+    /// A write's data, received into the volume's own buffer.
+    payload: Option<WriteBuf>,
     cost: u64,
 }
 
@@ -282,17 +283,18 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
             _ => 0,
         };
         let cost = data_bytes + REQUEST_OVERHEAD_BYTES;
-        let mut payload = Vec::new();
+        let mut payload = None;
         if command == Command::Write {
             if header.len > conn.request_bytes_max {
                 return Err(ConnError::PayloadTooLarge { len: header.len, max: conn.request_bytes_max });
             }
             conn.budget.acquire(cost);
-            payload = vec![0u8; header.len as usize];
-            if let Err(e) = reader.read_exact(&mut payload) {
+            let mut data = conn.export.write_buffer(header.len as usize);
+            if let Err(e) = reader.read_exact(data.data_mut()) {
                 conn.budget.release(cost);
                 return Err(e.into());
             }
+            payload = Some(data);
         } else {
             conn.budget.acquire(cost);
         }
@@ -391,15 +393,15 @@ fn discard_payload<R: Read>(conn: &Conn, reader: &mut R, len: u32) -> Result<(),
 impl Conn {
     /// Runs one request and answers it; `direct`: send the reply now rather
     /// than hold it for the reader's next flush.
-    fn execute(&self, job: Job, direct: bool) {
+    fn execute(&self, mut job: Job, direct: bool) {
         // Released even if the volume panics, so the reader never waits on
         // budget that will not come back.
         let _release = Release { budget: &self.budget, cost: job.cost };
-        let outcome = self.outcome(&job);
+        let outcome = self.outcome(&mut job);
         self.reply_to(&job.header, Some(job.command), outcome, direct);
     }
 
-    fn outcome(&self, job: &Job) -> Outcome {
+    fn outcome(&self, job: &mut Job) -> Outcome {
         let h = &job.header;
         if let Err(o) = self.check(job.command, h) {
             return o;
@@ -409,8 +411,10 @@ impl Conn {
         let (off, len) = (h.offset, h.len as u64);
         let r = match job.command {
             Command::Read => return self.read(off, h.len),
-            Command::Write if len == 0 => Ok(()),
-            Command::Write => v.write(off, &job.payload, fua),
+            Command::Write => match job.payload.take() {
+                Some(data) if len > 0 => v.write_owned(off, data, fua),
+                _ => Ok(()),
+            },
             Command::Flush => v.flush(),
             Command::Trim if len == 0 => Ok(()),
             Command::Trim => v.trim(off, len).and_then(|()| if fua { v.flush() } else { Ok(()) }),

@@ -47,13 +47,6 @@ pub(super) fn read_pooled(
     }
 }
 
-/// Write a pooled buffer at `offset`, returning the buffer to the pool.
-fn write_pooled(dev: &dyn BlockDevice, inner: &mut Inner, offset: u64, buf: IoBuf) -> Result<(), VolumeError> {
-    let c = sync_io(dev, IoRequest::write(offset, buf, 0));
-    inner.give_buf(c.buf);
-    c.result.map(|_| ()).map_err(Into::into)
-}
-
 /// What one bounded compaction step did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum CompactStep {
@@ -77,6 +70,12 @@ pub(super) enum GcStep {
 }
 
 impl Inner {
+    /// Most data blocks one write record holds: what a header lists, and
+    /// what fits in a chunk after its header.
+    pub(super) fn record_blocks_max(&self) -> usize {
+        RECORD_BLOCKS_MAX.min(self.blocks_per_chunk() as usize - 1)
+    }
+
     /// Where the next compaction step starts: the oldest full chunk, at the
     /// cursor a bounded step left in it (else its start).
     pub(super) fn compact_next(&self) -> Option<CompactCursor> {
@@ -134,16 +133,20 @@ impl Engine {
         inner: &mut Inner,
         vol: u32,
         writes: &[(u64, &[u8])],
+        crcs: &[u32],
         fua: bool,
     ) -> Result<(), VolumeError> {
         let blocks = writes
             .iter()
             .flat_map(|&(lba0, data)| data.chunks(BLOCK_BYTES).enumerate().map(move |(i, b)| (lba0 + i as u64, b)));
-        let mut rec: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len().min(RECORD_BLOCKS_MAX));
+        let max = inner.record_blocks_max();
+        let mut rec: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len().min(max));
         let mut in_rec = std::collections::HashSet::new();
+        let mut first = 0;
         for (lba, b) in blocks {
-            if rec.len() == RECORD_BLOCKS_MAX || (writes.len() > 1 && !in_rec.insert(lba)) {
-                self.append_record(inner, vol, &rec)?;
+            if rec.len() == max || (writes.len() > 1 && !in_rec.insert(lba)) {
+                self.append_record(inner, vol, &rec, &crcs[first..first + rec.len()])?;
+                first += rec.len();
                 rec.clear();
                 in_rec.clear();
                 in_rec.insert(lba);
@@ -151,7 +154,7 @@ impl Engine {
             rec.push((lba, b));
         }
         if !rec.is_empty() {
-            self.append_record(inner, vol, &rec)?;
+            self.append_record(inner, vol, &rec, &crcs[first..first + rec.len()])?;
         }
         if fua {
             // A flush, not a FUA write: recovery walks a chunk record by
@@ -162,15 +165,55 @@ impl Engine {
     }
 
     /// One write record of `blocks` (LBA, data) for `vol`, then the maps.
-    fn append_record(&self, inner: &mut Inner, vol: u32, blocks: &[(u64, &[u8])]) -> Result<(), VolumeError> {
-        debug_assert!((1..=RECORD_BLOCKS_MAX).contains(&blocks.len()));
+    /// `crcs` are the blocks' CRC32Cs, computed before the lock was taken.
+    fn append_record(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        blocks: &[(u64, &[u8])],
+        crcs: &[u32],
+    ) -> Result<(), VolumeError> {
+        debug_assert!((1..=inner.record_blocks_max()).contains(&blocks.len()));
         let entries: Vec<Entry> =
-            blocks.iter().map(|&(lba, d)| Entry { lba, crc: crc32c(d), tombstone: false }).collect();
+            blocks.iter().zip(crcs).map(|(&(lba, _), &crc)| Entry { lba, crc, tombstone: false }).collect();
         let data: Vec<&[u8]> = blocks.iter().map(|&(_, d)| d).collect();
         let header_block = self.log_record(inner, vol, RecordKind::Write, entries, &data)?;
+        Self::map_record(inner, vol, header_block, blocks.iter().map(|&(lba, _)| lba));
+        Ok(())
+    }
+
+    /// One write of `crcs.len()` blocks of `vol` from `lba0` whose data
+    /// already sits in `rec` after a free first block (`write_owned`):
+    /// logged as one record without copying it. Gives `rec` back.
+    pub(super) fn append_owned(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        lba0: u64,
+        crcs: &[u32],
+        rec: IoBuf,
+        fua: bool,
+    ) -> (Result<(), VolumeError>, IoBuf) {
+        debug_assert!((1..=inner.record_blocks_max()).contains(&crcs.len()));
+        debug_assert_eq!(rec.len(), (1 + crcs.len()) * BLOCK_BYTES);
+        let entries: Vec<Entry> =
+            (crcs.iter().enumerate()).map(|(i, &crc)| Entry { lba: lba0 + i as u64, crc, tombstone: false }).collect();
+        let (r, rec) = self.log_record_in(inner, vol, RecordKind::Write, entries, rec);
+        let r = r.and_then(|header_block| {
+            Self::map_record(inner, vol, header_block, lba0..lba0 + crcs.len() as u64);
+            if fua {
+                self.flush_cache(inner)?;
+            }
+            Ok(())
+        });
+        (r, rec)
+    }
+
+    /// Point the maps at a record's blocks, which follow its header block.
+    fn map_record(inner: &mut Inner, vol: u32, header_block: u64, lbas: impl Iterator<Item = u64>) {
         let bpc = inner.blocks_per_chunk();
         let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
-        for (i, &(lba, _)) in blocks.iter().enumerate() {
+        for (i, lba) in lbas.enumerate() {
             let old = inner.vols[vol as usize].l2p[lba as usize];
             inner.invalidate(old);
             inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(header_block + 1 + i as u64);
@@ -178,7 +221,6 @@ impl Engine {
             ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
             ch.valid += 1;
         }
-        Ok(())
     }
 
     /// Log a trim of `lbas` of `vol` (header-only records), then unmap them.
@@ -214,8 +256,32 @@ impl Engine {
         data: &[&[u8]],
     ) -> Result<u64, VolumeError> {
         let data_bytes: usize = data.iter().map(|d| d.len()).sum();
-        let need = 1 + (data_bytes / BLOCK_BYTES) as u64;
-        let (chunk, off) = self.log_space(inner, need)?;
+        let mut rec = inner.take_buf(BLOCK_BYTES + data_bytes);
+        let mut at = BLOCK_BYTES;
+        for d in data {
+            rec[at..at + d.len()].copy_from_slice(d);
+            at += d.len();
+        }
+        let (r, rec) = self.log_record_in(inner, vol, kind, entries, rec);
+        inner.give_buf(rec);
+        r
+    }
+
+    /// `log_record` of data already in `rec` after its first block, where
+    /// the header goes. Gives `rec` back, whatever happened.
+    fn log_record_in(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        kind: RecordKind,
+        entries: Vec<Entry>,
+        mut rec: IoBuf,
+    ) -> (Result<u64, VolumeError>, IoBuf) {
+        let need = (rec.len() / BLOCK_BYTES) as u64;
+        let (chunk, off) = match self.log_space(inner, need) {
+            Ok(place) => place,
+            Err(e) => return (Err(e), rec),
+        };
         inner.seq += 1;
         let h = Header {
             kind,
@@ -225,20 +291,17 @@ impl Engine {
             flushed_seq: inner.cache_flushed_seq,
             entries,
         };
-        let mut rec = inner.take_buf(need as usize * BLOCK_BYTES);
         encode_header(&mut rec[..BLOCK_BYTES], &h);
-        let mut at = BLOCK_BYTES;
-        for d in data {
-            rec[at..at + d.len()].copy_from_slice(d);
-            at += d.len();
-        }
         let header_block = chunk as u64 * inner.blocks_per_chunk() + off;
         inner.sim_wait(Some(chunk), None);
-        write_pooled(&*self.cache, inner, header_block * BS, rec)?;
+        let c = sync_io(&*self.cache, IoRequest::write(header_block * BS, rec, 0));
+        if let Err(e) = c.result {
+            return (Err(e.into()), c.buf);
+        }
         inner.stats.cache_write_bytes += need * BS;
         inner.stats.cache_header_bytes += BS;
         inner.open_chunk = Some((chunk, off + need));
-        Ok(header_block)
+        (Ok(header_block), c.buf)
     }
 
     /// A place for `need` blocks in the log: the open chunk, or a fresh one
@@ -450,7 +513,7 @@ impl Engine {
             inner.sim_wait(None, Some(band));
             match deferred.as_deref_mut() {
                 Some(d) => {
-                    self.capacity.submit(IoRequest::write(first * BS, buf, 0));
+                    d.queued.push(IoRequest::write(first * BS, buf, 0));
                     inner.cap_dirty = true;
                     d.writes += 1;
                 }
@@ -724,7 +787,7 @@ impl Engine {
             } else {
                 let mut b = vec![0u8; BLOCK_BYTES];
                 self.read_blocks(&[loc], &mut b)?;
-                self.append(&mut inner, vol, &[(lba, &b)], false)?;
+                self.append(&mut inner, vol, &[(lba, &b)], &[crc32c(&b)], false)?;
             }
         }
         self.flush_cache(&mut inner)

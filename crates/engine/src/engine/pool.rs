@@ -40,6 +40,12 @@ impl BufPool {
         b
     }
 
+    /// Buffers kept now.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.bufs.len()
+    }
+
     /// Keep `b` for later if the pool stays within `BUFS_MAX` buffers and
     /// `bytes_max` bytes; otherwise free it.
     pub fn give(&mut self, b: IoBuf, bytes_max: usize) {

@@ -40,11 +40,15 @@ pub(super) struct PreRead {
 /// location the block was moved from, its capacity location).
 pub(super) type Remap = (u32, u64, Loc, Loc);
 
-/// Segment writes a compaction step submitted without waiting, and their
-/// remaps, while the step is still under the lock (`write_segments`).
+/// Segment writes of a compaction or GC step and their remaps, while the
+/// step is still under the lock (`write_segments`): `writes` of them, of
+/// which `queued` are not submitted yet. Submitting can cost the
+/// submitter a copy (a memory device copies at submission), so the
+/// background compactor submits them after it let go of the lock.
 #[derive(Default)]
 pub(super) struct Deferred {
     pub(super) writes: usize,
+    pub(super) queued: Vec<IoRequest>,
     pub(super) remaps: Vec<Remap>,
 }
 
@@ -63,6 +67,8 @@ pub(super) struct Pending {
 pub(super) struct PendingIo {
     owner: std::thread::ThreadId,
     writes: usize,
+    /// Writes still to be submitted (in order) by the owner before it reaps.
+    queued: Mutex<Vec<IoRequest>>,
     done: Mutex<Option<(Vec<IoBuf>, Option<DeviceError>)>>,
     ready: std::sync::Condvar,
 }
@@ -82,7 +88,14 @@ impl PendingIo {
             }
         }
         let mut publish = Publish(self, None);
+        self.submit_queued(dev);
         publish.1 = Some(reap_own(dev, self.writes));
+    }
+
+    /// On the submitting thread: submit what the step queued, in order.
+    fn submit_queued(&self, dev: &dyn BlockDevice) {
+        let queued = std::mem::take(&mut *self.queued.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        queued.into_iter().for_each(|r| dev.submit(r));
     }
 
     /// The published completions, reaping them first if this thread
@@ -90,6 +103,7 @@ impl PendingIo {
     fn take(&self, dev: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
         let mut done = self.done.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if done.is_none() && std::thread::current().id() == self.owner {
+            self.submit_queued(dev);
             return reap_own(dev, self.writes);
         }
         loop {
@@ -119,7 +133,8 @@ impl Inner {
         if let Some(d) = deferred.filter(|d| d.writes > 0) {
             let owner = std::thread::current().id();
             let (done, ready) = (Mutex::new(None), std::sync::Condvar::new());
-            let io = Arc::new(PendingIo { owner, writes: d.writes, done, ready });
+            let queued = Mutex::new(d.queued);
+            let io = Arc::new(PendingIo { owner, writes: d.writes, queued, done, ready });
             self.pending = Some(Pending { io, remaps: d.remaps });
         }
     }
@@ -158,6 +173,7 @@ impl Engine {
 
     /// The same for writes of the step still under the lock.
     pub(super) fn settle_deferred(&self, inner: &mut Inner, d: &mut Deferred) -> Result<(), VolumeError> {
+        d.queued.drain(..).for_each(|r| self.capacity.submit(r));
         let done = reap_own(&*self.capacity, std::mem::take(&mut d.writes));
         self.finish_writes(inner, done, &std::mem::take(&mut d.remaps))
     }
@@ -382,7 +398,8 @@ mod tests {
         let dev = Arc::new(PanicsOnReap(MemoryDevice::new(1 << 20, 4096)));
         dev.submit(IoRequest::write(0, IoBuf::zeroed(4096), 0));
         let owner = std::thread::current().id();
-        let io = Arc::new(PendingIo { owner, writes: 1, done: Mutex::new(None), ready: std::sync::Condvar::new() });
+        let (queued, done, ready) = (Mutex::new(Vec::new()), Mutex::new(None), std::sync::Condvar::new());
+        let io = Arc::new(PendingIo { owner, writes: 1, queued, done, ready });
         let reaped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| io.reap(&*dev)));
         assert!(reaped.is_err(), "the injected panic reached the compactor");
         let (tx, rx) = std::sync::mpsc::channel();
@@ -390,5 +407,69 @@ mod tests {
         std::thread::spawn(move || tx.send(io2.take(&*dev2).1));
         let err = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the settling thread was answered");
         assert_eq!(err, Some(DeviceError::Io { errno: 5 }));
+    }
+
+    /// A bounded step as the background compactor takes it submits its
+    /// segment writes after it let go of the engine lock (a memory device
+    /// copies the data at submission), while inline compaction, which runs
+    /// inside a request, writes under it.
+    #[test]
+    fn background_steps_submit_their_segment_writes_without_the_lock() {
+        use crate::sim::{small_device_bytes, small_world_on};
+        use sluice_media::MemoryDevice;
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        /// Counts the writes submitted while the engine lock is held.
+        struct Watch {
+            dev: MemoryDevice,
+            engine: std::sync::OnceLock<std::sync::Weak<Engine>>,
+            writes: AtomicUsize,
+            locked: AtomicUsize,
+        }
+        impl BlockDevice for Watch {
+            fn info(&self) -> &sluice_media::DeviceInfo {
+                self.dev.info()
+            }
+            fn submit(&self, req: IoRequest) {
+                if let (IoOp::Write, Some(e)) = (req.op, self.engine.get().and_then(|w| w.upgrade())) {
+                    self.writes.fetch_add(1, Relaxed);
+                    if e.inner.try_lock().is_err() {
+                        self.locked.fetch_add(1, Relaxed);
+                    }
+                }
+                self.dev.submit(req)
+            }
+            fn reap(&self, min: usize, out: &mut Vec<sluice_media::IoCompletion>) -> usize {
+                self.dev.reap(min, out)
+            }
+            fn in_flight(&self) -> usize {
+                self.dev.in_flight()
+            }
+            fn stats(&self) -> sluice_media::DeviceStats {
+                self.dev.stats()
+            }
+        }
+        let (c, p) = small_device_bytes(&[256]);
+        let watch = Arc::new(Watch {
+            dev: MemoryDevice::new(p, 4096),
+            engine: Default::default(),
+            writes: AtomicUsize::new(0),
+            locked: AtomicUsize::new(0),
+        });
+        let w = small_world_on(Arc::new(MemoryDevice::new(c, 4096)), watch.clone(), &[256]);
+        watch.engine.set(Arc::downgrade(&w.engine)).ok();
+        for lba in 0..40 {
+            w.volumes[0].write(lba * 4096, &pattern(0, lba, 1), false).unwrap();
+        }
+        let counts = || (watch.writes.load(Relaxed), watch.locked.load(Relaxed));
+        assert_eq!(counts(), (0, 0), "nothing compacted yet");
+        assert!(w.engine.compact_some_leaving_remaps(8).unwrap());
+        let (writes, locked) = counts();
+        assert!(writes > 0 && locked == 0, "{writes} segment writes, {locked} of them under the lock");
+        // Inline compaction (the log full under a request) writes under it.
+        for i in 0..400 {
+            w.volumes[0].write((i % 256) * 4096, &pattern(0, i % 256, 2), false).unwrap();
+        }
+        assert!(counts().1 > 0, "inline compaction submits under the lock");
+        w.engine.check_invariants();
     }
 }
