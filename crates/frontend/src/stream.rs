@@ -190,11 +190,12 @@ impl Stream {
     }
 
     /// Reads what is waiting without blocking: `None` if nothing is. One
-    /// system call on a plain socket (a non-blocking `recv`); a TLS stream,
-    /// whose records need blocking reads, asks the socket first.
-    fn read_ready(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        if let Stream::Tls(_) = self {
-            return if self.readable_now() { self.read(buf).map(Some) } else { Ok(None) };
+    /// system call on a plain socket (a non-blocking `recv`); a TLS stream
+    /// answers from records already buffered, else does the same `recv`
+    /// (`TlsStream::read_ready`).
+    pub(crate) fn read_ready(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if let Stream::Tls(t) = self {
+            return t.read_ready(buf);
         }
         loop {
             // SAFETY: `buf` is writable for `buf.len()` bytes during the call.
@@ -301,7 +302,9 @@ impl Read for ConnReader {
         if self.pos == self.end {
             self.pos = 0;
             self.end = 0;
-            if out.len() >= self.capacity {
+            // A TLS stream buffers records itself: copying its plaintext
+            // through this buffer too would only add a copy.
+            if out.len() >= self.capacity || (matches!(self.inner, Stream::Tls(_)) && out.len() >= TLS_DIRECT_BYTES) {
                 return self.inner.read(out);
             }
             // While bytes flow the buffer is kept and one non-blocking read
@@ -339,6 +342,10 @@ impl Read for ConnReader {
         Ok(n)
     }
 }
+
+/// Reads of at least this much go straight to a TLS stream (a write's
+/// payload), smaller ones (request headers) through the buffer.
+const TLS_DIRECT_BYTES: usize = 4096;
 
 /// The first read after a connection went idle (a request header and the
 /// start of its payload fit).

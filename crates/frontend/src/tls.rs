@@ -224,17 +224,55 @@ impl TlsStream {
     }
 }
 
+impl TlsStream {
+    /// Whether a read can be answered without a system call: plaintext is
+    /// waiting, or a whole record (or a malformed header, whose error the
+    /// read reports) is buffered.
+    fn record_waiting(&self) -> bool {
+        !self.plain.is_empty() || !matches!(Direction::record_len(&self.rbuf[self.rpos..self.rend]), Ok(None))
+    }
+
+    /// Reads what is waiting without blocking, as `Stream::read_ready`:
+    /// None if nothing is. Only the start of a record waiting (the rest is
+    /// on its way) waits for the rest.
+    pub(crate) fn read_ready(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if self.closed || self.record_waiting() || self.rend > self.rpos {
+            return self.read(buf).map(Some);
+        }
+        if self.rbuf.len() < TLS_READ_BYTES {
+            self.rbuf.resize(TLS_READ_BYTES, 0);
+        }
+        (self.rpos, self.rend) = (0, 0);
+        match self.rsock.read_ready(&mut self.rbuf)? {
+            None => Ok(None),
+            Some(0) => Ok(Some(0)),
+            Some(n) => {
+                self.rend = n;
+                self.read(buf).map(Some)
+            }
+        }
+    }
+}
+
 impl Read for TlsStream {
+    /// Plaintext of as many records as fill `buf` and are already here:
+    /// the first may need a system call, the rest never do.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.plain.is_empty() {
             if !self.next_record()? {
                 return Ok(0);
             }
         }
-        let n = buf.len().min(self.plain.len());
-        buf[..n].copy_from_slice(&self.rbuf[self.plain.start..self.plain.start + n]);
-        self.plain.start += n;
-        Ok(n)
+        let mut n = 0;
+        loop {
+            let k = (buf.len() - n).min(self.plain.len());
+            buf[n..n + k].copy_from_slice(&self.rbuf[self.plain.start..self.plain.start + k]);
+            self.plain.start += k;
+            n += k;
+            if n == buf.len() || !self.record_waiting() || self.closed || !self.next_record()? {
+                return Ok(n);
+            }
+        }
     }
 }
 
@@ -261,5 +299,63 @@ impl Write for TlsStream {
 
     fn flush(&mut self) -> io::Result<()> {
         self.tx.lock().unwrap_or_else(PoisonError::into_inner).wsock.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::crypto::cipher::{AeadKey, Iv};
+    use rustls::ConnectionTrafficSecrets;
+    use std::os::unix::net::UnixStream;
+
+    /// A server-side stream over one end of a socket pair, and the client's
+    /// sealing direction (same keys) with the other end.
+    fn streams() -> (TlsStream, Direction, UnixStream) {
+        let secrets = || ConnectionTrafficSecrets::Aes256Gcm { key: AeadKey::from([3u8; 32]), iv: Iv::new([4u8; 12]) };
+        let (a, b) = UnixStream::pair().unwrap();
+        let raw = Stream::Unix(Arc::new(a));
+        let tx =
+            TxRecords { dir: Direction::new(0, secrets()).unwrap(), wsock: raw.try_clone().unwrap(), out: Vec::new() };
+        let rx = Direction::new(0, secrets()).unwrap();
+        let s = TlsStream {
+            rsock: Box::new(raw),
+            tx: Arc::new(Mutex::new(tx)),
+            rx: Arc::new(Mutex::new(rx)),
+            rbuf: Vec::new(),
+            rpos: 0,
+            rend: 0,
+            plain: 0..0,
+            closed: false,
+        };
+        (s, Direction::new(0, secrets()).unwrap(), b)
+    }
+
+    /// One read returns the plaintext of every whole record already
+    /// received (here three, 40 000 bytes); `read_ready` answers from
+    /// buffered records, says "nothing" on a quiet socket without
+    /// blocking, and reports the end of the stream.
+    #[test]
+    fn reads_take_every_buffered_record_and_read_ready_never_waits_on_a_quiet_socket() {
+        let (mut s, mut client, mut peer) = streams();
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+        let mut wire = Vec::new();
+        client.seal(&data, &mut wire).unwrap();
+        client.seal(b"next", &mut wire).unwrap();
+        peer.write_all(&wire).unwrap();
+        let mut got = vec![0u8; 40_000];
+        assert_eq!(s.read(&mut got).unwrap(), 40_000, "three records in one read");
+        assert!(got == data);
+        let mut small = [0u8; 16];
+        assert_eq!(s.read_ready(&mut small).unwrap(), Some(4), "a buffered record, no system call needed");
+        assert_eq!(&small[..4], b"next");
+        assert_eq!(s.read_ready(&mut small).unwrap(), None, "a quiet socket");
+        wire.clear();
+        client.seal(b"later", &mut wire).unwrap();
+        peer.write_all(&wire).unwrap();
+        assert_eq!(s.read_ready(&mut small).unwrap(), Some(5));
+        assert_eq!(&small[..5], b"later");
+        drop(peer);
+        assert_eq!(s.read_ready(&mut small).unwrap(), Some(0), "end of stream");
     }
 }
