@@ -189,7 +189,8 @@ impl Stream {
         unsafe { libc::poll(&mut pfd, 1, 0) != 0 }
     }
 
-    /// Reads what is waiting without blocking: `None` if nothing is. One
+    /// Reads what is waiting without blocking: `None` if nothing is (a TLS
+    /// stream that holds the start of a record waits for its rest). One
     /// system call on a plain socket (a non-blocking `recv`); a TLS stream
     /// answers from records already buffered, else does the same `recv`
     /// (`TlsStream::read_ready`).

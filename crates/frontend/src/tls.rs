@@ -95,6 +95,9 @@ pub struct TlsStream {
     plain: std::ops::Range<usize>,
     /// The peer sent close_notify.
     closed: bool,
+    /// An error met after a read had already taken plaintext: reported by
+    /// the next read, so the bytes before it are not lost.
+    pending_err: Option<io::Error>,
 }
 
 impl TlsStream {
@@ -146,7 +149,7 @@ impl TlsStream {
         let tx = TxRecords { dir: Direction::new(secrets.tx.0, secrets.tx.1)?, wsock, out: Vec::new() };
         let (tx, rx) = (Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
         // Bytes past the handshake stay buffered for `read`.
-        Ok(TlsStream { rsock: Box::new(raw), tx, rx, rbuf, rpos, rend, plain: 0..0, closed: false })
+        Ok(TlsStream { rsock: Box::new(raw), tx, rx, rbuf, rpos, rend, plain: 0..0, closed: false, pending_err: None })
     }
 
     pub fn try_clone(&self) -> io::Result<TlsStream> {
@@ -159,6 +162,7 @@ impl TlsStream {
             rend: 0,
             plain: 0..0,
             closed: false,
+            pending_err: None,
         })
     }
 
@@ -258,6 +262,9 @@ impl Read for TlsStream {
     /// Plaintext of as many records as fill `buf` and are already here:
     /// the first may need a system call, the rest never do.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(e) = self.pending_err.take() {
+            return Err(e);
+        }
         while self.plain.is_empty() {
             if !self.next_record()? {
                 return Ok(0);
@@ -269,8 +276,16 @@ impl Read for TlsStream {
             buf[n..n + k].copy_from_slice(&self.rbuf[self.plain.start..self.plain.start + k]);
             self.plain.start += k;
             n += k;
-            if n == buf.len() || !self.record_waiting() || self.closed || !self.next_record()? {
+            if n == buf.len() || !self.record_waiting() || self.closed {
                 return Ok(n);
+            }
+            match self.next_record() {
+                Ok(true) => {}
+                Ok(false) => return Ok(n),
+                Err(e) => {
+                    self.pending_err = Some(e);
+                    return Ok(n);
+                }
             }
         }
     }
@@ -327,6 +342,7 @@ mod tests {
             rend: 0,
             plain: 0..0,
             closed: false,
+            pending_err: None,
         };
         (s, Direction::new(0, secrets()).unwrap(), b)
     }
@@ -357,5 +373,22 @@ mod tests {
         assert_eq!(&small[..5], b"later");
         drop(peer);
         assert_eq!(s.read_ready(&mut small).unwrap(), Some(0), "end of stream");
+    }
+
+    /// A bad record behind good ones: the read returns the good records'
+    /// plaintext, and the next read the error (nothing read is lost).
+    #[test]
+    fn an_error_behind_good_records_comes_after_their_plaintext() {
+        let (mut s, mut client, mut peer) = streams();
+        let mut wire = Vec::new();
+        client.seal(b"good", &mut wire).unwrap();
+        let good = wire.len();
+        client.seal(b"tampered", &mut wire).unwrap();
+        wire[good + 7] ^= 1;
+        peer.write_all(&wire).unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(s.read(&mut buf).unwrap(), 4);
+        assert_eq!(&buf[..4], b"good");
+        assert!(s.read(&mut buf).is_err(), "the tampered record is refused");
     }
 }
