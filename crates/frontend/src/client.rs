@@ -55,6 +55,8 @@ pub enum ClientError {
 struct Records {
     tx: Direction,
     rx: Direction,
+    /// The negotiated cipher suite, e.g. `TLS13_AES_128_GCM_SHA256`.
+    suite: String,
 }
 
 /// One connection in the transmission phase.
@@ -148,6 +150,11 @@ impl Client {
 
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()
+    }
+
+    /// The TLS cipher suite the server chose, if TLS is on.
+    pub fn tls_suite(&self) -> Option<&str> {
+        self.tls.as_ref().map(|r| r.suite.as_str())
     }
 
     fn send_option(&mut self, o: &ClientOption) -> Result<(), ClientError> {
@@ -286,8 +293,9 @@ impl Client {
         while conn.wants_write() {
             conn.write_tls(&mut self.sock)?;
         }
+        let suite = conn.negotiated_cipher_suite().map(|s| format!("{:?}", s.suite())).unwrap_or_default();
         let s = conn.dangerous_extract_secrets().map_err(tls_err)?;
-        self.tls = Some(Records { tx: Direction::new(s.tx.0, s.tx.1)?, rx: Direction::new(s.rx.0, s.rx.1)? });
+        self.tls = Some(Records { tx: Direction::new(s.tx.0, s.tx.1)?, rx: Direction::new(s.rx.0, s.rx.1)?, suite });
         Ok(())
     }
 

@@ -44,6 +44,8 @@ pub struct LoadOpts {
 pub struct LoadReport {
     pub rw: &'static str,
     pub tls: bool,
+    /// The cipher suite the server chose (TLS only).
+    pub tls_suite: Option<String>,
     pub block_bytes: u32,
     pub iodepth: usize,
     pub ops: u64,
@@ -121,11 +123,13 @@ pub fn run(o: &LoadOpts) -> Result<LoadReport, LoadError> {
     let seconds = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
     let tls = c.is_tls();
+    let tls_suite = c.tls_suite().map(str::to_string);
     c.disconnect()?;
     let mib = (ops * bs) as f64 / 1048576.0;
     Ok(LoadReport {
         rw: if o.write { "write" } else { "read" },
         tls,
+        tls_suite,
         block_bytes: o.block_bytes,
         iodepth: o.iodepth,
         ops,
@@ -141,7 +145,11 @@ pub fn print(r: &LoadReport, json: Option<&Path>) {
         r.rw,
         r.block_bytes / 1024,
         r.iodepth,
-        if r.tls { " over TLS" } else { "" },
+        match &r.tls_suite {
+            Some(s) => format!(" over TLS ({s})"),
+            None if r.tls => " over TLS".to_string(),
+            None => String::new(),
+        },
         r.mib_per_s,
         r.ops,
         r.seconds,
