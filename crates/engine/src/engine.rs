@@ -383,6 +383,16 @@ pub struct Engine {
     parallel_reads: std::sync::atomic::AtomicBool,
 }
 
+/// `d` usable by many threads at once; wrapped once (a device handed back
+/// by `Engine::devices` already is).
+fn shared(d: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    if d.is_shared() {
+        d
+    } else {
+        Arc::new(SharedDevice::new(d))
+    }
+}
+
 impl Engine {
     fn assemble(
         cache: Arc<dyn BlockDevice>,
@@ -391,14 +401,7 @@ impl Engine {
         recovered_in: Option<std::time::Duration>,
     ) -> Arc<Engine> {
         let metrics = inner.vols.iter().map(|_| Arc::new(VolumeMetrics::default())).collect();
-        // Wrapped once: a device handed back by `devices()` is already shared.
-        let share = |d: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> {
-            if d.is_shared() {
-                d
-            } else {
-                Arc::new(SharedDevice::new(d))
-            }
-        };
+        let share = shared;
         let depth = cache.info().queue_depth_max.min(capacity.info().queue_depth_max);
         Arc::new(Engine {
             cache: share(cache),
@@ -529,6 +532,8 @@ impl Engine {
         // Step 2: after a crash, rebuild everything from the media; after a
         // clean shutdown, read the checkpoint, verified.
         let mut relog = Vec::new();
+        // Shared before recovery, whose workers read the cache at once.
+        let (cache, capacity) = (shared(cache), shared(capacity));
         let (mut inner, recovered_in) = if !sb.clean {
             let t = std::time::Instant::now();
             let (inner, superseded) = recover::recover(&*cache, &*capacity, cfg, geo, sb)?;

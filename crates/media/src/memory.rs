@@ -17,7 +17,7 @@
 use crate::buf::IoBuf;
 use crate::device::{check_range, BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoOp, IoRequest};
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
 const PAGE_BYTES: u64 = 64 * 1024;
 
@@ -35,8 +35,11 @@ struct Arena {
     start: *mut u8,
 }
 
-// SAFETY: the mapping is plain memory owned by one `State` (behind its mutex).
+// SAFETY: the mapping is plain memory owned by one `State` (behind its
+// lock); the arena itself is only unmapped, on drop.
 unsafe impl Send for Arena {}
+// SAFETY: as above: shared references to it are never used to touch memory.
+unsafe impl Sync for Arena {}
 
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 
@@ -110,8 +113,11 @@ enum Page {
 }
 
 // SAFETY: an arena page is a disjoint slot of memory owned by the same
-// `State` as the page, used only under its mutex.
+// `State` as the page, used only under its lock: written under the write
+// lock, read (through `&Page`) under the read lock.
 unsafe impl Send for Page {}
+// SAFETY: as above.
+unsafe impl Sync for Page {}
 
 impl std::ops::Deref for Page {
     type Target = [u8];
@@ -134,6 +140,8 @@ impl std::ops::DerefMut for Page {
     }
 }
 
+/// The stored data. Reads take it shared, so reads by many threads copy
+/// at once; every other request takes it exclusively.
 struct State {
     /// `None` for a null device; otherwise one slot per page.
     pages: Option<Vec<Option<Page>>>,
@@ -142,16 +150,24 @@ struct State {
     /// Most spare pages kept: `SPARE_PAGES_MAX`, or every page of a
     /// preallocated device (which never gives memory back).
     spare_max: usize,
-    done: VecDeque<IoCompletion>,
-    stats: DeviceStats,
     /// Where a preallocated device's pages live (declared last: dropped
     /// after them).
     _arena: Option<Arena>,
 }
 
+/// Completed requests and counters.
+struct Queue {
+    done: VecDeque<IoCompletion>,
+    stats: DeviceStats,
+    /// Requests admitted and still executing (they count against the
+    /// queue depth like completed, unreaped ones).
+    executing: usize,
+}
+
 pub struct MemoryDevice {
     info: DeviceInfo,
-    state: Mutex<State>,
+    state: RwLock<State>,
+    queue: Mutex<Queue>,
 }
 
 impl MemoryDevice {
@@ -170,7 +186,7 @@ impl MemoryDevice {
     pub fn preallocated(capacity_bytes: u64, block_bytes: u64) -> MemoryDevice {
         let dev = Self::new(capacity_bytes, block_bytes);
         {
-            let mut st = dev.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut st = dev.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
             let pages = capacity_bytes.div_ceil(PAGE_BYTES) as usize;
             st.spare.reserve_exact(pages);
             st.spare_max = st.spare_max.max(pages);
@@ -220,14 +236,8 @@ impl MemoryDevice {
                 optimal_write_bytes: block_bytes,
                 zoned: false,
             },
-            state: Mutex::new(State {
-                pages,
-                spare: Vec::new(),
-                spare_max: SPARE_PAGES_MAX,
-                done: VecDeque::new(),
-                stats: DeviceStats::default(),
-                _arena: None,
-            }),
+            state: RwLock::new(State { pages, spare: Vec::new(), spare_max: SPARE_PAGES_MAX, _arena: None }),
+            queue: Mutex::new(Queue { done: VecDeque::new(), stats: DeviceStats::default(), executing: 0 }),
         }
     }
 }
@@ -246,6 +256,24 @@ fn for_pieces(offset: u64, len: u64, mut f: impl FnMut(usize, usize, usize)) {
 }
 
 impl State {
+    /// A read, under the shared lock.
+    fn read(&self, req: &mut IoRequest) -> Result<u64, DeviceError> {
+        let Some(pages) = self.pages.as_ref() else {
+            req.buf.fill(0);
+            return Ok(req.len);
+        };
+        let base = req.offset;
+        for_pieces(req.offset, req.len, |p, o, n| {
+            let dst = &mut req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
+            match &pages[p] {
+                Some(page) => dst.copy_from_slice(&page[o..o + n]),
+                None => dst.fill(0),
+            }
+        });
+        Ok(req.len)
+    }
+
+    /// Any other request, under the exclusive lock.
     fn execute(&mut self, req: &mut IoRequest) -> Result<u64, DeviceError> {
         let Some(pages) = self.pages.as_mut() else {
             if req.op == IoOp::Read {
@@ -257,13 +285,7 @@ impl State {
         let spare = &mut self.spare;
         let spare_max = self.spare_max;
         match req.op {
-            IoOp::Read => for_pieces(req.offset, req.len, |p, o, n| {
-                let dst = &mut req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
-                match &pages[p] {
-                    Some(page) => dst.copy_from_slice(&page[o..o + n]),
-                    None => dst.fill(0),
-                }
-            }),
+            IoOp::Read => unreachable!("reads run under the shared lock (State::read)"),
             IoOp::Write => for_pieces(req.offset, req.len, |p, o, n| {
                 let src = &req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
                 // Zeros on a page never written already read back: keep it a hole.
@@ -306,14 +328,27 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn submit(&self, mut req: IoRequest) {
-        let mut st = self.state.lock().expect("memory device lock");
-        let result = if st.done.len() >= self.info.queue_depth_max {
+        let admitted = {
+            let mut q = self.queue.lock().expect("memory device queue");
+            let room = q.done.len() + q.executing < self.info.queue_depth_max;
+            q.executing += room as usize;
+            room
+        };
+        let result = if !admitted {
             Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
         } else {
-            check_range(&self.info, &req).and_then(|_| st.execute(&mut req))
+            check_range(&self.info, &req).and_then(|_| {
+                if req.op == IoOp::Read {
+                    self.state.read().expect("memory device lock").read(&mut req)
+                } else {
+                    self.state.write().expect("memory device lock").execute(&mut req)
+                }
+            })
         };
-        st.stats.count_host(req.op, req.len, result.is_ok());
-        st.done.push_back(IoCompletion {
+        let mut q = self.queue.lock().expect("memory device queue");
+        q.executing -= admitted as usize;
+        q.stats.count_host(req.op, req.len, result.is_ok());
+        q.done.push_back(IoCompletion {
             user_data: req.user_data,
             op: req.op,
             result,
@@ -324,18 +359,19 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn reap(&self, _min: usize, out: &mut Vec<IoCompletion>) -> usize {
-        let mut st = self.state.lock().expect("memory device lock");
-        let n = st.done.len();
-        out.extend(st.done.drain(..));
+        let mut q = self.queue.lock().expect("memory device queue");
+        let n = q.done.len();
+        out.extend(q.done.drain(..));
         n
     }
 
     fn in_flight(&self) -> usize {
-        self.state.lock().expect("memory device lock").done.len()
+        let q = self.queue.lock().expect("memory device queue");
+        q.done.len() + q.executing
     }
 
     fn stats(&self) -> DeviceStats {
-        self.state.lock().expect("memory device lock").stats
+        self.queue.lock().expect("memory device queue").stats
     }
 }
 
@@ -350,6 +386,57 @@ pub fn pattern(len: usize, byte: u8) -> IoBuf {
 mod tests {
     use super::*;
     use crate::device::{discard, read_at, write_at};
+
+    /// Requests beyond the queue depth (completed but not reaped, or still
+    /// executing) are refused with QueueFull; reaping makes room again.
+    #[test]
+    fn the_queue_depth_counts_unreaped_completions() {
+        let d = MemoryDevice::new(1 << 20, 4096);
+        let depth = d.info().queue_depth_max;
+        for i in 0..depth {
+            d.submit(IoRequest::read(0, 4096, i as u64));
+        }
+        assert_eq!(d.in_flight(), depth);
+        d.submit(IoRequest::read(0, 4096, 7));
+        let mut out = Vec::new();
+        assert_eq!(d.reap(1, &mut out), depth + 1);
+        let refused: Vec<_> = out.iter().filter(|c| c.result.is_err()).collect();
+        assert_eq!(refused.len(), 1);
+        assert_eq!(refused[0].result, Err(DeviceError::QueueFull { queue_depth_max: depth }));
+        assert_eq!(d.in_flight(), 0);
+        assert!(read_at(&d, 0, 4096).is_ok(), "room again");
+    }
+
+    /// Reads run under a shared lock: threads reading while another
+    /// rewrites a range always see one whole version of each 4 KiB block,
+    /// never a mix.
+    #[test]
+    fn concurrent_readers_see_whole_writes() {
+        let d = std::sync::Arc::new(crate::SharedDevice::new(std::sync::Arc::new(MemoryDevice::new(1 << 20, 4096))));
+        write_at(&*d, 0, &[0u8; 65536]).unwrap();
+        let writer = {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                for v in 1..=200u8 {
+                    write_at(&*d, 0, &[v; 65536]).unwrap();
+                }
+            })
+        };
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..500 {
+                        let b = read_at(&*d, 0, 65536).unwrap();
+                        assert!(b.iter().all(|&x| x == b[0]), "a read saw two versions");
+                    }
+                })
+            })
+            .collect();
+        writer.join().unwrap();
+        readers.into_iter().for_each(|r| r.join().unwrap());
+        assert!(read_at(&*d, 0, 65536).unwrap().iter().all(|&x| x == 200));
+    }
 
     #[test]
     fn reads_back_what_was_written_across_pages() {
@@ -394,7 +481,7 @@ mod tests {
         write_at(&d, 0, &[0u8; 131072]).unwrap();
         write_at(&d, 131072 + 4096, &pattern(4096, 7)).unwrap();
         let allocated =
-            |d: &MemoryDevice| d.state.lock().unwrap().pages.as_ref().unwrap().iter().filter(|p| p.is_some()).count();
+            |d: &MemoryDevice| d.state.read().unwrap().pages.as_ref().unwrap().iter().filter(|p| p.is_some()).count();
         assert_eq!(allocated(&d), 1);
         // Zeros over written data still overwrite it.
         write_at(&d, 131072 + 4096, &[0u8; 4096]).unwrap();
@@ -425,7 +512,7 @@ mod tests {
             assert!(read_at(&d, p * PAGE_BYTES, PAGE_BYTES as usize).unwrap().iter().all(|&b| b == p as u8 + 1));
         }
         {
-            let st = d.state.lock().unwrap();
+            let st = d.state.read().unwrap();
             let arena = st._arena.as_ref().expect("an arena");
             assert_eq!(arena.start as usize % HUGE_PAGE_BYTES, 0);
             let mut slots: Vec<usize> = st
@@ -443,7 +530,7 @@ mod tests {
             assert!(st.spare.is_empty());
         }
         discard(&d, 3 * PAGE_BYTES, PAGE_BYTES).unwrap();
-        assert_eq!(d.state.lock().unwrap().spare.len(), 1);
+        assert_eq!(d.state.read().unwrap().spare.len(), 1);
         write_at(&d, 3 * PAGE_BYTES + 4096, &[9u8; 4096]).unwrap();
         let back = read_at(&d, 3 * PAGE_BYTES, PAGE_BYTES as usize).unwrap();
         assert!(back[..4096].iter().all(|&b| b == 0) && back[8192..].iter().all(|&b| b == 0));

@@ -5,7 +5,7 @@
 //! 1. **Bands.** Walk every band of the capacity device segment by segment
 //!    from its start, reading headers only, until a header does not check
 //!    (never written, discarded, or torn). Note the largest `flushed_seq`.
-//! 2. **Chunks.** Read every log chunk whole (on every core) and walk its records from the
+//! 2. **Chunks.** Read every log chunk whole and walk its records (on every core) from the
 //!    start while they check and carry the first record's epoch (a reused
 //!    chunk still holds the previous generation past its new records). Every
 //!    data block's CRC is verified: a torn record keeps its intact blocks.
@@ -150,50 +150,55 @@ pub(super) fn recover(
         b.written = pos;
     }
 
-    // Step 2: the log, chunk by chunk. This thread reads (the device is used
-    // one request at a time); workers walk and CRC-check the chunks it read,
-    // so reading and checking the whole cache overlap across cores.
+    // Step 2: the log, chunk by chunk. Workers each read a chunk (the
+    // device is shared: every thread reaps its own reads), walk it and
+    // CRC-check it, so reading and checking the whole cache spread over
+    // every core.
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
-    let (work_tx, work_rx) = std::sync::mpsc::sync_channel::<(u32, IoBuf)>(workers);
-    let work_rx = Mutex::new(work_rx);
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<(IoBuf, ChunkScan)>();
-    let mut scans: Vec<ChunkScan> = Vec::new();
-    let mut read_error = None;
+    let next = std::sync::atomic::AtomicU64::new(1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let found: Mutex<(Vec<ChunkScan>, Option<DeviceError>)> = Mutex::new((Vec::new(), None));
     std::thread::scope(|s| {
         for _ in 0..workers {
-            let (work_rx, done_tx, vol_blocks) = (&work_rx, done_tx.clone(), &vol_blocks);
-            s.spawn(move || loop {
-                let next = work_rx.lock().expect("work queue").recv();
-                let Ok((c, buf)) = next else { break };
-                let cs = walk_chunk(c, bpc, &buf, vol_blocks);
-                if done_tx.send((buf, cs)).is_err() {
-                    break;
+            let (next, stop, found, vol_blocks) = (&next, &stop, &found, &vol_blocks);
+            s.spawn(move || {
+                use std::sync::atomic::Ordering::Relaxed;
+                let mut buf = IoBuf::zeroed((bpc * BS) as usize);
+                let mut mine = Vec::new();
+                let mut err = None;
+                loop {
+                    let c = next.fetch_add(1, Relaxed);
+                    if c >= chunk_count || stop.load(Relaxed) {
+                        break;
+                    }
+                    let req = IoRequest {
+                        op: IoOp::Read,
+                        offset: c * bpc * BS,
+                        len: bpc * BS,
+                        buf,
+                        fua: false,
+                        user_data: 0,
+                    };
+                    let done = sync_io(cache, req);
+                    buf = done.buf;
+                    if let Err(e) = done.result {
+                        stop.store(true, Relaxed);
+                        err = Some(e);
+                        break;
+                    }
+                    mine.push(walk_chunk(c as u32, bpc, &buf, vol_blocks));
+                }
+                let mut f = found.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                f.0.append(&mut mine);
+                if f.1.is_none() {
+                    f.1 = err;
                 }
             });
         }
-        drop(done_tx);
-        let mut spare: Vec<IoBuf> = (0..workers + 1).map(|_| IoBuf::zeroed((bpc * BS) as usize)).collect();
-        for c in 1..chunk_count as u32 {
-            let buf = match spare.pop() {
-                Some(b) => b,
-                None => {
-                    let (b, cs) = done_rx.recv().expect("workers alive while work is queued");
-                    scans.push(cs);
-                    b
-                }
-            };
-            let offset = c as u64 * bpc * BS;
-            let req = IoRequest { op: IoOp::Read, offset, len: bpc * BS, buf, fua: false, user_data: 0 };
-            let done = sync_io(cache, req);
-            if let Err(e) = done.result {
-                read_error = Some(e);
-                break;
-            }
-            work_tx.send((c, done.buf)).expect("workers alive");
-        }
-        drop(work_tx);
-        scans.extend(done_rx.iter().map(|(_, cs)| cs));
     });
+    let (mut scans, read_error) = found.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Chunk order as before (epochs are sorted below; keep it deterministic).
+    scans.sort_by_key(|cs| cs.chunk);
     if let Some(e) = read_error {
         return Err(e.into());
     }
