@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex};
 mod checkpoint;
 mod compactor;
 mod datapath;
+mod log;
 mod placement;
 mod pool;
 mod recover;
@@ -383,16 +384,6 @@ pub struct Engine {
     parallel_reads: std::sync::atomic::AtomicBool,
 }
 
-/// `d` usable by many threads at once; wrapped once (a device handed back
-/// by `Engine::devices` already is).
-fn shared(d: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
-    if d.is_shared() {
-        d
-    } else {
-        Arc::new(SharedDevice::new(d))
-    }
-}
-
 impl Engine {
     fn assemble(
         cache: Arc<dyn BlockDevice>,
@@ -401,11 +392,10 @@ impl Engine {
         recovered_in: Option<std::time::Duration>,
     ) -> Arc<Engine> {
         let metrics = inner.vols.iter().map(|_| Arc::new(VolumeMetrics::default())).collect();
-        let share = shared;
         let depth = cache.info().queue_depth_max.min(capacity.info().queue_depth_max);
         Arc::new(Engine {
-            cache: share(cache),
-            capacity: share(capacity),
+            cache: SharedDevice::wrap(cache),
+            capacity: SharedDevice::wrap(capacity),
             unlocked_reads: std::sync::atomic::AtomicUsize::new(0),
             unlocked_reads_max: depth.saturating_sub(CAP_QUEUE_DEPTH + 2),
             inner: Mutex::new(inner),
@@ -533,7 +523,7 @@ impl Engine {
         // clean shutdown, read the checkpoint, verified.
         let mut relog = Vec::new();
         // Shared before recovery, whose workers read the cache at once.
-        let (cache, capacity) = (shared(cache), shared(capacity));
+        let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
         let (mut inner, recovered_in) = if !sb.clean {
             let t = std::time::Instant::now();
             let (inner, superseded) = recover::recover(&*cache, &*capacity, cfg, geo, sb)?;

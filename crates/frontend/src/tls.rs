@@ -153,23 +153,21 @@ impl TlsStream {
         let secrets = conn.dangerous_extract_secrets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let rx = Direction::new(secrets.rx.0, secrets.rx.1)?;
         let tx = TxRecords { dir: Direction::new(secrets.tx.0, secrets.tx.1)?, wsock, out: Vec::new() };
-        let (tx, rx) = (Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
         // Bytes past the handshake stay buffered for `read`.
-        Ok(TlsStream { rsock: Box::new(raw), tx, rx, rbuf, rpos, rend, plain: 0..0, closed: false, pending_err: None })
+        let mut s = TlsStream::with_records(raw, Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
+        (s.rbuf, s.rpos, s.rend) = (rbuf, rpos, rend);
+        Ok(s)
+    }
+
+    /// A stream reading `rsock` with the directions' record state, nothing
+    /// read yet.
+    fn with_records(rsock: Stream, tx: Arc<Mutex<TxRecords>>, rx: Arc<Mutex<Direction>>) -> TlsStream {
+        let (rbuf, rpos, rend, plain) = (Vec::new(), 0, 0, 0..0);
+        TlsStream { rsock: Box::new(rsock), tx, rx, rbuf, rpos, rend, plain, closed: false, pending_err: None }
     }
 
     pub fn try_clone(&self) -> io::Result<TlsStream> {
-        Ok(TlsStream {
-            rsock: Box::new(self.rsock.try_clone()?),
-            tx: self.tx.clone(),
-            rx: self.rx.clone(),
-            rbuf: Vec::new(),
-            rpos: 0,
-            rend: 0,
-            plain: 0..0,
-            closed: false,
-            pending_err: None,
-        })
+        Ok(TlsStream::with_records(self.rsock.try_clone()?, self.tx.clone(), self.rx.clone()))
     }
 
     /// The raw socket (timeouts, shutdown, peer name).
@@ -339,17 +337,7 @@ mod tests {
         let tx =
             TxRecords { dir: Direction::new(0, secrets()).unwrap(), wsock: raw.try_clone().unwrap(), out: Vec::new() };
         let rx = Direction::new(0, secrets()).unwrap();
-        let s = TlsStream {
-            rsock: Box::new(raw),
-            tx: Arc::new(Mutex::new(tx)),
-            rx: Arc::new(Mutex::new(rx)),
-            rbuf: Vec::new(),
-            rpos: 0,
-            rend: 0,
-            plain: 0..0,
-            closed: false,
-            pending_err: None,
-        };
+        let s = TlsStream::with_records(raw, Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
         (s, Direction::new(0, secrets()).unwrap(), b)
     }
 

@@ -275,12 +275,7 @@ impl State {
 
     /// Any other request, under the exclusive lock.
     fn execute(&mut self, req: &mut IoRequest) -> Result<u64, DeviceError> {
-        let Some(pages) = self.pages.as_mut() else {
-            if req.op == IoOp::Read {
-                req.buf.fill(0);
-            }
-            return Ok(req.len);
-        };
+        let Some(pages) = self.pages.as_mut() else { return Ok(req.len) };
         let base = req.offset;
         let spare = &mut self.spare;
         let spare_max = self.spare_max;

@@ -72,6 +72,16 @@ impl SharedDevice {
         SharedDevice { dev, routing: Mutex::new(Routing::default()), wake: Condvar::new() }
     }
 
+    /// `dev` usable by many threads at once: wrapped, unless it already is
+    /// a shared device (never wrapped twice).
+    pub fn wrap(dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+        if dev.is_shared() {
+            dev
+        } else {
+            Arc::new(SharedDevice::new(dev))
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Routing> {
         // Routing holds no invariant a panicking holder could half-update
         // in a way later callers would misread: keep going.

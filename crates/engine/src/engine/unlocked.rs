@@ -40,14 +40,13 @@ pub(super) struct PreRead {
 /// location the block was moved from, its capacity location).
 pub(super) type Remap = (u32, u64, Loc, Loc);
 
-/// Segment writes of a compaction or GC step and their remaps, while the
-/// step is still under the lock (`write_segments`): `writes` of them, of
-/// which `queued` are not submitted yet. Submitting can cost the
-/// submitter a copy (a memory device copies at submission), so the
-/// background compactor submits them after it let go of the lock.
+/// Segment writes of a compaction or GC step, not submitted yet, and their
+/// remaps, while the step is still under the lock (`write_segments`).
+/// Submitting can cost the submitter a copy (a memory device copies at
+/// submission), so the background compactor submits them after it let go
+/// of the lock.
 #[derive(Default)]
 pub(super) struct Deferred {
-    pub(super) writes: usize,
     pub(super) queued: Vec<IoRequest>,
     pub(super) remaps: Vec<Remap>,
 }
@@ -130,11 +129,11 @@ fn reap_own(dev: &dyn BlockDevice, n: usize) -> (Vec<IoBuf>, Option<DeviceError>
 impl Inner {
     /// Leave a step's deferred writes, if any, pending (`Engine::settle`).
     pub(super) fn defer_pending(&mut self, deferred: Option<Deferred>) {
-        if let Some(d) = deferred.filter(|d| d.writes > 0) {
+        if let Some(d) = deferred.filter(|d| !d.queued.is_empty()) {
             let owner = std::thread::current().id();
             let (done, ready) = (Mutex::new(None), std::sync::Condvar::new());
-            let queued = Mutex::new(d.queued);
-            let io = Arc::new(PendingIo { owner, writes: d.writes, queued, done, ready });
+            let writes = d.queued.len();
+            let io = Arc::new(PendingIo { owner, writes, queued: Mutex::new(d.queued), done, ready });
             self.pending = Some(Pending { io, remaps: d.remaps });
         }
     }
@@ -173,8 +172,9 @@ impl Engine {
 
     /// The same for writes of the step still under the lock.
     pub(super) fn settle_deferred(&self, inner: &mut Inner, d: &mut Deferred) -> Result<(), VolumeError> {
+        let writes = d.queued.len();
         d.queued.drain(..).for_each(|r| self.capacity.submit(r));
-        let done = reap_own(&*self.capacity, std::mem::take(&mut d.writes));
+        let done = reap_own(&*self.capacity, writes);
         self.finish_writes(inner, done, &std::mem::take(&mut d.remaps))
     }
 

@@ -291,16 +291,7 @@ impl Volume for EngineVolume {
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
-        self.timed(Op::Write, data.len() as u64, || {
-            check(self, offset, data.len() as u64)?;
-            let crcs: Vec<u32> = data.chunks(BLOCK_BYTES).map(crc32c).collect();
-            self.engine.pace_write(data.len() as u64);
-            self.change(|e, inner| {
-                e.append(inner, self.id, &[(offset / BS, data)], &crcs, fua)?;
-                inner.stats.user_write_bytes += data.len() as u64;
-                Ok(())
-            })
-        })
+        self.timed(Op::Write, data.len() as u64, || self.write_batch_inner(&[(offset, data)], fua))
     }
 
     /// Room for a record header in front, from the engine's pool, when the

@@ -1,0 +1,233 @@
+//! The write log: appending write and trim records to the cache device and
+//! pointing the maps at them.
+//!
+//! Owns: group commit (writes of one volume share records), records built
+//! from the caller's slices or handed over whole in a buffer the engine gave
+//! out (`append_owned`, no copy), the open chunk, and taking a fresh chunk
+//! (compacting when free chunks run low, datapath.rs).
+//!
+//! Invariants: a record lists each LBA at most once and fits its chunk
+//! (`Inner::record_blocks_max`); the maps point at a record's blocks only
+//! once its device write completed; a durable record needs every earlier
+//! record of its chunk durable, so FUA is a cache flush.
+
+use super::*;
+use crate::layout::{Entry, Header, RecordKind};
+
+impl Inner {
+    /// Most data blocks one write record holds: what a header lists, and
+    /// what fits in a chunk after its header.
+    pub(super) fn record_blocks_max(&self) -> usize {
+        RECORD_BLOCKS_MAX.min(self.blocks_per_chunk() as usize - 1)
+    }
+}
+
+impl Engine {
+    /// Append writes of volume `vol`, each (first LBA, data), as few records
+    /// as they fit in (group commit): a record takes blocks until it holds
+    /// `RECORD_BLOCKS_MAX` or the next block's LBA is already in it (so an
+    /// LBA appears at most once per record and replay needs no tie-break).
+    /// Many 4 KiB writes then share one header block and one device write.
+    pub(super) fn append(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        writes: &[(u64, &[u8])],
+        crcs: &[u32],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let blocks = writes
+            .iter()
+            .flat_map(|&(lba0, data)| data.chunks(BLOCK_BYTES).enumerate().map(move |(i, b)| (lba0 + i as u64, b)));
+        let max = inner.record_blocks_max();
+        let mut rec: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len().min(max));
+        let mut in_rec = std::collections::HashSet::new();
+        let mut first = 0;
+        for (lba, b) in blocks {
+            if rec.len() == max || (writes.len() > 1 && !in_rec.insert(lba)) {
+                self.append_record(inner, vol, &rec, &crcs[first..first + rec.len()])?;
+                first += rec.len();
+                rec.clear();
+                in_rec.clear();
+                in_rec.insert(lba);
+            }
+            rec.push((lba, b));
+        }
+        if !rec.is_empty() {
+            self.append_record(inner, vol, &rec, &crcs[first..first + rec.len()])?;
+        }
+        if fua {
+            // A flush, not a FUA write: recovery walks a chunk record by
+            // record, so a durable record needs every earlier one durable.
+            self.flush_cache(inner)?;
+        }
+        Ok(())
+    }
+
+    /// One write record of `blocks` (LBA, data) for `vol`, then the maps.
+    /// `crcs` are the blocks' CRC32Cs, computed before the lock was taken.
+    fn append_record(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        blocks: &[(u64, &[u8])],
+        crcs: &[u32],
+    ) -> Result<(), VolumeError> {
+        debug_assert!((1..=inner.record_blocks_max()).contains(&blocks.len()));
+        let entries: Vec<Entry> =
+            blocks.iter().zip(crcs).map(|(&(lba, _), &crc)| Entry { lba, crc, tombstone: false }).collect();
+        let data: Vec<&[u8]> = blocks.iter().map(|&(_, d)| d).collect();
+        let header_block = self.log_record(inner, vol, RecordKind::Write, entries, &data)?;
+        Self::map_record(inner, vol, header_block, blocks.iter().map(|&(lba, _)| lba));
+        Ok(())
+    }
+
+    /// One write of `crcs.len()` blocks of `vol` from `lba0` whose data
+    /// already sits in `rec` after a free first block (`write_owned`):
+    /// logged as one record without copying it. Gives `rec` back.
+    pub(super) fn append_owned(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        lba0: u64,
+        crcs: &[u32],
+        rec: IoBuf,
+        fua: bool,
+    ) -> (Result<(), VolumeError>, IoBuf) {
+        debug_assert!((1..=inner.record_blocks_max()).contains(&crcs.len()));
+        debug_assert_eq!(rec.len(), (1 + crcs.len()) * BLOCK_BYTES);
+        let entries: Vec<Entry> =
+            (crcs.iter().enumerate()).map(|(i, &crc)| Entry { lba: lba0 + i as u64, crc, tombstone: false }).collect();
+        let (r, rec) = self.log_record_in(inner, vol, RecordKind::Write, entries, rec);
+        let r = r.and_then(|header_block| {
+            Self::map_record(inner, vol, header_block, lba0..lba0 + crcs.len() as u64);
+            if fua {
+                self.flush_cache(inner)?;
+            }
+            Ok(())
+        });
+        (r, rec)
+    }
+
+    /// Point the maps at a record's blocks, which follow its header block.
+    fn map_record(inner: &mut Inner, vol: u32, header_block: u64, lbas: impl Iterator<Item = u64>) {
+        let bpc = inner.blocks_per_chunk();
+        let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
+        for (i, lba) in lbas.enumerate() {
+            let old = inner.vols[vol as usize].l2p[lba as usize];
+            inner.invalidate(old);
+            inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(header_block + 1 + i as u64);
+            let ch = &mut inner.chunks[chunk];
+            ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
+            ch.valid += 1;
+        }
+    }
+
+    /// Log a trim of `lbas` of `vol` (header-only records), then unmap them.
+    pub(super) fn trim_logged(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        lbas: std::ops::Range<u64>,
+    ) -> Result<(), VolumeError> {
+        let l2p = &inner.vols[vol as usize].l2p;
+        let mapped: Vec<u64> = lbas.filter(|&lba| !l2p[lba as usize].is_none()).collect();
+        for part in mapped.chunks(RECORD_BLOCKS_MAX) {
+            let entries: Vec<Entry> = part.iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }).collect();
+            self.log_record(inner, vol, RecordKind::Trim, entries, &[])?;
+            for &lba in part {
+                let old = inner.vols[vol as usize].l2p[lba as usize];
+                inner.invalidate(old);
+                inner.vols[vol as usize].l2p[lba as usize] = Loc::NONE;
+            }
+        }
+        Ok(())
+    }
+
+    /// Append one log record with one device write: a header of `kind`
+    /// listing `entries`, then `data` (the blocks of its non-tombstone
+    /// entries, in pieces). Returns the cache block of the header.
+    pub(super) fn log_record(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        kind: RecordKind,
+        entries: Vec<Entry>,
+        data: &[&[u8]],
+    ) -> Result<u64, VolumeError> {
+        let data_bytes: usize = data.iter().map(|d| d.len()).sum();
+        let mut rec = inner.take_buf(BLOCK_BYTES + data_bytes);
+        let mut at = BLOCK_BYTES;
+        for d in data {
+            rec[at..at + d.len()].copy_from_slice(d);
+            at += d.len();
+        }
+        let (r, rec) = self.log_record_in(inner, vol, kind, entries, rec);
+        inner.give_buf(rec);
+        r
+    }
+
+    /// `log_record` of data already in `rec` after its first block, where
+    /// the header goes. Gives `rec` back, whatever happened.
+    fn log_record_in(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        kind: RecordKind,
+        entries: Vec<Entry>,
+        mut rec: IoBuf,
+    ) -> (Result<u64, VolumeError>, IoBuf) {
+        let need = (rec.len() / BLOCK_BYTES) as u64;
+        let (chunk, off) = match self.log_space(inner, need) {
+            Ok(place) => place,
+            Err(e) => return (Err(e), rec),
+        };
+        inner.seq += 1;
+        let h = Header {
+            kind,
+            seq: inner.seq,
+            volume: vol,
+            epoch: inner.chunks[chunk as usize].epoch,
+            flushed_seq: inner.cache_flushed_seq,
+            entries,
+        };
+        encode_header(&mut rec[..BLOCK_BYTES], &h);
+        let header_block = chunk as u64 * inner.blocks_per_chunk() + off;
+        inner.sim_wait(Some(chunk), None);
+        let c = sync_io(&*self.cache, IoRequest::write(header_block * BS, rec, 0));
+        if let Err(e) = c.result {
+            return (Err(e.into()), c.buf);
+        }
+        inner.stats.cache_write_bytes += need * BS;
+        inner.stats.cache_header_bytes += BS;
+        inner.open_chunk = Some((chunk, off + need));
+        (Ok(header_block), c.buf)
+    }
+
+    /// A place for `need` blocks in the log: the open chunk, or a fresh one
+    /// (compacting the oldest chunks when free chunks run low).
+    fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(u32, u64), VolumeError> {
+        if let Some((c, off)) = inner.open_chunk {
+            if off + need <= inner.blocks_per_chunk() {
+                return Ok((c, off));
+            }
+            assert_eq!(inner.chunks[c as usize].state, State::Open);
+            inner.chunks[c as usize].state = State::Full;
+            inner.full_chunks.push_back(c);
+            inner.open_chunk = None;
+        }
+        while inner.free_chunks.len() <= inner.cfg.log_free_chunks_min {
+            self.compact_oldest(inner)?;
+        }
+        let c = inner.free_chunks.pop_front().expect("compaction keeps free chunks");
+        assert_eq!(inner.chunks[c as usize].state, State::Free);
+        assert_eq!(inner.chunks[c as usize].valid, 0);
+        inner.seq += 1;
+        let ch = &mut inner.chunks[c as usize];
+        ch.state = State::Open;
+        ch.epoch = inner.seq;
+        ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
+        inner.open_chunk = Some((c, 0));
+        Ok((c, 0))
+    }
+}
