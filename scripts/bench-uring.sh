@@ -22,7 +22,7 @@ mkdir -p "$OUT"
 if ! command -v fio >/dev/null 2>&1; then
     echo "installing fio" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q fio >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q fio; }
+    apt-get -o DPkg::Lock::Timeout=600 install -y -q fio >/dev/null || { apt-get -o DPkg::Lock::Timeout=600 update -q && apt-get -o DPkg::Lock::Timeout=600 install -y -q fio; }
 fi
 
 if [[ -z "${SLUICE:-}" ]]; then

@@ -20,6 +20,10 @@ if ((${#need[@]})); then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     echo "setup: installing ${need[*]}" >&2
-    $SUDO apt-get install -y -q "${need[@]}" >/dev/null 2>&1 ||
-        { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "${need[@]}" >/dev/null; }
+    # Wait for another apt (unattended upgrades, a second job) rather than
+    # failing at once, and let apt's own errors through.
+    apt=($SUDO apt-get -o DPkg::Lock::Timeout=600 -y -q)
+    "${apt[@]}" install "${need[@]}" >/dev/null ||
+        { echo "setup: install failed; updating the package lists and retrying" >&2 &&
+            "${apt[@]}" update >/dev/null && "${apt[@]}" install "${need[@]}"; }
 fi

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 # Two cores: two test threads, release-like opt-level from [profile.test].
-cargo test --workspace -- --test-threads=2
+# --no-fail-fast: a failing crate does not hide the others' results.
+cargo test --workspace --no-fail-fast -- --test-threads=2

@@ -249,7 +249,9 @@ impl System {
         } else {
             // Zones 64× smaller than ZN540's, so a scaled-down drive has as many.
             let p0 = ZnsProfile::zn540_small_zones(1, ZNS_ZONE_SHRINK);
-            let zones = capacity_bytes.div_ceil(p0.zone_capacity_bytes);
+            // One zone more for the engine's label (a zone of its own), so
+            // the engine has the space it had before the label existed.
+            let zones = capacity_bytes.div_ceil(p0.zone_capacity_bytes) + 1;
             let p = ZnsProfile::zn540_small_zones(zones, ZNS_ZONE_SHRINK);
             let bytes = zones * p.zone_size_bytes;
             let band = p.zone_size_bytes;

@@ -419,6 +419,19 @@ mod tests {
 
     const ZNS_SEEDS: u64 = 200;
 
+    /// Held-out seeds that ran out of capacity space after a crash: a band
+    /// GC had reclaimed came back Full when its unflushed discard was lost,
+    /// until no free band was left (fixed in recovery: a band is Full only
+    /// if one of its entries won).
+    #[test]
+    fn bands_reclaimed_before_a_crash_come_back_free() {
+        for seed in [1201871559, 1201871899, 1201872723, 1201873019, 1201873193] {
+            if let Err(e) = run_crash_seed(seed, 1200) {
+                panic!("{e}\nreplay: sluice sim --seed-start {seed} --seeds 1");
+            }
+        }
+    }
+
     #[test]
     fn a_device_error_stops_changes_until_reopen_and_keeps_flushed_data() {
         let (cache, capacity, w) = crash_world(&[64]);

@@ -31,7 +31,7 @@
 
 use crate::layout::{crc32c, encode_header, BLOCK_BYTES, RECORD_BLOCKS_MAX};
 use crate::metrics::{Op, OpSnapshot, VolumeMetrics};
-use crate::persist::{CheckpointError, Reader, Superblock, Writer};
+use crate::persist::{uuid_text, CapacityLabel, CheckpointError, Reader, Superblock, SuperblockError, Writer};
 use crate::volume::{check, Extent, Volume, VolumeError, WriteBuf};
 use serde::Serialize;
 use sluice_media::device::{flush, read_at, sync_io, write_at};
@@ -141,6 +141,36 @@ pub enum EngineError {
     Geometry,
     #[error("recovery: {0}")]
     Recovery(String),
+    #[error("no Sluice engine on these devices (neither holds a Sluice superblock or label)")]
+    NoEngine,
+    #[error(
+        "the cache device holds no Sluice superblock, but the capacity device belongs to engine {}: \
+         the cache device was replaced, wiped or truncated; restore it (starting an empty engine over the \
+         capacity device's data would lose it)",
+        uuid_text(.0)
+    )]
+    CacheUnlabelled([u8; 16]),
+    #[error(
+        "the capacity device holds no Sluice label, but the cache device belongs to engine {}: the capacity \
+         device was replaced, wiped or truncated; restore it",
+        uuid_text(.0)
+    )]
+    CapacityUnlabelled([u8; 16]),
+    #[error(
+        "the devices belong to different engines: the cache device to {}, the capacity device to {}",
+        uuid_text(.cache), uuid_text(.capacity)
+    )]
+    Mismatch { cache: [u8; 16], capacity: [u8; 16] },
+    #[error(
+        "the {device} device is {actual} bytes, but engine {} recorded {recorded}: it was truncated, resized \
+         or is the wrong device",
+        uuid_text(.uuid)
+    )]
+    DeviceSize { device: &'static str, uuid: [u8; 16], recorded: u64, actual: u64 },
+    #[error("the {device} device already holds a Sluice engine ({}); refusing to overwrite it", uuid_text(.uuid))]
+    AlreadyFormatted { device: &'static str, uuid: [u8; 16] },
+    #[error("the capacity device's label: {0}")]
+    Label(SuperblockError),
 }
 
 impl From<DeviceError> for VolumeError {
@@ -217,6 +247,11 @@ struct CompactCursor {
 struct Vol {
     name: String,
     l2p: Vec<Loc>,
+    /// CRC32C of each mapped block's data, as logged (the value in its
+    /// record's header entry): every read is checked against it. Kept in
+    /// DRAM beside the L2P (4 B per block) so that a read costs one device
+    /// I/O, not a second one for the header.
+    crcs: Vec<u32>,
     open_band: Option<u32>,
     /// Data bytes of this volume compaction and GC wrote to the capacity
     /// device since the engine was opened (not persisted): per-tenant
@@ -316,6 +351,9 @@ struct Inner {
     pool: BufPool,
     /// The superblock as last written.
     sb: Superblock,
+    /// `sb.engine_tag()`: what every record header this engine writes
+    /// carries, and every one it reads must.
+    tag: u32,
     /// Set by `shutdown`: every later request fails.
     closed: bool,
     /// Set when a device failed under a change: the in-memory state may be
@@ -446,10 +484,19 @@ impl Engine {
         }
         let all_bands = capacity.info().capacity_bytes / cfg.band_bytes;
         let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
-        // The checkpoint region at the end of the capacity device, whole bands.
+        // The checkpoint region at the end of the capacity device, whole
+        // bands, and the label after it (`label_offset`): in the last two
+        // blocks of a conventional device, in a zone of its own on a zoned one.
         let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, all_bands, volumes.len() as u64, vols_blocks);
-        let ckpt_bands = ckpt_bytes.div_ceil(geo.usable_blocks * BS);
+        let ckpt_bands = if geo.zoned {
+            ckpt_bytes.div_ceil(geo.usable_blocks * BS) + 1
+        } else {
+            (ckpt_bytes + 2 * BS).div_ceil(cfg.band_bytes)
+        };
         let band_count = all_bands.saturating_sub(ckpt_bands);
+        if band_count == 0 {
+            return Err(EngineError::Config("capacity device too small for one band and the checkpoint"));
+        }
         // Every volume may hold an open band, GC holds one, and GC needs its reserve.
         let reserve = volumes.len() as u64 + 1 + cfg.gc_free_bands_min as u64;
         let usable_blocks = band_count.saturating_sub(reserve) * geo.usable_blocks;
@@ -459,7 +506,16 @@ impl Engine {
         if vols_blocks > usable_blocks {
             return Err(EngineError::TooBig(volumes.last().map(|v| v.name.clone()).unwrap_or_default()));
         }
+        // Never over another engine: `sluice format --force` wipes first.
+        if let Some(uuid) = superblock_present(&*cache)? {
+            return Err(EngineError::AlreadyFormatted { device: "cache", uuid });
+        }
+        if let Some(uuid) = label_present(&*capacity)? {
+            return Err(EngineError::AlreadyFormatted { device: "capacity", uuid });
+        }
+        let uuid = crate::persist::new_uuid();
         let sb = Superblock {
+            uuid,
             generation: 1,
             clean: false,
             chunk_bytes: cfg.chunk_bytes,
@@ -474,9 +530,66 @@ impl Engine {
             checkpoint_crc: 0,
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
         };
+        let label = CapacityLabel {
+            uuid,
+            capacity_bytes: capacity.info().capacity_bytes,
+            cache_bytes: cache.info().capacity_bytes,
+            band_bytes: cfg.band_bytes,
+        };
         let inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
+        // The label first: a crash between the two leaves a capacity device
+        // that names an engine whose cache device is blank, which opening
+        // refuses (`CacheUnlabelled`) rather than mistaking for a new engine.
+        write_label(&*capacity, &geo, &label)?;
         inner.sb.write_to(&*cache)?;
         Ok(Engine::assemble(cache, capacity, inner, None))
+    }
+
+    /// What is on the devices, read without changing anything: the cache
+    /// device's superblock and the capacity device's label, checked against
+    /// each other and against the devices' sizes. `open` starts with this;
+    /// a caller compares its configuration with the result before opening.
+    pub fn inspect(cache: &dyn BlockDevice, capacity: &dyn BlockDevice) -> Result<Superblock, EngineError> {
+        let copies = [read_at(cache, 0, BLOCK_BYTES)?, read_at(cache, BS, BLOCK_BYTES)?];
+        let decoded: Vec<_> = copies.iter().map(|b| Superblock::decode(b)).collect();
+        let sb = match (&decoded[0], &decoded[1]) {
+            (Ok(a), Ok(b)) => {
+                if a.generation >= b.generation {
+                    a.clone()
+                } else {
+                    b.clone()
+                }
+            }
+            (Ok(a), Err(_)) | (Err(_), Ok(a)) => a.clone(),
+            (Err(SuperblockError::NoMagic), Err(SuperblockError::NoMagic)) => {
+                return Err(match read_label(capacity) {
+                    Ok(l) => EngineError::CacheUnlabelled(l.uuid),
+                    Err(EngineError::Label(SuperblockError::NoMagic)) => EngineError::NoEngine,
+                    Err(e) => e,
+                });
+            }
+            (Err(e), Err(_)) => return Err((*e).into()),
+        };
+        for (device, recorded, actual) in [
+            ("cache", sb.cache_bytes, cache.info().capacity_bytes),
+            ("capacity", sb.capacity_bytes, capacity.info().capacity_bytes),
+        ] {
+            if recorded != actual {
+                return Err(EngineError::DeviceSize { device, uuid: sb.uuid, recorded, actual });
+            }
+        }
+        let label = match read_label(capacity) {
+            Ok(l) => l,
+            Err(EngineError::Label(SuperblockError::NoMagic)) => return Err(EngineError::CapacityUnlabelled(sb.uuid)),
+            Err(e) => return Err(e),
+        };
+        if label.uuid != sb.uuid {
+            return Err(EngineError::Mismatch { cache: sb.uuid, capacity: label.uuid });
+        }
+        if label.cache_bytes != sb.cache_bytes || label.capacity_bytes != sb.capacity_bytes {
+            return Err(EngineError::Geometry);
+        }
+        Ok(sb)
     }
 
     /// Simulation only: run on `clock` (the virtual clock the emulated devices
@@ -491,25 +604,12 @@ impl Engine {
 
     /// Reopen an engine from its devices after a clean shutdown.
     pub fn open(cache: Arc<dyn BlockDevice>, capacity: Arc<dyn BlockDevice>) -> Result<Arc<Engine>, EngineError> {
-        // Step 1: the superblock (the valid copy with the higher generation).
-        let copies = [read_at(&*cache, 0, BLOCK_BYTES)?, read_at(&*cache, BS, BLOCK_BYTES)?];
-        let decoded: Vec<_> = copies.iter().map(|b| Superblock::decode(b)).collect();
-        let sb = match (&decoded[0], &decoded[1]) {
-            (Ok(a), Ok(b)) => {
-                if a.generation >= b.generation {
-                    a.clone()
-                } else {
-                    b.clone()
-                }
-            }
-            (Ok(a), Err(_)) | (Err(_), Ok(a)) => a.clone(),
-            (Err(e), Err(_)) => return Err((*e).into()),
-        };
+        // Step 1: the superblock (the valid copy with the higher
+        // generation), the capacity device's label, both devices' sizes.
+        // Nothing is written until all of them check.
+        let sb = Engine::inspect(&*cache, &*capacity)?;
         let geo = CapGeometry::of(&*capacity, sb.band_bytes);
-        if sb.cache_bytes != cache.info().capacity_bytes
-            || sb.capacity_bytes != capacity.info().capacity_bytes
-            || geo.band_bytes != sb.band_bytes
-        {
+        if geo.band_bytes != sb.band_bytes {
             return Err(EngineError::Geometry);
         }
         let cfg = EngineConfig {
@@ -593,6 +693,11 @@ impl Engine {
         self.lock().stats
     }
 
+    /// The engine's identity (its superblock's and label's UUID).
+    pub fn uuid(&self) -> [u8; 16] {
+        self.lock().sb.uuid
+    }
+
     /// The cache and capacity devices, as the engine uses them (shared:
     /// `Engine::open` on them again keeps the one wrapper).
     pub fn devices(&self) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
@@ -605,7 +710,7 @@ impl Engine {
     pub fn dram_bytes_per_block(&self) -> f64 {
         let inner = self.lock();
         let blocks: usize = inner.vols.iter().map(|v| v.l2p.len()).sum();
-        let l2p = blocks * std::mem::size_of::<Loc>();
+        let l2p = blocks * (std::mem::size_of::<Loc>() + std::mem::size_of::<u32>());
         let chunks: usize = inner.chunks.iter().map(|c| std::mem::size_of::<Chunk>() + c.p2l.len() * 16).sum();
         let bands = inner.bands.len() * std::mem::size_of::<Band>();
         (l2p + chunks + bands) as f64 / blocks.max(1) as f64
@@ -619,6 +724,97 @@ impl Engine {
     pub fn check_invariants(&self) {
         self.lock().check_invariants();
     }
+}
+
+/// Where the capacity device's label lives: its last two blocks on a
+/// conventional device (past the checkpoint region), the start of its last
+/// zone on a zoned one (a zone nothing else uses). It depends only on the
+/// device, so a label is found without knowing the engine's geometry.
+pub fn label_offset(capacity: &dyn BlockDevice) -> u64 {
+    let bytes = capacity.info().capacity_bytes;
+    match capacity.as_zoned() {
+        Some(z) => {
+            let zone = z.zone_limits().zone_size_bytes;
+            (bytes / zone).saturating_sub(1) * zone
+        }
+        None => bytes.saturating_sub(2 * BS),
+    }
+}
+
+/// The capacity device's label (either copy).
+fn read_label(capacity: &dyn BlockDevice) -> Result<CapacityLabel, EngineError> {
+    if capacity.info().capacity_bytes < 2 * BS {
+        return Err(EngineError::Label(SuperblockError::NoMagic));
+    }
+    let at = label_offset(capacity);
+    let (a, b) = (read_at(capacity, at, BLOCK_BYTES)?, read_at(capacity, at + BS, BLOCK_BYTES)?);
+    CapacityLabel::decode_pair(&a, &b).map_err(EngineError::Label)
+}
+
+fn write_label(capacity: &dyn BlockDevice, geo: &CapGeometry, label: &CapacityLabel) -> Result<(), DeviceError> {
+    let at = label_offset(capacity);
+    let one = label.encode();
+    let mut two = one.clone();
+    two.extend_from_slice(&one);
+    if geo.zoned {
+        // A zone of its own: reset, the two copies, finished (so it never
+        // counts against the active-zone limit).
+        use sluice_media::device::ZoneAction;
+        sync_io(capacity, IoRequest::zone(ZoneAction::Reset, at, 0)).result?;
+        write_at(capacity, at, &two)?;
+        sync_io(capacity, IoRequest::zone(ZoneAction::Finish, at, 0)).result?;
+    } else {
+        write_at(capacity, at, &two)?;
+    }
+    flush(capacity)
+}
+
+/// Whether the cache device holds a Sluice superblock (its magic in either
+/// copy, damaged or not): the engine's UUID if a copy checks, else zeros.
+pub fn superblock_present(cache: &dyn BlockDevice) -> Result<Option<[u8; 16]>, DeviceError> {
+    if cache.info().capacity_bytes < 2 * BS {
+        return Ok(None);
+    }
+    let copies = [read_at(cache, 0, BLOCK_BYTES)?, read_at(cache, BS, BLOCK_BYTES)?];
+    let magic = crate::persist::SUPERBLOCK_MAGIC.to_le_bytes();
+    if copies.iter().all(|c| c[0..4] != magic) {
+        return Ok(None);
+    }
+    Ok(Some(copies.iter().find_map(|c| Superblock::decode(c).ok()).map_or([0; 16], |sb| sb.uuid)))
+}
+
+/// Whether the capacity device holds a Sluice label (magic in either copy).
+pub fn label_present(capacity: &dyn BlockDevice) -> Result<Option<[u8; 16]>, DeviceError> {
+    if capacity.info().capacity_bytes < 2 * BS {
+        return Ok(None);
+    }
+    let at = label_offset(capacity);
+    let copies = [read_at(capacity, at, BLOCK_BYTES)?, read_at(capacity, at + BS, BLOCK_BYTES)?];
+    let magic = crate::persist::LABEL_MAGIC.to_le_bytes();
+    if copies.iter().all(|c| c[0..4] != magic) {
+        return Ok(None);
+    }
+    Ok(Some(copies.iter().find_map(|c| CapacityLabel::decode(c).ok()).map_or([0; 16], |l| l.uuid)))
+}
+
+/// Erase what marks the devices as a Sluice engine's — the cache device's
+/// superblock copies and the capacity device's label — so that `create`
+/// accepts them (`sluice format --force`). Records left in the log and the
+/// bands carry the old engine's tag and are never read as the new one's.
+pub fn wipe_labels(cache: &dyn BlockDevice, capacity: &dyn BlockDevice) -> Result<(), DeviceError> {
+    let zeros = vec![0u8; 2 * BLOCK_BYTES];
+    write_at(cache, 0, &zeros)?;
+    flush(cache)?;
+    if capacity.info().capacity_bytes >= 2 * BS {
+        let at = label_offset(capacity);
+        if capacity.as_zoned().is_some() {
+            sync_io(capacity, IoRequest::zone(sluice_media::device::ZoneAction::Reset, at, 0)).result?;
+        } else {
+            write_at(capacity, at, &zeros)?;
+        }
+        flush(capacity)?;
+    }
+    Ok(())
 }
 
 impl Inner {
@@ -653,6 +849,7 @@ impl Inner {
                 .map(|(name, size)| Vol {
                     name: name.clone(),
                     l2p: huge_page_vec((size / BS) as usize, Loc::NONE),
+                    crcs: huge_page_vec((size / BS) as usize, 0),
                     open_band: None,
                     moved: Moves::default(),
                 })
@@ -676,6 +873,7 @@ impl Inner {
             seq: 0,
             stats: EngineStats::default(),
             pool: BufPool::default(),
+            tag: sb.engine_tag(),
             sb,
             closed: false,
             failed: false,

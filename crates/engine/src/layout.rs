@@ -19,12 +19,12 @@
 
 pub const BLOCK_BYTES: usize = 4096;
 pub const RECORD_MAGIC: u32 = 0x534c_5243; // "SLRC"
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 /// Header: magic u32, version u16, kind u8, pad u8, seq u64, volume u32,
-/// count u32, epoch u64, flushed_seq u64, then `count` entries of (lba u64,
-/// crc u32, flags u32), then at the end of the block the header CRC u32 over
-/// bytes [0, 4092).
-pub const HEADER_FIXED_BYTES: usize = 40;
+/// count u32, epoch u64, flushed_seq u64, engine tag u32, reserved u32, lsn
+/// u64, head_lsn u64, then `count` entries of (lba u64, crc u32, flags u32),
+/// then at the end of the block the header CRC u32 over bytes [0, 4092).
+pub const HEADER_FIXED_BYTES: usize = 64;
 pub const ENTRY_BYTES: usize = 16;
 /// Most data blocks one record carries.
 pub const RECORD_BLOCKS_MAX: usize = (BLOCK_BYTES - HEADER_FIXED_BYTES - 4) / ENTRY_BYTES;
@@ -74,6 +74,9 @@ pub fn encode_header(out: &mut [u8], h: &Header) {
     out[20..24].copy_from_slice(&(entries.len() as u32).to_le_bytes());
     out[24..32].copy_from_slice(&h.epoch.to_le_bytes());
     out[32..40].copy_from_slice(&h.flushed_seq.to_le_bytes());
+    out[40..44].copy_from_slice(&h.engine.to_le_bytes());
+    out[48..56].copy_from_slice(&h.lsn.to_le_bytes());
+    out[56..64].copy_from_slice(&h.head_lsn.to_le_bytes());
     for (i, e) in entries.iter().enumerate() {
         let o = HEADER_FIXED_BYTES + i * ENTRY_BYTES;
         out[o..o + 8].copy_from_slice(&e.lba.to_le_bytes());
@@ -95,6 +98,15 @@ pub struct Header {
     pub epoch: u64,
     /// Highest sequence known durable on this device when this was written.
     pub flushed_seq: u64,
+    /// The tag of the engine that wrote it (`persist::engine_tag`): records
+    /// of another engine on a reused device are not this engine's.
+    pub engine: u32,
+    /// Log records: this record's number in the log (one more than the
+    /// previous record's, across chunks); 0 in segments.
+    pub lsn: u64,
+    /// Log records: the first log record still needed when this one was
+    /// written (the compaction FIFO's head); 0 in segments.
+    pub head_lsn: u64,
     pub entries: Vec<Entry>,
 }
 
@@ -116,9 +128,21 @@ pub enum HeaderError {
     Checksum,
     #[error("malformed header")]
     Malformed,
+    #[error("a record of another engine (tag {0:#010x})")]
+    OtherEngine(u32),
 }
 
-pub fn decode_header(b: &[u8]) -> Result<Header, HeaderError> {
+impl HeaderError {
+    /// The block carries the record magic and this format, but its content
+    /// does not check: what a torn write or corruption leaves, not a block
+    /// that was never a record.
+    pub fn looks_like_a_record(&self) -> bool {
+        matches!(self, HeaderError::Checksum | HeaderError::Malformed)
+    }
+}
+
+/// Decode a header written by the engine tagged `engine`.
+pub fn decode_header(b: &[u8], engine: u32) -> Result<Header, HeaderError> {
     if b.len() != BLOCK_BYTES || b[0..4] != RECORD_MAGIC.to_le_bytes() {
         return Err(HeaderError::NoMagic);
     }
@@ -148,7 +172,21 @@ pub fn decode_header(b: &[u8]) -> Result<Header, HeaderError> {
             Entry { lba: u64_at(o), crc: u32_at(o + 8), tombstone: u32_at(o + 12) & ENTRY_TOMBSTONE != 0 }
         })
         .collect();
-    Ok(Header { kind, seq: u64_at(8), volume: u32_at(16), epoch: u64_at(24), flushed_seq: u64_at(32), entries })
+    let tag = u32_at(40);
+    if tag != engine {
+        return Err(HeaderError::OtherEngine(tag));
+    }
+    Ok(Header {
+        kind,
+        seq: u64_at(8),
+        volume: u32_at(16),
+        epoch: u64_at(24),
+        flushed_seq: u64_at(32),
+        engine: tag,
+        lsn: u64_at(48),
+        head_lsn: u64_at(56),
+        entries,
+    })
 }
 
 /// The records of a log chunk read whole into `data` (`bpc` blocks), in
@@ -156,7 +194,7 @@ pub fn decode_header(b: &[u8]) -> Result<Header, HeaderError> {
 /// first block that does not start a whole write or trim record of the first
 /// record's epoch: never written, torn, a previous generation of a reused
 /// chunk, or a record whose data would run past the chunk's end.
-pub fn chunk_records(data: &[u8], bpc: u64) -> impl Iterator<Item = (u64, Header)> + '_ {
+pub fn chunk_records(data: &[u8], bpc: u64, engine: u32) -> impl Iterator<Item = (u64, Header)> + '_ {
     let mut pos = 0u64;
     let mut epoch = None;
     std::iter::from_fn(move || {
@@ -164,7 +202,8 @@ pub fn chunk_records(data: &[u8], bpc: u64) -> impl Iterator<Item = (u64, Header
             return None;
         }
         let at = pos as usize * BLOCK_BYTES;
-        let h = record_at(&data[at..at + BLOCK_BYTES], pos, bpc).filter(|h| *epoch.get_or_insert(h.epoch) == h.epoch);
+        let h = record_at(&data[at..at + BLOCK_BYTES], pos, bpc, engine)
+            .filter(|h| *epoch.get_or_insert(h.epoch) == h.epoch);
         let Some(h) = h else {
             pos = bpc;
             return None;
@@ -178,8 +217,8 @@ pub fn chunk_records(data: &[u8], bpc: u64) -> impl Iterator<Item = (u64, Header
 /// The header of the write or trim record that `block` (block `pos` of a
 /// chunk of `bpc` blocks) starts, if it starts one whose data ends within
 /// the chunk; None for a block never written, torn, or not a record header.
-pub fn record_at(block: &[u8], pos: u64, bpc: u64) -> Option<Header> {
-    let h = decode_header(block).ok()?;
+pub fn record_at(block: &[u8], pos: u64, bpc: u64, engine: u32) -> Option<Header> {
+    let h = decode_header(block, engine).ok()?;
     let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim) && pos + 1 + h.data_blocks() as u64 <= bpc;
     whole.then_some(h)
 }
@@ -200,14 +239,26 @@ mod tests {
         let entries: Vec<Entry> = (0..RECORD_BLOCKS_MAX as u64)
             .map(|i| Entry { lba: i * 3, crc: i as u32 ^ 0xabcd, tombstone: i % 5 == 0 })
             .collect();
-        let want = Header { kind: RecordKind::Segment, seq: 42, volume: 7, epoch: 99, flushed_seq: 41, entries };
+        let want = Header {
+            kind: RecordKind::Segment,
+            seq: 42,
+            volume: 7,
+            epoch: 99,
+            flushed_seq: 41,
+            engine: 0x5eed,
+            lsn: 1234,
+            head_lsn: 1000,
+            entries,
+        };
         encode_header(&mut b, &want);
-        let h = decode_header(&b).unwrap();
+        let h = decode_header(&b, 0x5eed).unwrap();
         assert_eq!(h, want);
         assert_eq!(h.data_blocks(), RECORD_BLOCKS_MAX - RECORD_BLOCKS_MAX.div_ceil(5));
         let mut torn = b.clone();
         torn[100] ^= 1;
-        assert_eq!(decode_header(&torn), Err(HeaderError::Checksum));
-        assert_eq!(decode_header(&vec![0u8; BLOCK_BYTES]), Err(HeaderError::NoMagic));
+        assert_eq!(decode_header(&torn, 0x5eed), Err(HeaderError::Checksum));
+        assert!(HeaderError::Checksum.looks_like_a_record());
+        assert_eq!(decode_header(&vec![0u8; BLOCK_BYTES], 0x5eed), Err(HeaderError::NoMagic));
+        assert_eq!(decode_header(&b, 0x5eee), Err(HeaderError::OtherEngine(0x5eed)));
     }
 }

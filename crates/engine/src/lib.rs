@@ -3,6 +3,7 @@
 
 pub mod crashsim;
 pub mod engine;
+pub mod faults;
 pub mod layout;
 pub mod metrics;
 pub mod persist;

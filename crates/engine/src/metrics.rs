@@ -103,6 +103,8 @@ pub struct VolumeMetrics {
     bytes: [AtomicU64; 4],
     errors: [AtomicU64; 4],
     latency: [LatencyHistogram; 4],
+    /// Reads that found a block not matching its CRC (answered with an error).
+    checksum_errors: AtomicU64,
 }
 
 /// Quantiles reported for every operation.
@@ -130,6 +132,14 @@ impl VolumeMetrics {
             self.errors[i].fetch_add(1, Ordering::Relaxed);
         }
         self.latency[i].record(ns);
+    }
+
+    pub fn count_checksum_error(&self) {
+        self.checksum_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn checksum_errors(&self) -> u64 {
+        self.checksum_errors.load(Ordering::Relaxed)
     }
 
     pub fn snapshot(&self) -> Vec<OpSnapshot> {

@@ -1,11 +1,16 @@
-//! Superblock and clean-shutdown checkpoint (docs/format.md).
+//! Superblock, capacity label and clean-shutdown checkpoint (docs/format.md).
 //!
 //! The superblock lives in the first two blocks of the cache device (two
 //! copies; the valid one with the higher generation wins) and records the
-//! geometry, the volumes, whether the engine was shut down cleanly, and where
-//! the checkpoint is. The checkpoint — the whole in-memory state: maps, chunk
-//! and band states — is written at clean shutdown into a region reserved at
-//! the end of the capacity device, with its CRC32C in the superblock.
+//! engine's identity (a random UUID), the geometry, the volumes, whether the
+//! engine was shut down cleanly, and where the checkpoint is. The capacity
+//! device carries a **label** (two copies, written once at creation): the
+//! same UUID, its role and both devices' sizes, so that a capacity device
+//! from another engine, a blank one, or one shorter than recorded is refused
+//! instead of being read as an empty engine. The checkpoint — the whole
+//! in-memory state: maps, chunk and band states — is written at clean
+//! shutdown into a region reserved at the end of the capacity device, with
+//! its CRC32C in the superblock.
 //!
 //! Startup order (explicit, like SPDK FTL's management steps): read
 //! superblock → refuse if not clean (crash replay is the next increment) →
@@ -18,10 +23,11 @@ use sluice_media::device::{flush, write_at};
 use sluice_media::{BlockDevice, DeviceError};
 
 pub const SUPERBLOCK_MAGIC: u32 = 0x534c_5342; // "SLSB"
-pub const SUPERBLOCK_VERSION: u16 = 2;
+pub const SUPERBLOCK_VERSION: u16 = 3;
+pub const LABEL_MAGIC: u32 = 0x534c_4341; // "SLCA"
 pub const NAME_BYTES_MAX: usize = 63;
 /// Fixed part of the superblock before the volume table.
-const SB_FIXED_BYTES: usize = 96;
+const SB_FIXED_BYTES: usize = 128;
 /// Per volume: name length u8, name (63 bytes), size u64.
 const SB_VOLUME_BYTES: usize = 72;
 pub const VOLUMES_MAX: usize = (BLOCK_BYTES - SB_FIXED_BYTES - 4) / SB_VOLUME_BYTES;
@@ -30,6 +36,9 @@ const _: () = assert!(SB_FIXED_BYTES + VOLUMES_MAX * SB_VOLUME_BYTES + 4 <= BLOC
 /// The superblock's content.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// The engine's identity, shared with the capacity device's label and
+    /// folded into every record header (`engine_tag`).
+    pub uuid: [u8; 16],
     pub generation: u64,
     pub clean: bool,
     pub chunk_bytes: u64,
@@ -52,7 +61,10 @@ pub enum SuperblockError {
     NoMagic,
     #[error("superblock checksum mismatch")]
     Checksum,
-    #[error("unsupported superblock version {0}")]
+    #[error(
+        "unsupported superblock version {0} (this Sluice reads version {SUPERBLOCK_VERSION}; \
+         version 2 engines have no capacity label and must be re-created)"
+    )]
     Version(u16),
     #[error("malformed superblock")]
     Malformed,
@@ -92,6 +104,8 @@ impl Superblock {
         put(&self.checkpoint_crc.to_le_bytes());
         put(&(self.volumes.len() as u32).to_le_bytes());
         put(&[0u8; 8]); // reserved
+        put(&self.uuid);
+        put(&[0u8; 16]); // reserved
         debug_assert_eq!(w, SB_FIXED_BYTES);
         for (i, (name, size)) in self.volumes.iter().enumerate() {
             let o = SB_FIXED_BYTES + i * SB_VOLUME_BYTES;
@@ -134,6 +148,7 @@ impl Superblock {
             volumes.push((name.to_string(), u64_at(o + 64)));
         }
         Ok(Superblock {
+            uuid: b[96..112].try_into().expect("16"),
             clean: u16_at(6) & 1 == 1,
             generation: u64_at(8),
             chunk_bytes: u64_at(16),
@@ -148,6 +163,99 @@ impl Superblock {
             checkpoint_crc: u32_at(80),
             volumes,
         })
+    }
+}
+
+impl Superblock {
+    /// The 32-bit tag of this engine every record header carries, so that
+    /// records another engine left on a reused device are never replayed.
+    pub fn engine_tag(&self) -> u32 {
+        engine_tag(&self.uuid)
+    }
+}
+
+/// The record-header tag of the engine with this UUID (never 0).
+pub fn engine_tag(uuid: &[u8; 16]) -> u32 {
+    crc32c(uuid).max(1)
+}
+
+/// A fresh random engine UUID (version 4, RFC 9562 layout).
+pub fn new_uuid() -> [u8; 16] {
+    let mut u = [0u8; 16];
+    // SAFETY: getrandom into a local buffer of the length given.
+    let n = unsafe { libc::getrandom(u.as_mut_ptr().cast(), u.len(), 0) };
+    if n != u.len() as isize {
+        // No entropy syscall (very old kernel): time and PID still tell engines apart.
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        u.copy_from_slice(&(t ^ ((std::process::id() as u128) << 64)).to_le_bytes());
+    }
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+/// A UUID as text (8-4-4-4-12 hex digits).
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+/// The capacity device's label: written once, when the engine is created,
+/// in two copies (docs/format.md says where); never changed afterwards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapacityLabel {
+    pub uuid: [u8; 16],
+    pub capacity_bytes: u64,
+    pub cache_bytes: u64,
+    pub band_bytes: u64,
+}
+
+const LABEL_VERSION: u16 = 1;
+/// Role byte: this device is the engine's capacity device.
+const ROLE_CAPACITY: u8 = 2;
+
+impl CapacityLabel {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK_BYTES];
+        b[0..4].copy_from_slice(&LABEL_MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&LABEL_VERSION.to_le_bytes());
+        b[6] = ROLE_CAPACITY;
+        b[8..24].copy_from_slice(&self.uuid);
+        b[24..32].copy_from_slice(&self.capacity_bytes.to_le_bytes());
+        b[32..40].copy_from_slice(&self.cache_bytes.to_le_bytes());
+        b[40..48].copy_from_slice(&self.band_bytes.to_le_bytes());
+        let c = crc32c(&b[..BLOCK_BYTES - 4]);
+        b[BLOCK_BYTES - 4..].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<CapacityLabel, SuperblockError> {
+        if b.len() != BLOCK_BYTES || b[0..4] != LABEL_MAGIC.to_le_bytes() {
+            return Err(SuperblockError::NoMagic);
+        }
+        if crc32c(&b[..BLOCK_BYTES - 4]) != u32::from_le_bytes(b[BLOCK_BYTES - 4..].try_into().expect("4")) {
+            return Err(SuperblockError::Checksum);
+        }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != LABEL_VERSION {
+            return Err(SuperblockError::Version(version));
+        }
+        if b[6] != ROLE_CAPACITY {
+            return Err(SuperblockError::Malformed);
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+        Ok(CapacityLabel {
+            uuid: b[8..24].try_into().expect("16"),
+            capacity_bytes: u64_at(24),
+            cache_bytes: u64_at(32),
+            band_bytes: u64_at(40),
+        })
+    }
+
+    /// The label from its two copies (`at` and the block after): the first
+    /// that checks. Both damaged or absent: the first copy's error.
+    pub fn decode_pair(a: &[u8], b: &[u8]) -> Result<CapacityLabel, SuperblockError> {
+        CapacityLabel::decode(a).or_else(|e| CapacityLabel::decode(b).map_err(|_| e))
     }
 }
 
@@ -213,6 +321,7 @@ mod tests {
 
     fn sb() -> Superblock {
         Superblock {
+            uuid: *b"0123456789abcdef",
             generation: 9,
             clean: true,
             chunk_bytes: 1 << 24,
@@ -237,6 +346,23 @@ mod tests {
         bad[200] ^= 1;
         assert_eq!(Superblock::decode(&bad), Err(SuperblockError::Checksum));
         assert_eq!(Superblock::decode(&vec![0; BLOCK_BYTES]), Err(SuperblockError::NoMagic));
+    }
+
+    #[test]
+    fn label_round_trip_either_copy_and_rejections() {
+        let l = CapacityLabel { uuid: new_uuid(), capacity_bytes: 1 << 40, cache_bytes: 1 << 33, band_bytes: 1 << 28 };
+        let b = l.encode();
+        assert_eq!(CapacityLabel::decode(&b), Ok(l.clone()));
+        let mut bad = b.clone();
+        bad[30] ^= 4;
+        assert_eq!(CapacityLabel::decode(&bad), Err(SuperblockError::Checksum));
+        assert_eq!(CapacityLabel::decode_pair(&bad, &b), Ok(l.clone()));
+        let zero = vec![0u8; BLOCK_BYTES];
+        assert_eq!(CapacityLabel::decode_pair(&zero, &zero), Err(SuperblockError::NoMagic));
+        // A superblock is not a label.
+        assert_eq!(CapacityLabel::decode(&sb().encode()), Err(SuperblockError::NoMagic));
+        assert_ne!(new_uuid(), new_uuid());
+        assert_eq!(uuid_text(&[0xab; 16]).len(), 36);
     }
 
     #[test]

@@ -395,9 +395,82 @@ mod tests {
         ck[10] ^= 0xff;
         sluice_media::device::write_at(&*capacity, sb.checkpoint_offset, &ck).unwrap();
         assert!(matches!(Engine::open(cache.clone(), capacity.clone()), Err(EngineError::CheckpointChecksum)));
-        // A blank cache device is not an engine.
+        // A blank cache device in front of this capacity device is refused:
+        // the capacity device names its engine.
         let blank: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(cache.info().capacity_bytes, 4096));
-        assert!(matches!(Engine::open(blank, capacity), Err(EngineError::Superblock(_))));
+        assert!(matches!(Engine::open(blank, capacity), Err(EngineError::CacheUnlabelled(_))));
+    }
+
+    /// Devices that do not belong together, or are not what the engine
+    /// recorded, are refused before anything is written; `create` never
+    /// overwrites an engine; records of a previous engine on wiped devices
+    /// are never read as the new engine's.
+    #[test]
+    fn devices_that_do_not_belong_together_are_refused_and_left_unchanged() {
+        let sizes = [64u64];
+        let (c, p) = small_device_bytes(&sizes);
+        let dev = |bytes: u64| -> Arc<dyn BlockDevice> { Arc::new(MemoryDevice::new(bytes, 4096)) };
+        let a = small_world_on(dev(c), dev(p), &sizes);
+        for lba in 0..64 {
+            a.volumes[0].write(lba * 4096, &pattern(0, lba, 1), false).unwrap();
+        }
+        a.volumes[0].flush().unwrap();
+        let (a_cache, a_cap) = a.engine.devices();
+        drop(a); // a crash: the superblock stays dirty
+        let b = small_world_on(dev(c), dev(p), &sizes);
+        let (_, b_cap) = b.engine.devices();
+        b.engine.shutdown().unwrap();
+        let image = |d: &Arc<dyn BlockDevice>| {
+            sluice_media::device::read_at(&**d, 0, d.info().capacity_bytes as usize).map(|b| b.to_vec())
+        };
+        let before = (image(&a_cache).unwrap(), image(&a_cap).unwrap());
+        // Two engines' devices crossed.
+        let r = Engine::open(a_cache.clone(), b_cap.clone());
+        assert!(matches!(r, Err(EngineError::Mismatch { .. })), "{:?}", r.err());
+        // A blank capacity device behind a cache device with an engine.
+        let r = Engine::open(a_cache.clone(), dev(p));
+        assert!(matches!(r, Err(EngineError::CapacityUnlabelled(_))), "{:?}", r.err());
+        // Devices of other sizes than recorded (a truncated or regrown file).
+        let r = Engine::open(a_cache.clone(), dev(p - (1 << 20)));
+        assert!(matches!(r, Err(EngineError::DeviceSize { device: "capacity", .. })), "{:?}", r.err());
+        let short = dev(c / 2);
+        let head = sluice_media::device::read_at(&*a_cache, 0, (c / 2) as usize).unwrap();
+        sluice_media::device::write_at(&*short, 0, &head).unwrap();
+        let r = Engine::open(short, a_cap.clone());
+        assert!(matches!(r, Err(EngineError::DeviceSize { device: "cache", .. })), "{:?}", r.err());
+        // Two blank devices are no engine at all.
+        assert!(matches!(Engine::open(dev(c), dev(p)), Err(EngineError::NoEngine)));
+        // Creating over either device of an engine is refused.
+        let r = Engine::create(a_cache.clone(), dev(p), small_config(), &small_specs(&sizes));
+        assert!(matches!(r, Err(EngineError::AlreadyFormatted { device: "cache", .. })), "{:?}", r.err());
+        let r = Engine::create(dev(c), a_cap.clone(), small_config(), &small_specs(&sizes));
+        assert!(matches!(r, Err(EngineError::AlreadyFormatted { device: "capacity", .. })), "{:?}", r.err());
+        // None of that changed a byte of engine A.
+        assert!((image(&a_cache).unwrap(), image(&a_cap).unwrap()) == before, "a refused open or create wrote");
+        // It still opens (recovering from its crash) with every block.
+        let e = Engine::open(a_cache.clone(), a_cap.clone()).unwrap();
+        assert!(e.recovered_in().is_some());
+        let v = e.volume("v0").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for lba in 0..64 {
+            v.read(lba * 4096, &mut buf).unwrap();
+            assert!(buf == pattern(0, lba, 1), "block {lba}");
+        }
+        e.shutdown().unwrap();
+        drop((v, e));
+        // Wiped and created anew (`sluice format --force`): engine A's
+        // records are still on both devices, but a crash of the new engine
+        // recovers none of them.
+        crate::engine::wipe_labels(&*a_cache, &*a_cap).unwrap();
+        let n = Engine::create(a_cache.clone(), a_cap.clone(), small_config(), &small_specs(&sizes)).unwrap();
+        drop(n);
+        let n = Engine::open(a_cache, a_cap).unwrap();
+        assert!(n.recovered_in().is_some());
+        let v = n.volume("v0").unwrap();
+        for lba in 0..64 {
+            v.read(lba * 4096, &mut buf).unwrap();
+            assert!(buf == vec![0u8; 4096], "block {lba} of the old engine came back");
+        }
     }
 
     #[test]

@@ -79,8 +79,8 @@ pub enum VolumeError {
     ReadOnly,
     #[error("device I/O error: {0}")]
     Io(String),
-    #[error("data checksum mismatch at offset {offset}")]
-    Corrupt { offset: u64 },
+    #[error("data checksum mismatch at volume byte {offset} (stored on the {device} device at byte {device_offset})")]
+    Corrupt { offset: u64, device: &'static str, device_offset: u64 },
 }
 
 impl VolumeError {

@@ -333,3 +333,82 @@ impl Timelines {
 pub fn transfer_ns(bytes: u64, bytes_per_s: u64) -> u64 {
     ((bytes as u128 * 1_000_000_000).div_ceil(bytes_per_s as u128)) as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::clock::VirtualClock;
+    use crate::device::{flush, write_at, BlockDevice, DeviceInfo, DeviceStats, IoCompletion, IoOp, IoRequest};
+    use crate::memory::MemoryDevice;
+    use crate::ssd::{ssd_device, SsdProfile};
+    use crate::{hdd_device, scm_device, zns_device, HddProfile, ScmProfile, ZnsProfile};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::Arc;
+
+    /// A memory backend that counts the flushes and FUA writes reaching it.
+    struct Counting {
+        dev: MemoryDevice,
+        flushes: Arc<AtomicU64>,
+        fua_writes: Arc<AtomicU64>,
+    }
+
+    impl BlockDevice for Counting {
+        fn info(&self) -> &DeviceInfo {
+            self.dev.info()
+        }
+        fn submit(&self, req: IoRequest) {
+            if req.op == IoOp::Flush {
+                self.flushes.fetch_add(1, Relaxed);
+            }
+            if req.op == IoOp::Write && req.fua {
+                self.fua_writes.fetch_add(1, Relaxed);
+            }
+            self.dev.submit(req)
+        }
+        fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
+            self.dev.reap(min, out)
+        }
+        fn in_flight(&self) -> usize {
+            self.dev.in_flight()
+        }
+        fn stats(&self) -> DeviceStats {
+            self.dev.stats()
+        }
+    }
+
+    #[test]
+    fn every_emulated_medium_passes_flush_and_fua_to_its_backend() {
+        // Large enough for the QLC profile's erase blocks; memory is allocated as written.
+        let size = 16u64 << 30;
+        type Make = fn(Box<dyn BlockDevice>, u64) -> Box<dyn BlockDevice>;
+        let media: Vec<(&str, Make)> = vec![
+            ("scm", |b, size| {
+                let mut p = ScmProfile::p5800x();
+                p.capacity_bytes = size;
+                Box::new(scm_device(p, b, VirtualClock::new()))
+            }),
+            ("qlc", |b, size| Box::new(ssd_device(SsdProfile::qlc(size), b, VirtualClock::new()))),
+            ("tlc", |b, size| Box::new(ssd_device(SsdProfile::tlc(size), b, VirtualClock::new()))),
+            ("hdd", |b, size| {
+                let mut p = HddProfile::hdd_7200();
+                p.capacity_bytes = size;
+                Box::new(hdd_device(p, b, VirtualClock::new()))
+            }),
+            ("zns", |b, _| Box::new(zns_device(ZnsProfile::tiny(), b, VirtualClock::new()))),
+        ];
+        for (name, make) in media {
+            let (flushes, fua_writes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+            let backend = Counting {
+                dev: MemoryDevice::new(size, 4096),
+                flushes: flushes.clone(),
+                fua_writes: fua_writes.clone(),
+            };
+            let dev = make(Box::new(backend), size);
+            write_at(&*dev, 0, &[7u8; 4096]).unwrap();
+            let fua = IoRequest { fua: true, ..IoRequest::write(4096, crate::IoBuf::from_slice(&[9u8; 4096]), 0) };
+            crate::device::sync_io(&*dev, fua).result.unwrap();
+            assert_eq!(fua_writes.load(Relaxed), 1, "{name}: a FUA write reaches the backend as FUA");
+            flush(&*dev).unwrap();
+            assert_eq!(flushes.load(Relaxed), 1, "{name}: a flush reaches the backend");
+        }
+    }
+}

@@ -95,6 +95,17 @@ pub struct FileOptions {
     /// `reap` from another thread panics. Dropping the device must then happen on the reaping thread or after
     /// it exited. Off by default.
     pub single_reaper: bool,
+    /// Regular files with `capacity_bytes`: a missing file is created fully
+    /// allocated (`fallocate`, so a full filesystem fails here, not in the
+    /// middle of a workload), and an existing file is never resized: its
+    /// size must be exactly `capacity_bytes` (`FileError::SizeMismatch`).
+    /// Off: create or extend sparsely (tests, benchmarks).
+    pub allocate: bool,
+    /// Take the device for this process alone: an exclusive `flock` on a
+    /// regular file, `O_EXCL` on a block device (which the kernel refuses
+    /// while it is mounted or held the same way). A second opener gets
+    /// `FileError::Busy`.
+    pub exclusive: bool,
 }
 
 impl Default for FileOptions {
@@ -106,6 +117,8 @@ impl Default for FileOptions {
             cache: CacheMode::Direct,
             spin_us: DEFAULT_SPIN_US,
             single_reaper: false,
+            allocate: false,
+            exclusive: false,
         }
     }
 }
@@ -113,8 +126,12 @@ impl Default for FileOptions {
 /// Why a `FileDevice` could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("{path}: open failed (errno {errno})")]
+    #[error("opening {path}: {}", os_error(*errno))]
     Open { path: PathBuf, errno: i32 },
+    #[error("{path} is in use by another process (an exclusive lock is held on it)")]
+    Busy { path: PathBuf },
+    #[error("{path} is {file_bytes} bytes, not the configured {capacity_bytes}; an existing device is never resized")]
+    SizeMismatch { path: PathBuf, file_bytes: u64, capacity_bytes: u64 },
     #[error("{path}: the filesystem refuses O_DIRECT (use CacheMode::DirectOrBuffered or Buffered)")]
     DirectUnsupported { path: PathBuf },
     #[error("{path}: neither a regular file nor a block device")]
@@ -131,10 +148,15 @@ pub enum FileError {
     MemoryAlignment { path: PathBuf, required: u64 },
     #[error("queue depth {0} must be within 1..={QUEUE_DEPTH_MAX}")]
     BadQueueDepth(u32),
-    #[error("{path}: {what} failed (errno {errno})")]
+    #[error("{path}: {what}: {}", os_error(*errno))]
     Sys { path: PathBuf, what: &'static str, errno: i32 },
-    #[error("io_uring setup failed (errno {errno})")]
+    #[error("io_uring setup: {}", os_error(*errno))]
     Ring { errno: i32 },
+}
+
+/// An errno in words, as the C library says it ("No space left on device (os error 28)").
+pub fn os_error(errno: i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(errno)
 }
 
 fn errno_of(e: &std::io::Error) -> i32 {
@@ -197,6 +219,10 @@ struct State {
 
 pub struct FileDevice {
     info: DeviceInfo,
+    /// This open created the file (it did not exist before).
+    created: bool,
+    /// With `FileOptions::exclusive`: the descriptor holding the claim.
+    _claim: Option<File>,
     path: PathBuf,
     file: File,
     block_device: bool,
@@ -223,11 +249,13 @@ impl FileDevice {
                 return Err(FileError::BadCapacity { capacity_bytes: cap, block_bytes: bs });
             }
         }
+        let existed = std::fs::symlink_metadata(&path).is_ok();
         let (file, direct) = open_file(&path, opts)?;
         let sys =
             |what: &'static str, e: std::io::Error| FileError::Sys { path: path.clone(), what, errno: errno_of(&e) };
         let meta = file.metadata().map_err(|e| sys("fstat", e))?;
         let block_device = meta.file_type().is_block_device();
+        let claimed = if opts.exclusive { Some(claim(&path, block_device)?) } else { None };
         let (logical_block_bytes, device_bytes) = if block_device {
             let lbs = ioctl_u32(&file, BLKSSZGET).map_err(|e| sys("BLKSSZGET", e))? as u64;
             let bytes = ioctl_u64(&file, BLKGETSIZE64).map_err(|e| sys("BLKGETSIZE64", e))?;
@@ -247,6 +275,20 @@ impl FileDevice {
         let capacity_bytes = match opts.capacity_bytes {
             Some(cap) if block_device && cap > device_bytes => {
                 return Err(FileError::CapacityTooLarge { path, capacity_bytes: cap, device_bytes });
+            }
+            Some(cap) if opts.allocate && !block_device => {
+                if existed && device_bytes != cap {
+                    return Err(FileError::SizeMismatch { path, file_bytes: device_bytes, capacity_bytes: cap });
+                }
+                if !existed {
+                    if let Err(e) = allocate(&file, cap) {
+                        // Leave nothing half made behind.
+                        drop(file);
+                        let _ = std::fs::remove_file(&path);
+                        return Err(FileError::Sys { path, what: "allocating the file", errno: e });
+                    }
+                }
+                cap
             }
             Some(cap) => {
                 if !block_device && device_bytes < cap {
@@ -298,6 +340,8 @@ impl FileDevice {
         let spin_max_ns = opts.spin_us as u64 * 1000;
         Ok(FileDevice {
             info,
+            _claim: claimed,
+            created: !existed,
             path,
             file,
             block_device,
@@ -311,6 +355,11 @@ impl FileDevice {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether this open created the file: it held nothing before.
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     /// True when opened with O_DIRECT (false only with a non-`Direct` `CacheMode`).
@@ -508,6 +557,51 @@ fn enter(ring: &mut IoUring, want: usize) -> std::io::Result<()> {
     ring.submission().sync();
     ring.submit_and_wait(want)?;
     Ok(())
+}
+
+/// Claim `path` for this process alone through a descriptor of its own:
+/// an exclusive `flock` on a regular file, `O_EXCL` on a block device. Not
+/// the I/O descriptor: io_uring keeps a registered file open until its ring
+/// is torn down, which the kernel finishes asynchronously after the process
+/// exits, so a lock on it would outlive a killed server and refuse its
+/// restart. This descriptor closes with the process.
+fn claim(path: &Path, block_device: bool) -> Result<File, FileError> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | if block_device { libc::O_EXCL } else { 0 })
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => FileError::Busy { path: path.to_path_buf() },
+            _ => FileError::Open { path: path.to_path_buf(), errno: errno_of(&e) },
+        })?;
+    // SAFETY: flock on a descriptor this function owns; released when it closes.
+    if !block_device && unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(FileError::Busy { path: path.to_path_buf() });
+        }
+        return Err(FileError::Sys { path: path.to_path_buf(), what: "locking", errno: errno_of(&e) });
+    }
+    Ok(f)
+}
+
+/// Reserve `bytes` of disk for a new file: `fallocate`, or where the
+/// filesystem has none, `posix_fallocate` (which writes zeros). Returns the errno.
+fn allocate(file: &File, bytes: u64) -> Result<(), i32> {
+    // SAFETY: fallocate on a descriptor the caller owns.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) };
+    if r == 0 {
+        return Ok(());
+    }
+    let errno = errno_of(&std::io::Error::last_os_error());
+    if errno != libc::EOPNOTSUPP {
+        return Err(errno);
+    }
+    // SAFETY: as above; posix_fallocate returns the error number itself.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as libc::off_t) } {
+        0 => Ok(()),
+        e => Err(e),
+    }
 }
 
 fn open_file(path: &Path, opts: &FileOptions) -> Result<(File, bool), FileError> {

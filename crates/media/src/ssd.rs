@@ -510,7 +510,8 @@ impl MediaModel for SsdModel {
             IoOp::Write => (self.write(req.offset, req.len, now_ns, media), BackendAction::Forward),
             IoOp::Read => (self.read(req.offset, req.len, now_ns, media), BackendAction::Forward),
             // The buffer is power-loss protected: a flush has nothing to wait for.
-            IoOp::Flush => (now_ns + self.p.command_ns, BackendAction::Nothing),
+            // The backend holds the bytes: its own flush makes them durable.
+            IoOp::Flush => (now_ns + self.p.command_ns, BackendAction::Forward),
             IoOp::Discard => {
                 self.discard(req.offset, req.len);
                 (now_ns + self.p.command_ns, BackendAction::Forward)

@@ -41,6 +41,17 @@ enum Cmd {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Create a new, empty engine on the configured devices (files are
+    /// created if missing). Refuses devices that hold an engine or other
+    /// data unless --force.
+    Format {
+        /// TOML config (docs/serve.md), as for `serve`.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Destroy whatever the devices hold.
+        #[arg(long)]
+        force: bool,
+    },
     /// Reproducible experiments.
     Bench {
         #[command(subcommand)]
@@ -489,6 +500,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Cmd::Serve { config } => Ok(serve::run(serve::Config::load(config.as_deref())?)?),
+        Cmd::Format { config, force } => {
+            println!("{}", serve::format(&serve::Config::load(config.as_deref())?, force)?);
+            Ok(())
+        }
         Cmd::Bench { what } => match what {
             Bench::Media { quick, json, only } => bench_media(quick, &json, only.as_deref()),
             Bench::Csal { quick, json, only, measure } => bench_csal(quick, &json, only.as_deref(), measure.as_deref()),
@@ -593,7 +608,22 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+/// A panic is a bug: whatever thread it hits, the whole process ends at once
+/// (after the usual message), so a supervisor restarts it and the next start
+/// recovers from the media. Unwinding instead would leave a half-alive
+/// server: a poisoned engine lock, handshakes that time out, requests that
+/// hang.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        eprintln!("sluice: a bug stopped the process (the panic above); the next start recovers from the devices");
+        std::process::abort();
+    }));
+}
+
 fn main() -> ExitCode {
+    abort_on_panic();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError(msg)) => {

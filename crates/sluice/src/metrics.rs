@@ -70,6 +70,15 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
             }
         }
     }
+    family(
+        &mut o,
+        "sluice_volume_checksum_errors_total",
+        "counter",
+        "Reads that found a block not matching its CRC32C (failed with EIO).",
+    );
+    for v in &s.volumes {
+        let _ = writeln!(o, "sluice_volume_checksum_errors_total{{volume=\"{}\"}} {}", v.name, v.checksum_errors);
+    }
     family(&mut o, "sluice_volume_latency_seconds", "summary", "Request latency since start (log-linear, ±12.5 %).");
     for v in &s.volumes {
         for op in &v.ops {

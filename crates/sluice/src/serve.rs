@@ -13,6 +13,7 @@
 
 use crate::metrics::NbdCounters;
 use serde::Deserialize;
+use sluice_engine::persist::Superblock;
 use sluice_engine::{CompactorConfig, Engine, EngineConfig, EngineError, Volume, VolumeSpec};
 use sluice_frontend::{raise_open_files_limit, Listener, Server, ServerMonitor, ServerOptions, FDS_PER_CONNECTION};
 use sluice_media::ssd::{ssd_device, SsdProfile};
@@ -50,7 +51,8 @@ pub struct DeviceConfig {
     /// "file" (a regular file, created if missing, or a raw block device) or "memory".
     #[serde(default = "default_kind")]
     pub kind: String,
-    /// Path for kind = "file"; relative paths are inside `data_dir`.
+    /// Path for kind = "file"; relative paths are inside `data_dir`. Empty
+    /// or absent: `cache.img` / `capacity.img`, whatever else the table says.
     #[serde(default)]
     pub path: String,
     /// Size (fio syntax, e.g. "8g"); ignored for block devices.
@@ -68,6 +70,17 @@ pub struct DeviceConfig {
 
 fn default_kind() -> String {
     "file".into()
+}
+
+impl DeviceConfig {
+    /// The file's path as configured (relative to `data_dir` unless absolute).
+    pub fn file_path(&self, which: &str) -> String {
+        if self.path.is_empty() {
+            format!("{which}.img")
+        } else {
+            self.path.clone()
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,6 +195,23 @@ pub enum ServeError {
     Engine(#[from] EngineError),
     #[error("server: {0}")]
     Server(String),
+    #[error(
+        "data directory {} is in use by another sluice process (PID {holder}); stop it first, or give this one another data_dir",
+        dir.display()
+    )]
+    Locked { dir: PathBuf, holder: String },
+    #[error(
+        "the config differs from the engine on the devices; nothing was changed:\n  {}",
+        .0.join("\n  ")
+    )]
+    ConfigDiffers(Vec<String>),
+    #[error("refusing to format; `sluice format --force` destroys what is there:\n  {}", .0.join("\n  "))]
+    FormatRefused(Vec<String>),
+    #[error(
+        "the {which} device {path} existed before this start and holds no Sluice engine: \
+         `sluice format` creates one on it (destroying what it holds)"
+    )]
+    NotFresh { which: &'static str, path: String },
 }
 
 fn size_of(field: &str, v: &str) -> Result<u64, ServeError> {
@@ -196,6 +226,43 @@ impl Config {
         toml::from_str(&text).map_err(|e| ServeError::Config { path: path.display().to_string(), msg: e.to_string() })
     }
 
+    /// A new engine on these devices with this config's geometry and volumes.
+    fn create_engine(
+        &self,
+        cache: Arc<dyn BlockDevice>,
+        capacity: Arc<dyn BlockDevice>,
+    ) -> Result<Arc<Engine>, ServeError> {
+        let ecfg = EngineConfig {
+            chunk_bytes: size_of("engine.chunk_size", &self.engine.chunk_size)?,
+            band_bytes: size_of("engine.band_size", &self.engine.band_size)?,
+            write_unit_bytes: size_of("engine.write_unit", &self.engine.write_unit)?,
+            ..Default::default()
+        };
+        let specs = self
+            .volumes
+            .iter()
+            .map(|v| {
+                Ok(VolumeSpec { name: v.name.clone(), size_bytes: size_of(&format!("volume {}", v.name), &v.size)? })
+            })
+            .collect::<Result<Vec<_>, ServeError>>()?;
+        Ok(Engine::create(cache, capacity, ecfg, &specs)?)
+    }
+
+    /// Both devices, for messages.
+    fn devices_text(&self) -> String {
+        format!("cache {} and capacity {}", self.device_label("cache"), self.device_label("capacity"))
+    }
+
+    /// The `which` device as an operator names it: its path, or "(memory)".
+    fn device_label(&self, which: &str) -> String {
+        let d = if which == "cache" { &self.cache } else { &self.capacity };
+        if d.kind == "file" {
+            self.in_data_dir(&d.file_path(which)).display().to_string()
+        } else {
+            format!("({})", d.kind)
+        }
+    }
+
     fn in_data_dir(&self, p: &str) -> PathBuf {
         let p = PathBuf::from(p);
         if p.is_absolute() {
@@ -205,7 +272,8 @@ impl Config {
         }
     }
 
-    fn open_device(&self, which: &str, d: &DeviceConfig) -> Result<Arc<dyn BlockDevice>, ServeError> {
+    /// Open (creating a missing file, fully allocated) the `which` device.
+    fn open_device(&self, which: &'static str, d: &DeviceConfig) -> Result<OpenedDevice, ServeError> {
         let mut size = size_of(&format!("{which}.size"), &d.size)?;
         let bad = |msg: String| ServeError::Config { path: format!("{which}.emulate"), msg };
         if d.prealloc && d.kind != "memory" {
@@ -248,19 +316,25 @@ impl Config {
         if let Some(p) = &ssd {
             ssd_fits(p, size)?;
         }
+        let mut created = None;
         let backend: Box<dyn BlockDevice> = match d.kind.as_str() {
             "memory" if d.prealloc => Box::new(MemoryDevice::preallocated(size, 4096)),
             "memory" => Box::new(MemoryDevice::new(size, 4096)),
             "file" => {
-                let path = self.in_data_dir(if d.path.is_empty() { which } else { &d.path });
+                let path = self.in_data_dir(&d.file_path(which));
                 let opts = FileOptions {
                     capacity_bytes: Some(size),
                     cache: CacheMode::DirectOrBuffered,
+                    allocate: true,
+                    exclusive: true,
                     ..Default::default()
                 };
                 let dev = FileDevice::open(&path, &opts)
-                    .map_err(|e| ServeError::Device(format!("{which} device {}: {e}", path.display())))?;
+                    .map_err(|e| ServeError::Device(format!("opening the {which} device: {e}")))?;
                 size = dev.info().capacity_bytes;
+                if dev.created() {
+                    created = Some(path);
+                }
                 Box::new(dev)
             }
             other => {
@@ -271,7 +345,8 @@ impl Config {
             }
         };
         let clock: ClockRef = RealClock::new();
-        Ok(match d.emulate.as_str() {
+        let fresh = d.kind == "memory" || created.is_some();
+        let dev: Arc<dyn BlockDevice> = match d.emulate.as_str() {
             "" => Arc::from(backend),
             "scm" => {
                 let mut p = ScmProfile::p5800x();
@@ -285,36 +360,239 @@ impl Config {
                 Arc::new(ssd_device(p, backend, clock))
             }
             _ => Arc::new(zns_device(zns.expect("zns profile"), backend, clock)),
-        })
+        };
+        Ok(OpenedDevice { which, dev, fresh, created })
+    }
+
+    /// What in this config differs from the engine on the devices, one line
+    /// each (empty: nothing).
+    fn differences(&self, sb: &Superblock, zoned: bool) -> Result<Vec<String>, ServeError> {
+        let mut out = Vec::new();
+        let e = &self.engine;
+        let mut geometry = vec![
+            ("engine.chunk_size", size_of("engine.chunk_size", &e.chunk_size)?, sb.chunk_bytes),
+            ("engine.write_unit", size_of("engine.write_unit", &e.write_unit)?, sb.write_unit_bytes),
+        ];
+        // On a zoned device bands are its zones, whatever the config says.
+        if !zoned {
+            geometry.push(("engine.band_size", size_of("engine.band_size", &e.band_size)?, sb.band_bytes));
+        }
+        for (key, want, have) in geometry {
+            if want != have {
+                out.push(format!("{key}: the config says {want} bytes, the engine on the devices has {have}"));
+            }
+        }
+        let on_media: Vec<&str> = sb.volumes.iter().map(|(n, _)| n.as_str()).collect();
+        for v in &self.volumes {
+            let want = size_of(&format!("volume {}", v.name), &v.size)?;
+            match sb.volumes.iter().find(|(n, _)| *n == v.name) {
+                None => out.push(format!(
+                    "volume {:?} is in the config but not on the devices (volumes are fixed when the engine is created)",
+                    v.name
+                )),
+                Some((_, have)) if *have != want => out.push(format!(
+                    "volume {:?}: the config says {want} bytes, the engine on the devices has {have} (volumes are not resized)",
+                    v.name
+                )),
+                Some(_) => {}
+            }
+        }
+        for name in on_media.iter().filter(|n| !self.volumes.iter().any(|v| v.name == **n)) {
+            out.push(format!(
+                "volume {name:?} is on the devices but not in the config (its data is kept; list it again)"
+            ));
+        }
+        Ok(out)
     }
 }
 
 /// How much smaller than ZN540's (2 GiB) the zones of an emulated ZNS drive are.
 const SERVE_ZONE_SHRINK: u64 = 64;
 
-/// Open the engine on the configured devices, creating it on blank ones.
-pub fn open_engine(cfg: &Config) -> Result<Arc<Engine>, ServeError> {
-    std::fs::create_dir_all(&cfg.data_dir)
-        .map_err(|source| ServeError::Io { what: cfg.data_dir.display().to_string(), source })?;
-    let cache = cfg.open_device("cache", &cfg.cache)?;
-    let capacity = cfg.open_device("capacity", &cfg.capacity)?;
-    match Engine::open(cache.clone(), capacity.clone()) {
-        Ok(e) => return Ok(e),
-        Err(EngineError::Superblock(sluice_engine::persist::SuperblockError::NoMagic)) => {}
+/// The data directory's lock: held (an exclusive `flock` on
+/// `DATA_DIR/sluice.lock`, which holds the owner's PID) for as long as this
+/// value lives. The kernel drops it when the process ends, however it ends,
+/// so a stale PID in the file never blocks a start.
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+impl DirLock {
+    pub fn take(data_dir: &Path) -> Result<DirLock, ServeError> {
+        use std::io::{Read, Seek, Write};
+        use std::os::fd::AsRawFd;
+        let path = data_dir.join("sluice.lock");
+        let io = |what: &str, source| ServeError::Io { what: format!("{what} {}", path.display()), source };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io("opening the lock file", e))?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(io("locking", e));
+            }
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            return Err(ServeError::Locked { dir: data_dir.to_path_buf(), holder: holder.trim().to_string() });
+        }
+        let pid = format!("{}\n", std::process::id());
+        file.set_len(0).map_err(|e| io("writing", e))?;
+        file.rewind().map_err(|e| io("writing", e))?;
+        file.write_all(pid.as_bytes()).map_err(|e| io("writing", e))?;
+        Ok(DirLock { _file: file })
+    }
+}
+
+/// A device as `sluice serve` opened it.
+struct OpenedDevice {
+    which: &'static str,
+    dev: Arc<dyn BlockDevice>,
+    /// Holds nothing anyone wrote before this start: memory, or a file this
+    /// start created.
+    fresh: bool,
+    /// The file this start created, removed again if the start is refused.
+    created: Option<PathBuf>,
+}
+
+/// How the engine came to be running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// Created on fresh devices by this start.
+    Created,
+    /// Reopened after a clean shutdown.
+    Reopened,
+    /// Reopened after an unclean stop: recovered from the devices.
+    Recovered,
+}
+
+/// Open the engine on the configured devices, or create it when both are
+/// fresh (memory, or files this start created). A refused start changes
+/// nothing: files it created are removed, and the engine on the devices is
+/// not touched (not even marked unclean). The caller holds the data
+/// directory's lock (`DirLock`).
+pub fn open_engine(cfg: &Config) -> Result<(Arc<Engine>, Opened), ServeError> {
+    let mut opened = Vec::new();
+    let r = open_engine_on(cfg, &mut opened);
+    if r.is_err() {
+        for d in opened {
+            if let Some(p) = d.created {
+                drop(d.dev);
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    r
+}
+
+fn open_engine_on(cfg: &Config, opened: &mut Vec<OpenedDevice>) -> Result<(Arc<Engine>, Opened), ServeError> {
+    opened.push(cfg.open_device("cache", &cfg.cache)?);
+    opened.push(cfg.open_device("capacity", &cfg.capacity)?);
+    let (cache, capacity) = (opened[0].dev.clone(), opened[1].dev.clone());
+    match Engine::inspect(&*cache, &*capacity) {
+        Ok(sb) => {
+            let diff = cfg.differences(&sb, capacity.info().zoned)?;
+            if !diff.is_empty() {
+                return Err(ServeError::ConfigDiffers(diff));
+            }
+            let e = Engine::open(cache, capacity)?;
+            let how = if e.recovered_in().is_some() { Opened::Recovered } else { Opened::Reopened };
+            return Ok((e, how));
+        }
+        Err(EngineError::NoEngine) => {}
         Err(e) => return Err(e.into()),
     }
-    let ecfg = EngineConfig {
-        chunk_bytes: size_of("engine.chunk_size", &cfg.engine.chunk_size)?,
-        band_bytes: size_of("engine.band_size", &cfg.engine.band_size)?,
-        write_unit_bytes: size_of("engine.write_unit", &cfg.engine.write_unit)?,
-        ..Default::default()
-    };
-    let specs = cfg
-        .volumes
-        .iter()
-        .map(|v| Ok(VolumeSpec { name: v.name.clone(), size_bytes: size_of(&format!("volume {}", v.name), &v.size)? }))
-        .collect::<Result<Vec<_>, ServeError>>()?;
-    Ok(Engine::create(cache, capacity, ecfg, &specs)?)
+    if let Some(d) = opened.iter().find(|d| !d.fresh) {
+        return Err(ServeError::NotFresh { which: d.which, path: cfg.device_label(d.which) });
+    }
+    Ok((cfg.create_engine(cache, capacity)?, Opened::Created))
+}
+
+/// Where a device holds something other than zeros: its first and last
+/// 16 MiB and 256 places spread evenly over the rest, 64 KiB each (a sample:
+/// reading a whole multi-terabyte device would take hours). The offset of
+/// the first non-zero byte found.
+fn sampled_data(dev: &dyn BlockDevice) -> Result<Option<u64>, ServeError> {
+    let bytes = dev.info().capacity_bytes;
+    let edge = (16u64 << 20).min(bytes);
+    let mut places = vec![(0, edge), (bytes - edge, edge)];
+    let step = (bytes / 257).max(64 << 10) / 4096 * 4096;
+    places.extend((1..=256u64).map(|i| i * step).filter(|&o| o + (64 << 10) <= bytes).map(|o| (o, 64 << 10)));
+    for (at, len) in places {
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(4 << 20);
+            let b = sluice_media::device::read_at(dev, at + off, n as usize)
+                .map_err(|e| ServeError::Device(format!("reading the device at byte {}: {e}", at + off)))?;
+            if let Some(i) = b.iter().position(|&x| x != 0) {
+                return Ok(Some(at + off + i as u64));
+            }
+            off += n;
+        }
+    }
+    Ok(None)
+}
+
+/// `sluice format`: create a new, empty engine on the configured devices
+/// (missing files are created). Refuses a device that holds a Sluice engine
+/// or other data unless `force`, which destroys it. Leaves the engine shut
+/// down cleanly, so the next `sluice serve` reopens it. Returns what it did.
+pub fn format(cfg: &Config, force: bool) -> Result<String, ServeError> {
+    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ServeError::Io {
+        what: format!("creating the data directory {}", cfg.data_dir.display()),
+        source,
+    })?;
+    let _lock = DirLock::take(&cfg.data_dir)?;
+    let mut opened = Vec::new();
+    let r = format_on(cfg, force, &mut opened);
+    if r.is_err() {
+        for d in opened {
+            if let Some(p) = d.created {
+                drop(d.dev);
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    r
+}
+
+fn format_on(cfg: &Config, force: bool, opened: &mut Vec<OpenedDevice>) -> Result<String, ServeError> {
+    opened.push(cfg.open_device("cache", &cfg.cache)?);
+    opened.push(cfg.open_device("capacity", &cfg.capacity)?);
+    let (cache, capacity) = (opened[0].dev.clone(), opened[1].dev.clone());
+    let mut found = Vec::new();
+    let engine_err = |e: sluice_media::DeviceError| ServeError::Engine(EngineError::Device(e));
+    if let Some(u) = sluice_engine::engine::superblock_present(&*cache).map_err(engine_err)? {
+        found.push(format!("the cache device holds engine {}", sluice_engine::persist::uuid_text(&u)));
+    }
+    if let Some(u) = sluice_engine::engine::label_present(&*capacity).map_err(engine_err)? {
+        found.push(format!("the capacity device holds engine {}", sluice_engine::persist::uuid_text(&u)));
+    }
+    if found.is_empty() {
+        for d in opened.iter().filter(|d| !d.fresh) {
+            if let Some(at) = sampled_data(&*d.dev)? {
+                found.push(format!("the {} device {} holds data (at byte {at})", d.which, cfg.device_label(d.which)));
+            }
+        }
+    }
+    if !found.is_empty() && !force {
+        return Err(ServeError::FormatRefused(found));
+    }
+    if force {
+        sluice_engine::engine::wipe_labels(&*cache, &*capacity).map_err(engine_err)?;
+    }
+    let engine = cfg.create_engine(cache, capacity)?;
+    engine.shutdown()?;
+    let uuid = sluice_engine::persist::uuid_text(&engine.uuid());
+    let mut text = format!("sluice: formatted engine {uuid} on {}", cfg.devices_text());
+    if !found.is_empty() {
+        text += &format!(" (destroyed: {})", found.join("; "));
+    }
+    Ok(text)
 }
 
 /// Block SIGINT and SIGTERM in this thread (and every thread it starts).
@@ -385,14 +663,23 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
     if let Some(c) = &compactor_cfg {
         c.check().map_err(|e| ServeError::Config { path: "engine".into(), msg: e.to_string() })?;
     }
-    let engine = open_engine(&cfg)?;
+    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ServeError::Io {
+        what: format!("creating the data directory {}", cfg.data_dir.display()),
+        source,
+    })?;
+    let _lock = DirLock::take(&cfg.data_dir)?;
+    let (engine, how) = open_engine(&cfg)?;
     // Reads run outside the engine lock; handing them to workers pays where
     // a device has latency to overlap (files, raw devices, emulated media),
     // not on plain memory.
     let instant = |d: &DeviceConfig| d.kind == "memory" && d.emulate.is_empty();
     engine.set_parallel_reads(!(instant(&cfg.cache) && instant(&cfg.capacity)));
-    if let Some(t) = engine.recovered_in() {
-        eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64());
+    match (how, engine.recovered_in()) {
+        (_, Some(t)) => {
+            eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64())
+        }
+        (Opened::Created, _) => eprintln!("sluice: created a new engine on {}", cfg.devices_text()),
+        _ => eprintln!("sluice: reopened the engine on {}", cfg.devices_text()),
     }
     let compactor = match compactor_cfg {
         Some(c) => Some(engine.start_compactor(c)?),
@@ -458,6 +745,16 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_paths_do_not_depend_on_which_keys_a_table_has() {
+        let default = Config::default();
+        let sized: Config = toml::from_str("[cache]\nsize = \"1g\"\n[capacity]\nsize = \"8g\"\n").unwrap();
+        for which in ["cache", "capacity"] {
+            assert_eq!(default.device_label(which), sized.device_label(which), "{which}");
+        }
+        assert!(sized.device_label("cache").ends_with("sluice-data/cache.img"));
+    }
 
     #[test]
     fn every_example_config_parses_and_its_sizes_are_valid() {

@@ -10,7 +10,7 @@ pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, 
     let per_vol = 4 + 4;
     let per_chunk = 1 + 8 + 4 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
     let per_band = 1 + 4 + 8 + 8 + 4;
-    fixed + vols * per_vol + 4 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
+    fixed + vols * per_vol + 8 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
 }
 
 pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
@@ -25,6 +25,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.opt_u32(v.open_band);
         w.u32(v.l2p.len() as u32);
         v.l2p.iter().for_each(|l| w.u32(l.0));
+        v.crcs.iter().for_each(|&c| w.u32(c));
     }
     w.u32(inner.chunks.len() as u32);
     for c in &inner.chunks {
@@ -101,7 +102,11 @@ pub(super) fn decode_checkpoint(
         for e in l2p.iter_mut() {
             *e = Loc(r.u32()?);
         }
-        vols.push(Vol { name: name.clone(), l2p, open_band, moved: Moves::default() });
+        let mut crcs = huge_page_vec(n, 0u32);
+        for c in crcs.iter_mut() {
+            *c = r.u32()?;
+        }
+        vols.push(Vol { name: name.clone(), l2p, crcs, open_band, moved: Moves::default() });
     }
     let bpc = (cfg.chunk_bytes / BS) as usize;
     let nc = r.u32()? as usize;
@@ -156,6 +161,7 @@ pub(super) fn decode_checkpoint(
         seq,
         stats: EngineStats::from_words(words),
         pool: BufPool::default(),
+        tag: sb.engine_tag(),
         sb,
         closed: false,
         failed: false,

@@ -406,6 +406,9 @@ impl Engine {
             return Err(VolumeError::ReadOnly);
         }
         let (gc, compact_due) = self.due(&inner, last);
+        if (gc || compact_due) && crate::faults::armed("compactor-panic") {
+            panic!("injected fault compactor-panic: the compactor panics holding the engine lock");
+        }
         let (step_blocks, gc_blocks) = (step_blocks(&inner), gc_blocks(&inner));
         if gc {
             let r = self.gc_step(&mut inner, gc_blocks, &mut pre, true);

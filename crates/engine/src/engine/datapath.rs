@@ -165,7 +165,7 @@ impl Engine {
             while at < len {
                 let block = &data[(at * BS) as usize..((at + 1) * BS) as usize];
                 // Never written, torn, or a previous generation: the chunk's end.
-                let h = record_at(block, pos + at, bpc).filter(|h| h.epoch == epoch);
+                let h = record_at(block, pos + at, bpc, inner.tag).filter(|h| h.epoch == epoch);
                 let Some(h) = h.filter(|h| (h.volume as usize) < inner.vols.len()) else {
                     end_of_chunk = true;
                     break;
@@ -287,6 +287,9 @@ impl Engine {
                 volume: vol,
                 epoch: 0,
                 flushed_seq: inner.cap_flushed_seq,
+                engine: inner.tag,
+                lsn: 0,
+                head_lsn: 0,
                 entries,
             };
             encode_header(&mut buf[..BLOCK_BYTES], &h);
@@ -479,7 +482,7 @@ impl Engine {
             // first that does not (the next window starts there).
             let mut at = 0u64;
             while at < len && walked + at < blocks_max {
-                let h = decode_header(&win[(at * BS) as usize..((at + 1) * BS) as usize]);
+                let h = decode_header(&win[(at * BS) as usize..((at + 1) * BS) as usize], inner.tag);
                 let h = h.map_err(|e| VolumeError::Io(format!("band {v} segment at block {}: {e}", pos + at)))?;
                 let n = h.data_blocks() as u64;
                 if at + 1 + n > len {
@@ -566,14 +569,14 @@ impl Engine {
     pub(super) fn relog(&self, blocks: &[(u32, u64)]) -> Result<(), VolumeError> {
         let mut inner = self.lock();
         for &(vol, lba) in blocks {
-            let loc = inner.vols[vol as usize].l2p[lba as usize];
+            let (loc, crc) = (inner.vols[vol as usize].l2p[lba as usize], inner.vols[vol as usize].crcs[lba as usize]);
             if loc.is_none() {
                 let e = Entry { lba, crc: 0, tombstone: true };
                 self.log_record(&mut inner, vol, RecordKind::Trim, vec![e], &[])?;
             } else {
                 let mut b = vec![0u8; BLOCK_BYTES];
-                self.read_blocks(&[loc], &mut b)?;
-                self.append(&mut inner, vol, &[(lba, &b)], &[crc32c(&b)], false)?;
+                self.read_blocks(&[loc], &[crc], lba * BS, &mut b)?;
+                self.append(&mut inner, vol, &[(lba, &b)], &[crc], false)?;
             }
         }
         self.flush_cache(&mut inner)

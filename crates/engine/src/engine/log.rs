@@ -78,7 +78,7 @@ impl Engine {
             blocks.iter().zip(crcs).map(|(&(lba, _), &crc)| Entry { lba, crc, tombstone: false }).collect();
         let data: Vec<&[u8]> = blocks.iter().map(|&(_, d)| d).collect();
         let header_block = self.log_record(inner, vol, RecordKind::Write, entries, &data)?;
-        Self::map_record(inner, vol, header_block, blocks.iter().map(|&(lba, _)| lba));
+        Self::map_record(inner, vol, header_block, blocks.iter().map(|&(lba, _)| lba).zip(crcs.iter().copied()));
         Ok(())
     }
 
@@ -100,7 +100,7 @@ impl Engine {
             (crcs.iter().enumerate()).map(|(i, &crc)| Entry { lba: lba0 + i as u64, crc, tombstone: false }).collect();
         let (r, rec) = self.log_record_in(inner, vol, RecordKind::Write, entries, rec);
         let r = r.and_then(|header_block| {
-            Self::map_record(inner, vol, header_block, lba0..lba0 + crcs.len() as u64);
+            Self::map_record(inner, vol, header_block, (lba0..).zip(crcs.iter().copied()));
             if fua {
                 self.flush_cache(inner)?;
             }
@@ -109,14 +109,15 @@ impl Engine {
         (r, rec)
     }
 
-    /// Point the maps at a record's blocks, which follow its header block.
-    fn map_record(inner: &mut Inner, vol: u32, header_block: u64, lbas: impl Iterator<Item = u64>) {
+    /// Point the maps at a record's blocks (LBA, CRC), which follow its header block.
+    fn map_record(inner: &mut Inner, vol: u32, header_block: u64, blocks: impl Iterator<Item = (u64, u32)>) {
         let bpc = inner.blocks_per_chunk();
         let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
-        for (i, lba) in lbas.enumerate() {
+        for (i, (lba, crc)) in blocks.enumerate() {
             let old = inner.vols[vol as usize].l2p[lba as usize];
             inner.invalidate(old);
             inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(header_block + 1 + i as u64);
+            inner.vols[vol as usize].crcs[lba as usize] = crc;
             let ch = &mut inner.chunks[chunk];
             ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
             ch.valid += 1;
@@ -189,6 +190,9 @@ impl Engine {
             volume: vol,
             epoch: inner.chunks[chunk as usize].epoch,
             flushed_seq: inner.cache_flushed_seq,
+            engine: inner.tag,
+            lsn: 0,
+            head_lsn: 0,
             entries,
         };
         encode_header(&mut rec[..BLOCK_BYTES], &h);

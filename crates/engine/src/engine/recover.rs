@@ -16,10 +16,12 @@
 //!    wins; a winning tombstone leaves the block unmapped. This is sound
 //!    because the data path drops an entry from the media only once whatever
 //!    superseded it is durable (docs/engine.md, datapath.rs rule 3).
-//! 5. **Rebuild** P2L, valid counts and states: every chunk or band holding a
-//!    valid header is Full (chunks in epoch order, the compaction FIFO), the
-//!    rest Free; nothing is open, so new writes start in fresh chunks and
-//!    bands. The sequence restarts above everything seen.
+//! 5. **Rebuild** P2L, valid counts and states: every chunk holding a valid
+//!    header is Full (in epoch order, the compaction FIFO), and every band
+//!    holding an entry that won (a valid block or the winning tombstone);
+//!    the rest are Free, so a band reclaimed before the crash whose discard
+//!    was lost is free again; nothing is open, so new writes start in fresh
+//!    chunks and bands. The sequence restarts above everything seen.
 //!
 //! Cost: one pass over the cache device and one header read per capacity
 //! segment (segments are up to ~1 MiB), so recovery time follows the cache
@@ -38,6 +40,8 @@ struct Best {
     seq: u64,
     /// `Loc::NONE` for a tombstone.
     loc: Loc,
+    /// The block's CRC32C from its header entry (0 for a tombstone).
+    crc: u32,
 }
 
 struct Scan {
@@ -46,10 +50,10 @@ struct Scan {
 }
 
 impl Scan {
-    fn offer(&mut self, vol: u32, lba: u64, seq: u64, loc: Loc) {
+    fn offer(&mut self, vol: u32, lba: u64, seq: u64, loc: Loc, crc: u32) {
         let b = &mut self.best[vol as usize][lba as usize];
         if seq > b.seq {
-            *b = Best { seq, loc };
+            *b = Best { seq, loc, crc };
         }
     }
 }
@@ -60,6 +64,7 @@ struct Offer {
     lba: u64,
     seq: u64,
     loc: Loc,
+    crc: u32,
 }
 
 /// What one chunk holds: its epoch (None: no valid record), its entries.
@@ -76,10 +81,10 @@ fn fits(vol_blocks: &[usize], h: &Header) -> bool {
 }
 
 /// Walk the records of chunk `c`, read whole into `data` (see step 2).
-fn walk_chunk(c: u32, bpc: u64, data: &[u8], vol_blocks: &[usize]) -> ChunkScan {
+fn walk_chunk(c: u32, bpc: u64, data: &[u8], vol_blocks: &[usize], tag: u32) -> ChunkScan {
     let base = c as u64 * bpc;
     let mut out = ChunkScan { chunk: c, epoch: None, seq_max: 0, offers: Vec::new() };
-    for (pos, h) in chunk_records(data, bpc) {
+    for (pos, h) in chunk_records(data, bpc, tag) {
         if !fits(vol_blocks, &h) {
             break;
         }
@@ -89,12 +94,12 @@ fn walk_chunk(c: u32, bpc: u64, data: &[u8], vol_blocks: &[usize]) -> ChunkScan 
         for e in &h.entries {
             let (vol, lba, seq) = (h.volume, e.lba, h.seq);
             if e.tombstone {
-                out.offers.push(Offer { vol, lba, seq, loc: Loc::NONE });
+                out.offers.push(Offer { vol, lba, seq, loc: Loc::NONE, crc: 0 });
             } else {
                 let block = pos + 1 + data_i;
                 let d = &data[(block * BS) as usize..((block + 1) * BS) as usize];
                 if crc32c(d) == e.crc {
-                    out.offers.push(Offer { vol, lba, seq, loc: Loc::cache(base + block) });
+                    out.offers.push(Offer { vol, lba, seq, loc: Loc::cache(base + block), crc: e.crc });
                 }
                 data_i += 1;
             }
@@ -123,10 +128,11 @@ pub(super) fn recover(
     let (bpc, bpb, usable) = (inner.blocks_per_chunk(), inner.blocks_per_band(), inner.band_usable());
     let unit = inner.cfg.write_unit_bytes / BS;
     let mut scan = Scan {
-        best: inner.vols.iter().map(|v| vec![Best { seq: 0, loc: Loc::NONE }; v.l2p.len()]).collect(),
+        best: inner.vols.iter().map(|v| vec![Best { seq: 0, loc: Loc::NONE, crc: 0 }; v.l2p.len()]).collect(),
         seq_max: 0,
     };
     let vol_blocks: Vec<usize> = inner.vols.iter().map(|v| v.l2p.len()).collect();
+    let tag = inner.tag;
 
     // Step 1: band headers.
     let mut segments: Vec<Segment> = Vec::new();
@@ -136,7 +142,7 @@ pub(super) fn recover(
         let mut pos = 0u64;
         while pos + 1 < usable {
             let hb = read_at(capacity, (first + pos) * BS, BLOCK_BYTES)?;
-            let Ok(h) = decode_header(&hb) else { break };
+            let Ok(h) = decode_header(&hb, inner.tag) else { break };
             let n = h.data_blocks() as u64;
             if h.kind != RecordKind::Segment || pos + 1 + n > usable || !fits(&vol_blocks, &h) {
                 break;
@@ -186,7 +192,7 @@ pub(super) fn recover(
                         err = Some(e);
                         break;
                     }
-                    mine.push(walk_chunk(c as u32, bpc, &buf, vol_blocks));
+                    mine.push(walk_chunk(c as u32, bpc, &buf, vol_blocks, tag));
                 }
                 let mut f = found.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 f.0.append(&mut mine);
@@ -211,7 +217,7 @@ pub(super) fn recover(
         chunk_epochs.push((e, cs.chunk));
         scan.seq_max = scan.seq_max.max(cs.seq_max);
         for o in cs.offers {
-            scan.offer(o.vol, o.lba, o.seq, o.loc);
+            scan.offer(o.vol, o.lba, o.seq, o.loc, o.crc);
         }
     }
 
@@ -227,13 +233,13 @@ pub(super) fn recover(
         let mut data_i = 0usize;
         for e in &h.entries {
             if e.tombstone {
-                scan.offer(h.volume, e.lba, h.seq, Loc::NONE);
+                scan.offer(h.volume, e.lba, h.seq, Loc::NONE, 0);
                 continue;
             }
             let intact =
                 body.as_ref().is_none_or(|b| crc32c(&b[data_i * BLOCK_BYTES..(data_i + 1) * BLOCK_BYTES]) == e.crc);
             if intact {
-                scan.offer(h.volume, e.lba, h.seq, Loc::capacity(first + 1 + data_i as u64));
+                scan.offer(h.volume, e.lba, h.seq, Loc::capacity(first + 1 + data_i as u64), e.crc);
             } else {
                 torn.push((h.volume, e.lba, h.seq));
             }
@@ -249,6 +255,7 @@ pub(super) fn recover(
     for (vi, best) in scan.best.iter().enumerate() {
         for (lba, b) in best.iter().enumerate() {
             inner.vols[vi].l2p[lba] = b.loc;
+            inner.vols[vi].crcs[lba] = b.crc;
             let owner = (vi as u32, lba as u64);
             if let Some(cb) = b.loc.cache_block() {
                 let ch = &mut inner.chunks[(cb / bpc) as usize];
@@ -259,11 +266,32 @@ pub(super) fn recover(
             }
         }
     }
+    // A band none of whose entries won holds nothing current: everything in
+    // it lost to a newer entry on the media (a band GC reclaimed whose
+    // discard was not yet durable, or one wholly superseded). It is free, as
+    // before the crash. Kept Full, its dead tombstones (their LBAs are
+    // unmapped) would have GC copy them into a GC band, taking the free band
+    // it frees: with every free band brought back that way, none is left.
+    let mut live: Vec<bool> = inner.bands.iter().map(|b| b.valid > 0).collect();
+    for s in &segments {
+        let h = &s.header;
+        let best = &scan.best[h.volume as usize];
+        live[s.band as usize] |= h.entries.iter().any(|e| {
+            let w = best[e.lba as usize];
+            e.tombstone && w.seq == h.seq && w.loc.is_none()
+        });
+    }
+    for (b, band) in inner.bands.iter_mut().enumerate() {
+        if !live[b] {
+            band.state = State::Free;
+        }
+    }
     chunk_epochs.sort_unstable();
     inner.full_chunks = chunk_epochs.iter().map(|&(_, c)| c).collect();
     inner.free_chunks = (1..chunk_count as u32).filter(|&c| inner.chunks[c as usize].state == State::Free).collect();
     for b in inner.bands.iter_mut().filter(|b| b.state == State::Free) {
         b.written = 0;
+        b.tombstones = 0;
     }
     inner.free_bands = (0..band_count as u32).filter(|&b| inner.bands[b as usize].state == State::Free).collect();
     inner.seq = scan.seq_max + 1;

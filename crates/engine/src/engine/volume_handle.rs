@@ -86,6 +86,7 @@ impl Engine {
                 ops: m.snapshot(),
                 compaction_bytes: v.moved.compaction_bytes,
                 gc_bytes: v.moved.gc_bytes,
+                checksum_errors: m.checksum_errors(),
             })
             .collect();
         EngineSnapshot {
@@ -183,6 +184,8 @@ pub struct VolumeSnapshot {
     /// volumes, but every relocated block is counted to its own volume).
     pub compaction_bytes: u64,
     pub gc_bytes: u64,
+    /// Reads that found a block not matching its CRC (each failed with EIO).
+    pub checksum_errors: u64,
 }
 
 /// See [`Engine::snapshot`].
@@ -220,6 +223,25 @@ impl EngineVolume {
             inner.stats.user_write_bytes += bytes;
             Ok(())
         })
+    }
+
+    /// A read that found a block whose data does not match its CRC: counted
+    /// in the volume's metrics and logged (at most a few lines a second,
+    /// with how many were not), then answered as it is (EIO for NBD).
+    fn report_corruption(&self, r: Result<(), VolumeError>) -> Result<(), VolumeError> {
+        if let Err(VolumeError::Corrupt { offset, device, device_offset }) = &r {
+            self.metrics.count_checksum_error();
+            if let Some(suppressed) = log_budget() {
+                let also = if suppressed > 0 { format!(" ({suppressed} more not logged)") } else { String::new() };
+                eprintln!(
+                    "sluice: volume {:?}: checksum mismatch reading LBA {} ({device} device, byte {device_offset}); \
+                     the request fails with EIO{also}",
+                    self.name,
+                    offset / BS
+                );
+            }
+        }
+        r
     }
 
     /// Run one request and count it (latency, bytes, error) in the metrics.
@@ -266,15 +288,19 @@ impl Volume for EngineVolume {
             inner.stats.user_read_bytes += buf.len() as u64;
             let Some(_permit) = permit else {
                 // No room for another request outside the lock: read under it.
-                return e.read_blocks(&inner.vols[vol].l2p[lba0..lba0 + n], buf);
+                let v = &inner.vols[vol];
+                let r = e.read_blocks(&v.l2p[lba0..lba0 + n], &v.crcs[lba0..lba0 + n], offset, buf);
+                return self.report_corruption(r);
             };
-            // Under the lock: where the blocks are, and the generation of
-            // each place. Then the device reads without the lock, so reads
-            // of slow media overlap with each other and with writes.
+            // Under the lock: where the blocks are, their CRCs, and the
+            // generation of each place. Then the device reads without the
+            // lock, so reads of slow media overlap with each other and with
+            // writes.
             let locs = inner.vols[vol].l2p[lba0..lba0 + n].to_vec();
+            let crcs = inner.vols[vol].crcs[lba0..lba0 + n].to_vec();
             let gens: Vec<u64> = locs.iter().map(|&l| inner.generation(l)).collect();
             drop(inner);
-            let unlocked = e.read_blocks(&locs, buf);
+            let unlocked = e.read_blocks(&locs, &crcs, offset, buf);
             // A place reused meanwhile (its chunk reopened, its band
             // discarded) may have handed back someone else's data or an
             // error: read again under the lock. A block merely rewritten or
@@ -284,9 +310,11 @@ impl Volume for EngineVolume {
             // The plain lock: data read before a shutdown is still good.
             let inner = e.lock();
             if locs.iter().zip(&gens).any(|(&l, &g)| inner.generation(l) != g) {
-                return e.read_blocks(&inner.vols[vol].l2p[lba0..lba0 + n], buf);
+                let v = &inner.vols[vol];
+                let r = e.read_blocks(&v.l2p[lba0..lba0 + n], &v.crcs[lba0..lba0 + n], offset, buf);
+                return self.report_corruption(r);
             }
-            unlocked
+            self.report_corruption(unlocked)
         })
     }
 
@@ -397,7 +425,18 @@ impl Engine {
     /// Read the blocks at `locs` into `out` (one block each), one device read
     /// per run of blocks stored back to back on the same device: a 64 KiB
     /// read of data written or compacted together is one request, not 16.
-    pub(super) fn read_blocks(&self, locs: &[Loc], out: &mut [u8]) -> Result<(), VolumeError> {
+    ///
+    /// Every block read is checked against `crcs` (its CRC32C as logged): a
+    /// mismatch is `VolumeError::Corrupt` naming the first bad block (its
+    /// byte in the volume, from `offset`, and where it is stored), and the
+    /// bad bytes stay in `out` only for the caller to discard.
+    pub(super) fn read_blocks(
+        &self,
+        locs: &[Loc],
+        crcs: &[u32],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), VolumeError> {
         let place = |l: Loc| -> Option<(bool, u64)> {
             l.cache_block().map(|b| (true, b)).or_else(|| l.capacity_block().map(|b| (false, b)))
         };
@@ -414,9 +453,37 @@ impl Engine {
             }
             let dev = if in_cache { &self.cache } else { &self.capacity };
             read_into(&**dev, first * BS, &mut out[i * BLOCK_BYTES..(i + n) * BLOCK_BYTES])?;
+            for k in i..i + n {
+                if crc32c(&out[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES]) != crcs[k] {
+                    return Err(VolumeError::Corrupt {
+                        offset: offset + k as u64 * BS,
+                        device: if in_cache { "cache" } else { "capacity" },
+                        device_offset: (first + (k - i) as u64) * BS,
+                    });
+                }
+            }
             i += n;
         }
         Ok(())
+    }
+}
+
+/// Rate limit of corruption log lines: `Some(lines not logged since the
+/// last one)` when a line may be written now (at most 10 a second).
+fn log_budget() -> Option<u64> {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static SECOND: AtomicU64 = AtomicU64::new(0);
+    static LINES: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if SECOND.swap(now, Relaxed) != now {
+        LINES.store(0, Relaxed);
+    }
+    if LINES.fetch_add(1, Relaxed) < 10 {
+        Some(SUPPRESSED.swap(0, Relaxed))
+    } else {
+        SUPPRESSED.fetch_add(1, Relaxed);
+        None
     }
 }
 
@@ -565,5 +632,72 @@ mod tests {
         let e = Engine::open(cache, capacity).unwrap();
         e.volume("v0").unwrap().read(0, &mut got).unwrap();
         assert!(got == want, "read back after reopening");
+    }
+
+    /// A flipped bit at rest, in the cache log or in a capacity band, is
+    /// never returned as data: the read fails (EIO), names the block and
+    /// where it is stored, and is counted; the other blocks read fine, and
+    /// a rewrite of the block heals it.
+    #[test]
+    fn a_block_damaged_at_rest_is_reported_never_served() {
+        let w = small_world(&[256]);
+        let (v, e) = (&w.volumes[0], &w.engine);
+        let (cache, capacity) = e.devices();
+        for lba in 0..256 {
+            v.write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+        }
+        v.flush().unwrap();
+        // Flip one bit of block `lba` where it lives; returns the device.
+        let flip = |lba: u64| -> &'static str {
+            let loc = e.lock().vols[0].l2p[lba as usize];
+            let (dev, at, name) = match (loc.cache_block(), loc.capacity_block()) {
+                (Some(b), _) => (&cache, b * BS, "cache"),
+                (_, Some(b)) => (&capacity, b * BS, "capacity"),
+                _ => panic!("block {lba} unmapped"),
+            };
+            let mut b = read_at(&**dev, at, BLOCK_BYTES).unwrap().to_vec();
+            b[1234] ^= 0x10;
+            write_at(&**dev, at, &b).unwrap();
+            name
+        };
+        // The last blocks written are still in the log, the first ones
+        // were compacted to the capacity device.
+        let cached = (0..256).rev().find(|&l| e.lock().vols[0].l2p[l as usize].cache_block().is_some()).unwrap();
+        let moved = (0..256).find(|&l| e.lock().vols[0].l2p[l as usize].capacity_block().is_some()).unwrap();
+        let mut buf = vec![0u8; 2 * BLOCK_BYTES];
+        for (lba, want) in [(cached, "cache"), (moved, "capacity")] {
+            assert_eq!(flip(lba), want);
+            let first = lba.min(254);
+            match v.read(first * BS, &mut buf) {
+                Err(VolumeError::Corrupt { offset, device, .. }) => {
+                    assert_eq!((offset, device), (lba * BS, want));
+                }
+                r => panic!("block {lba} on the {want} device: {r:?}"),
+            }
+            assert_eq!(VolumeError::Corrupt { offset: 0, device: want, device_offset: 0 }.errno(), 5);
+            let mut one = vec![0u8; BLOCK_BYTES];
+            let next = if lba > 0 { lba - 1 } else { lba + 1 };
+            v.read(next * BS, &mut one).unwrap();
+            assert!(one == pattern(0, next, 1), "the neighbour reads fine");
+        }
+        assert_eq!(e.snapshot().volumes[0].checksum_errors, 2);
+        // Rewritten, the block reads again.
+        v.write(cached * BS, &pattern(0, cached, 2), false).unwrap();
+        let mut one = vec![0u8; BLOCK_BYTES];
+        v.read(cached * BS, &mut one).unwrap();
+        assert!(one == pattern(0, cached, 2));
+        // And it stays damaged through a clean restart (the CRCs are in
+        // the checkpoint) and through a crash (recovery takes them from the
+        // headers).
+        e.shutdown().unwrap();
+        drop(w);
+        let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
+        let v = e.volume("v0").unwrap();
+        assert!(matches!(v.read(moved * BS, &mut one), Err(VolumeError::Corrupt { .. })));
+        drop((v, e));
+        let e = Engine::open(cache, capacity).unwrap();
+        let v = e.volume("v0").unwrap();
+        drop(e.lock()); // nothing held
+        assert!(matches!(v.read(moved * BS, &mut one), Err(VolumeError::Corrupt { .. })));
     }
 }

@@ -71,8 +71,13 @@ pub fn start_with_metrics(config: &Path) -> (Served, u16, String) {
     let mut out = BufReader::new(served.stdout.take().expect("stdout"));
     let mut line = String::new();
     out.read_line(&mut line).expect("first line");
-    let port =
-        line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no port in {line:?}"));
+    let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| {
+        // It did not start: say why.
+        use std::io::Read;
+        let mut err = String::new();
+        let _ = served.stderr.take().expect("stderr").read_to_string(&mut err);
+        panic!("no port in {line:?}; the server said: {err}")
+    });
     let mut metrics = String::new();
     out.read_line(&mut metrics).expect("second line");
     let metrics = metrics

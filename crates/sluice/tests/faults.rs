@@ -1,0 +1,264 @@
+//! The fault suite: what an operator gets wrong, and what breaks, against a
+//! real `sluice serve`. Every case ends in a refusal or a clear error with
+//! nothing lost (issue "Never lose or invent data"; docs/serve.md,
+//! "Refusals"). scripts/faults.sh runs this file by name.
+
+mod common;
+
+use common::{device_config, need, qemu_io, small_config, start, stop};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// Run `sluice serve` expecting it to refuse to start: its output.
+fn refused_start(config: &Path) -> Output {
+    let mut child = sluice()
+        .args(["serve", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice serve");
+    // A start that is not refused serves until told to stop: do not wait forever.
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("sluice serve started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the refused start exits non-zero");
+    out
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn data_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join("data").join(name)
+}
+
+/// Bytes of a file, for "nothing changed" checks.
+fn contents(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap_or_default()
+}
+
+/// Start a server, write a pattern over the first 80 MiB (more than the
+/// 64 MiB cache: compaction moves data to the capacity device), flush, stop
+/// cleanly.
+fn engine_with_data(name: &str) -> (PathBuf, PathBuf) {
+    let (dir, config) = small_config(name);
+    let (server, port) = start(&config);
+    qemu_io(port, &["write -P 0x3c 0 80M", "flush"]);
+    stop(server);
+    (dir, config)
+}
+
+fn reads_back(config: &Path) {
+    let (server, port) = start(config);
+    qemu_io(port, &["read -P 0x3c 0 80M"]);
+    stop(server);
+}
+
+#[test]
+fn a_second_server_on_the_same_data_directory_is_refused() {
+    need("qemu-io");
+    let (dir, config) = small_config("faults-two");
+    let (first, port) = start(&config);
+    qemu_io(port, &["write -P 0x11 0 8M", "flush"]);
+    let out = refused_start(&config);
+    let err = stderr(&out);
+    assert!(err.contains("in use by another sluice process") && err.contains(&first.id().to_string()), "{err}");
+    // Another data directory naming the same device file: the device is
+    // locked too.
+    let cache = data_file(&dir, "cache.img");
+    let (other_dir, other) = device_config(
+        "faults-two-b",
+        &format!("size = \"64m\"\npath = {:?}", cache.display().to_string()),
+        "size = \"1g\"",
+    );
+    let err = stderr(&refused_start(&other));
+    assert!(err.contains("is in use by another process") && err.contains("cache.img"), "{err}");
+    let _ = std::fs::remove_dir_all(&other_dir);
+    // The first server never noticed.
+    qemu_io(port, &["read -P 0x11 0 8M", "write -P 0x12 8M 1M", "flush", "read -P 0x12 8M 1M"]);
+    stop(first);
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0x11 0 8M", "read -P 0x12 8M 1M"]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn truncated_or_missing_devices_are_refused_and_nothing_changes() {
+    need("qemu-io");
+    let (dir, config) = engine_with_data("faults-trunc");
+    let (cache, capacity) = (data_file(&dir, "cache.img"), data_file(&dir, "capacity.img"));
+    let saved = (contents(&cache), contents(&capacity));
+    // Each device truncated to zero, to half, or removed.
+    for (path, len) in [(&cache, Some(0)), (&cache, Some(32 << 20)), (&capacity, Some(0)), (&cache, None)] {
+        match len {
+            Some(l) => std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(l).unwrap(),
+            None => std::fs::remove_file(path).unwrap(),
+        }
+        let before = (contents(&cache), contents(&capacity));
+        let err = stderr(&refused_start(&config));
+        let why = match len {
+            Some(_) => "never resized",
+            None => "holds no Sluice superblock",
+        };
+        assert!(err.contains(why), "{} at {len:?}: {err}", path.display());
+        assert!((contents(&cache), contents(&capacity)) == before, "a refused start changed a device");
+        assert_eq!(len.is_some(), cache.exists(), "a cache file created by the refused start is removed");
+        std::fs::write(&cache, &saved.0).unwrap();
+        std::fs::write(&capacity, &saved.1).unwrap();
+    }
+    // Restored, the engine opens cleanly (the refusals did not mark it
+    // unclean) with every block.
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0x3c 0 80M"]);
+    let pid = server.id();
+    stop(server);
+    let _ = pid;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cache_truncated_after_kill_9_is_refused() {
+    need("qemu-io");
+    let (dir, config) = small_config("faults-kill-trunc");
+    let (mut server, port) = start(&config);
+    qemu_io(port, &["write -P 0x3c 0 80M", "flush"]);
+    server.kill().unwrap();
+    let _ = server.into_child().wait();
+    let cache = data_file(&dir, "cache.img");
+    let saved = contents(&cache);
+    std::fs::OpenOptions::new().write(true).open(&cache).unwrap().set_len(32 << 20).unwrap();
+    let err = stderr(&refused_start(&config));
+    assert!(err.contains("never resized"), "{err}");
+    std::fs::write(&cache, &saved).unwrap();
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0x3c 0 80M"]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn config_changes_the_engine_cannot_apply_are_refused_with_what_differs() {
+    need("qemu-io");
+    let (dir, config) = engine_with_data("faults-config");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let cases = [
+        (text.replace("size = \"256m\"", "size = \"512m\""), "volume \"default\": the config says 536870912 bytes"),
+        (text.replace("band_size = \"32m\"", "band_size = \"64m\""), "engine.band_size"),
+        (text.clone() + "[[volume]]\nname = \"more\"\nsize = \"64m\"\n", "volume \"more\" is in the config"),
+    ];
+    let (cache, capacity) = (data_file(&dir, "cache.img"), data_file(&dir, "capacity.img"));
+    let before = (contents(&cache), contents(&capacity));
+    for (changed, want) in cases {
+        std::fs::write(&config, changed).unwrap();
+        let err = stderr(&refused_start(&config));
+        assert!(err.contains("the config differs from the engine") && err.contains(want), "{want}: {err}");
+    }
+    assert!((contents(&cache), contents(&capacity)) == before, "a refused start changed a device");
+    std::fs::write(&config, text).unwrap();
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0x3c 0 80M"]);
+    // Reopened cleanly: the refusals did not mark the engine unclean.
+    let child = server.into_child();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(stderr(&out).contains("reopened the engine"), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn format_refuses_existing_engines_and_data_unless_forced() {
+    need("qemu-io");
+    let (dir, config) = engine_with_data("faults-format");
+    let format = |force: bool| {
+        let mut c = sluice();
+        c.args(["format", "--config"]).arg(&config);
+        if force {
+            c.arg("--force");
+        }
+        c.output().unwrap()
+    };
+    let out = format(false);
+    assert!(!out.status.success() && stderr(&out).contains("holds engine"), "{}", stderr(&out));
+    reads_back(&config);
+    // A device with other data on it: `serve` will not create an engine on
+    // it, `format` needs --force.
+    let (cache, capacity) = (data_file(&dir, "cache.img"), data_file(&dir, "capacity.img"));
+    std::fs::remove_file(&cache).unwrap();
+    std::fs::remove_file(&capacity).unwrap();
+    std::fs::write(&cache, vec![0x5au8; 64 << 20]).unwrap();
+    let err = stderr(&refused_start(&config));
+    assert!(err.contains("holds no Sluice engine") && err.contains("sluice format"), "{err}");
+    assert!(!capacity.exists(), "the capacity file the refused start created is removed");
+    let out = format(false);
+    assert!(!out.status.success() && stderr(&out).contains("holds data"), "{}", stderr(&out));
+    let out = format(true);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("formatted engine"));
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0 0 8M"]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_panic_ends_the_server_at_once() {
+    need("qemu-io");
+    let (dir, config) = small_config("faults-panic");
+    let mut child = sluice()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("SLUICE_FAULTS", "compactor-panic")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let port = {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        line.trim().rsplit(':').next().unwrap().parse::<u16>().unwrap()
+    };
+    // Enough writes to give the compactor work: it panics, and the process
+    // must end (so a supervisor restarts it) rather than hang half alive.
+    let _ = Command::new("qemu-io")
+        .args(["-f", "raw", &format!("nbd://127.0.0.1:{port}/default"), "-c", "write -P 1 0 64M", "-c", "flush"])
+        .output();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(120), "the server outlived its panic");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("injected fault compactor-panic") && stderr(&out).contains("a bug stopped"));
+    // The next start recovers.
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0 64M 1M"]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_device_that_is_not_a_file_or_cannot_be_created_gets_a_clear_error() {
+    let (dir, config) =
+        device_config("faults-perm", "size = \"64m\"\npath = \"/proc/nope/cache.img\"", "size = \"1g\"");
+    let err = stderr(&refused_start(&config));
+    assert!(err.contains("opening the cache device") && err.contains("/proc/nope/cache.img"), "{err}");
+    assert!(err.contains("No such file or directory"), "the OS error in words: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
