@@ -40,10 +40,12 @@ use sluice_media::{BlockDevice, DeviceError, DeviceStats, IoBuf, IoOp, IoRequest
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+mod check;
 mod checkpoint;
 mod compactor;
 mod datapath;
 mod log;
+mod marks;
 mod placement;
 mod pool;
 mod recover;
@@ -51,9 +53,11 @@ mod unlocked;
 mod volume_handle;
 mod zoned;
 
+pub use check::CheckReport;
 pub use compactor::{Compactor, CompactorConfig, CompactorSnapshot, Throttle};
 pub use placement::BandPlacement;
 use pool::BufPool;
+pub use recover::Damage;
 pub use volume_handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
 
 use checkpoint::{checkpoint_bytes_max, decode_checkpoint, encode_checkpoint};
@@ -171,6 +175,12 @@ pub enum EngineError {
     AlreadyFormatted { device: &'static str, uuid: [u8; 16] },
     #[error("the capacity device's label: {0}")]
     Label(SuperblockError),
+    #[error(
+        "recovery found damage (not a torn write: a flush had made it durable); refusing to open. \
+         `sluice check` reports it, `sluice check --salvage` accepts it:\n  {}",
+        .0.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n  ")
+    )]
+    Damaged(Vec<Damage>),
 }
 
 impl From<DeviceError> for VolumeError {
@@ -202,6 +212,8 @@ struct Chunk {
     /// (volume, lba) per cache block of the chunk; u32::MAX volume = header/pad.
     p2l: Vec<(u32, u64)>,
     valid: u32,
+    /// LSN of the first record written into the chunk since it was opened.
+    first_lsn: u64,
 }
 
 /// A band keeps no P2L in memory: its segments are self-describing, and GC
@@ -223,6 +235,12 @@ struct Band {
     /// that looked a block up before GC moved it and read it after can tell
     /// its data may be gone (`Inner::generation`).
     gen: u64,
+    /// Sequence when the band was last opened: every segment in it carries
+    /// it, so recovery tells this generation's segments from a previous one's.
+    epoch: u64,
+    /// The epoch of the band its stream closed full just before opening
+    /// this one (0: none); in every segment (`Header::prev_epoch`).
+    prev_epoch: u64,
 }
 
 /// `Band::tombstones` when not known: GC walks the band to find out.
@@ -362,6 +380,12 @@ struct Inner {
     failed: bool,
     /// Highest sequence made durable on each device by a completed flush.
     cache_flushed_seq: u64,
+    /// The last log record's number (LSN), and the highest one made durable
+    /// by a completed cache flush.
+    lsn: u64,
+    cache_flushed_lsn: u64,
+    /// Generation of the last capacity mark written (`marks.rs`).
+    mark_gen: u64,
     cap_flushed_seq: u64,
     /// Set in virtual-time simulation only (`Engine::attach_sim_clock`).
     sim: Option<SimGate>,
@@ -412,6 +436,8 @@ pub struct Engine {
     write_bufs: Mutex<BufPool>,
     /// Set when `open` found an unclean stop: how long recovery took.
     recovered_in: Option<std::time::Duration>,
+    /// Damage a salvaging open accepted.
+    salvaged: Vec<Damage>,
     /// Request metrics, one per volume (shared by every handle to it).
     metrics: Vec<Arc<VolumeMetrics>>,
     /// Background compaction and the write throttle (`start_compactor`).
@@ -439,6 +465,7 @@ impl Engine {
             inner: Mutex::new(inner),
             write_bufs: Mutex::new(BufPool::default()),
             recovered_in,
+            salvaged: Vec::new(),
             metrics,
             bg: compactor::Background::new(),
             parallel_reads: std::sync::atomic::AtomicBool::new(false),
@@ -463,8 +490,9 @@ impl Engine {
                 "more volumes than the zoned device's active-zone limit allows (volumes + 2)",
             ));
         }
-        if !cfg.chunk_bytes.is_multiple_of(BS) || cfg.chunk_bytes < 2 * BS {
-            return Err(EngineError::Config("chunk_bytes must be ≥ 2 blocks and a multiple of 4 KiB"));
+        // Chunk 0 holds the superblock and the capacity marks (blocks 0-3).
+        if !cfg.chunk_bytes.is_multiple_of(BS) || cfg.chunk_bytes < 4 * BS {
+            return Err(EngineError::Config("chunk_bytes must be ≥ 4 blocks and a multiple of 4 KiB"));
         }
         if !cfg.write_unit_bytes.is_multiple_of(BS)
             || cfg.write_unit_bytes == 0
@@ -602,51 +630,90 @@ impl Engine {
         inner.sim = Some(SimGate { clock, chunk_free_at_ns: vec![0; chunks], band_free_at_ns: vec![0; bands] });
     }
 
-    /// Reopen an engine from its devices after a clean shutdown.
+    /// Reopen an engine from its devices: from its checkpoint after a clean
+    /// shutdown, by recovery otherwise. Damage recovery finds is refused
+    /// (`EngineError::Damaged`) before anything is written.
     pub fn open(cache: Arc<dyn BlockDevice>, capacity: Arc<dyn BlockDevice>) -> Result<Arc<Engine>, EngineError> {
+        Engine::open_with(cache, capacity, OpenOptions::default())
+    }
+
+    /// `open`, with options: `salvage` accepts damage (see `OpenOptions`).
+    pub fn open_with(
+        cache: Arc<dyn BlockDevice>,
+        capacity: Arc<dyn BlockDevice>,
+        opts: OpenOptions,
+    ) -> Result<Arc<Engine>, EngineError> {
         // Step 1: the superblock (the valid copy with the higher
         // generation), the capacity device's label, both devices' sizes.
         // Nothing is written until all of them check.
         let sb = Engine::inspect(&*cache, &*capacity)?;
-        let geo = CapGeometry::of(&*capacity, sb.band_bytes);
-        if geo.band_bytes != sb.band_bytes {
-            return Err(EngineError::Geometry);
-        }
-        let cfg = EngineConfig {
-            chunk_bytes: sb.chunk_bytes,
-            band_bytes: sb.band_bytes,
-            write_unit_bytes: sb.write_unit_bytes,
-            log_free_chunks_min: sb.log_free_chunks_min as usize,
-            gc_free_bands_min: sb.gc_free_bands_min as usize,
-        };
+        let (cfg, geo) = on_media_config(&sb, &*capacity)?;
         // Step 2: after a crash, rebuild everything from the media; after a
-        // clean shutdown, read the checkpoint, verified.
-        let mut relog = Vec::new();
+        // clean shutdown, read the checkpoint, verified (a damaged one is
+        // refused, or with `salvage` replaced by recovery from the media).
+        let (mut relog, mut gaps) = (Vec::new(), Vec::new());
         // Shared before recovery, whose workers read the cache at once.
         let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
-        let (mut inner, recovered_in) = if !sb.clean {
-            let t = std::time::Instant::now();
-            let (inner, superseded) = recover::recover(&*cache, &*capacity, cfg, geo, sb)?;
-            relog = superseded;
-            (inner, Some(t.elapsed()))
-        } else {
-            let len = sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES;
-            let raw = zoned::read_region(&*capacity, &geo, sb.checkpoint_offset, len)?;
-            let body = &raw[..sb.checkpoint_bytes as usize];
-            if crc32c(body) != sb.checkpoint_crc {
-                return Err(EngineError::CheckpointChecksum);
+        let checkpoint = if sb.clean {
+            match read_checkpoint(&*capacity, &geo, &sb) {
+                Ok(body) => Some(decode_checkpoint(&body, cfg.clone(), geo, sb.clone())),
+                Err(e) => Some(Err(e)),
             }
-            (decode_checkpoint(body, cfg, geo, sb.clone())?, None)
+        } else {
+            None
+        };
+        let (mut inner, recovered_in, salvaged) = match checkpoint {
+            Some(Ok(inner)) => (inner, None, Vec::new()),
+            Some(Err(e)) if !opts.salvage => return Err(e),
+            _ => {
+                let t = std::time::Instant::now();
+                let r = recover::scan(&*cache, &*capacity, cfg, geo, sb)?;
+                if !r.damage.is_empty() && !opts.salvage {
+                    return Err(EngineError::Damaged(r.damage));
+                }
+                (relog, gaps) = (r.superseded, r.gaps);
+                // On a zoned device: reset zones now free, finish zones now full.
+                zoned::reconcile(&*capacity, &r.inner)?;
+                for &b in &r.torn_headers {
+                    write_at(&*capacity, b * BS, &[0u8; BLOCK_BYTES])?;
+                }
+                for &b in &r.stale_bands {
+                    let start = b as u64 * r.inner.cfg.band_bytes;
+                    zoned::reclaim_band(&*capacity, geo.zoned, start, r.inner.cfg.band_bytes)?;
+                }
+                if !r.torn_headers.is_empty() || !r.stale_bands.is_empty() {
+                    flush(&*capacity)?;
+                }
+                (r.inner, Some(t.elapsed()), r.damage)
+            }
         };
         // Step 3: dirty before the first change.
         inner.sb.clean = false;
         inner.sb.generation += 1;
         inner.sb.write_to(&*cache)?;
-        let engine = Engine::assemble(cache, capacity, inner, recovered_in);
+        let mut engine = Engine::assemble(cache, capacity, inner, recovered_in);
+        Arc::get_mut(&mut engine).expect("not shared yet").salvaged = salvaged;
+        if recovered_in.is_some() {
+            // Recovery freed (and on a zoned device reset) bands the last
+            // mark may still list as open: a fresh mark, listing none, so a
+            // later recovery does not expect their segments back.
+            engine.mark_now().map_err(|e| EngineError::Recovery(e.to_string()))?;
+        }
+        if !gaps.is_empty() {
+            engine.log_gaps(&gaps).map_err(|e| EngineError::Recovery(e.to_string()))?;
+        }
+        if !engine.salvaged.is_empty() {
+            engine.salvage_repair(&engine.salvaged).map_err(|e| EngineError::Recovery(e.to_string()))?;
+        }
         if !relog.is_empty() {
             engine.relog(&relog).map_err(|e| EngineError::Recovery(e.to_string()))?;
         }
         Ok(engine)
+    }
+
+    /// Damage a `salvage` open accepted (empty otherwise).
+    pub fn salvaged(&self) -> &[Damage] {
+        &self.salvaged
     }
 
     /// Clean shutdown: flush, write the checkpoint, mark the superblock
@@ -817,6 +884,44 @@ pub fn wipe_labels(cache: &dyn BlockDevice, capacity: &dyn BlockDevice) -> Resul
     Ok(())
 }
 
+/// How `Engine::open_with` opens.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOptions {
+    /// Open even though recovery found damage, or the checkpoint is
+    /// damaged (recovering from the media instead): blocks whose newest copy
+    /// is damaged stay mapped to it and fail to read (EIO) until rewritten;
+    /// what damaged log records held (their LBAs are unknown) reverts to
+    /// older copies. `Engine::salvaged` lists what was accepted.
+    pub salvage: bool,
+}
+
+/// The engine geometry the superblock records, and the capacity device's.
+fn on_media_config(sb: &Superblock, capacity: &dyn BlockDevice) -> Result<(EngineConfig, CapGeometry), EngineError> {
+    let geo = CapGeometry::of(capacity, sb.band_bytes);
+    if geo.band_bytes != sb.band_bytes {
+        return Err(EngineError::Geometry);
+    }
+    let cfg = EngineConfig {
+        chunk_bytes: sb.chunk_bytes,
+        band_bytes: sb.band_bytes,
+        write_unit_bytes: sb.write_unit_bytes,
+        log_free_chunks_min: sb.log_free_chunks_min as usize,
+        gc_free_bands_min: sb.gc_free_bands_min as usize,
+    };
+    Ok((cfg, geo))
+}
+
+/// The clean-shutdown checkpoint's body, checked against its CRC.
+fn read_checkpoint(capacity: &dyn BlockDevice, geo: &CapGeometry, sb: &Superblock) -> Result<Vec<u8>, EngineError> {
+    let len = sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES;
+    let mut raw = zoned::read_region(capacity, geo, sb.checkpoint_offset, len)?;
+    raw.truncate(sb.checkpoint_bytes as usize);
+    if crc32c(&raw) != sb.checkpoint_crc {
+        return Err(EngineError::CheckpointChecksum);
+    }
+    Ok(raw)
+}
+
 impl Inner {
     /// Simulation: wait until chunk `c` (or band `b`) was freed.
     fn sim_wait(&self, chunk: Option<u32>, band: Option<u32>) {
@@ -855,14 +960,29 @@ impl Inner {
                 })
                 .collect(),
             chunks: (0..chunk_count)
-                .map(|_| Chunk { state: State::Free, epoch: 0, p2l: vec![(u32::MAX, 0); blocks_per_chunk], valid: 0 })
+                .map(|_| Chunk {
+                    state: State::Free,
+                    epoch: 0,
+                    p2l: vec![(u32::MAX, 0); blocks_per_chunk],
+                    valid: 0,
+                    first_lsn: 0,
+                })
                 .collect(),
             // Chunk 0 holds the superblock.
             free_chunks: (1..chunk_count as u32).collect(),
             full_chunks: VecDeque::new(),
             open_chunk: None,
             bands: (0..band_count)
-                .map(|_| Band { state: State::Free, valid: 0, written: 0, closed_seq: 0, gen: 0, tombstones: 0 })
+                .map(|_| Band {
+                    state: State::Free,
+                    valid: 0,
+                    written: 0,
+                    closed_seq: 0,
+                    gen: 0,
+                    tombstones: 0,
+                    epoch: 0,
+                    prev_epoch: 0,
+                })
                 .collect(),
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
@@ -878,6 +998,9 @@ impl Inner {
             closed: false,
             failed: false,
             cache_flushed_seq: 0,
+            lsn: 0,
+            cache_flushed_lsn: 0,
+            mark_gen: 0,
             cap_flushed_seq: 0,
             cfg,
             geo,

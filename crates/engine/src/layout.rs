@@ -10,6 +10,15 @@
 //! one and rebuild every map from the devices alone: for each LBA, the entry
 //! with the highest sequence wins.
 //!
+//! Log records are numbered (`lsn`, one more than the previous record's,
+//! across chunks) and say which was the oldest one still needed (`head_lsn`)
+//! and the highest known durable (`flushed_lsn`) when they were written:
+//! recovery then knows every record that must be on the cache device, and a
+//! missing or damaged one below that watermark is corruption, not a torn
+//! tail. Segments carry their band's epoch (the sequence at which it was
+//! opened) and stream (the volume whose compaction fills it, or GC), so
+//! recovery knows the order in which each stream filled its bands.
+//!
 //! Each header also carries `flushed_seq`: the highest sequence the engine
 //! knew to be durable on that device (a completed flush) when it wrote the
 //! header. Recovery takes the largest such value it finds and trusts every
@@ -21,10 +30,11 @@ pub const BLOCK_BYTES: usize = 4096;
 pub const RECORD_MAGIC: u32 = 0x534c_5243; // "SLRC"
 pub const FORMAT_VERSION: u16 = 3;
 /// Header: magic u32, version u16, kind u8, pad u8, seq u64, volume u32,
-/// count u32, epoch u64, flushed_seq u64, engine tag u32, reserved u32, lsn
-/// u64, head_lsn u64, then `count` entries of (lba u64, crc u32, flags u32),
-/// then at the end of the block the header CRC u32 over bytes [0, 4092).
-pub const HEADER_FIXED_BYTES: usize = 64;
+/// count u32, epoch u64, flushed_seq u64, engine tag u32, stream u32, lsn
+/// u64, head_lsn u64, flushed_lsn u64, prev_epoch u64, then `count` entries
+/// of (lba u64, crc u32, flags u32), then at the end of the block the header
+/// CRC u32 over bytes [0, 4092).
+pub const HEADER_FIXED_BYTES: usize = 80;
 pub const ENTRY_BYTES: usize = 16;
 /// Most data blocks one record carries.
 pub const RECORD_BLOCKS_MAX: usize = (BLOCK_BYTES - HEADER_FIXED_BYTES - 4) / ENTRY_BYTES;
@@ -40,7 +50,14 @@ pub enum RecordKind {
     Trim = 2,
     /// A capacity segment: data blocks follow for entries that are not tombstones.
     Segment = 3,
+    /// Log ranges a recovery found torn and accepted: each entry is a range
+    /// of LSNs (`lba` = first, `crc` = how many more), flagged as tombstones
+    /// (no data follows). Later recoveries do not count them as missing.
+    Gap = 4,
 }
+
+/// `Header::stream` of segments GC writes.
+pub const STREAM_GC: u32 = u32::MAX;
 
 /// Entry flag: a tombstone (trimmed LBA), no data block.
 pub const ENTRY_TOMBSTONE: u32 = 1;
@@ -75,8 +92,11 @@ pub fn encode_header(out: &mut [u8], h: &Header) {
     out[24..32].copy_from_slice(&h.epoch.to_le_bytes());
     out[32..40].copy_from_slice(&h.flushed_seq.to_le_bytes());
     out[40..44].copy_from_slice(&h.engine.to_le_bytes());
+    out[44..48].copy_from_slice(&h.stream.to_le_bytes());
     out[48..56].copy_from_slice(&h.lsn.to_le_bytes());
     out[56..64].copy_from_slice(&h.head_lsn.to_le_bytes());
+    out[64..72].copy_from_slice(&h.flushed_lsn.to_le_bytes());
+    out[72..80].copy_from_slice(&h.prev_epoch.to_le_bytes());
     for (i, e) in entries.iter().enumerate() {
         let o = HEADER_FIXED_BYTES + i * ENTRY_BYTES;
         out[o..o + 8].copy_from_slice(&e.lba.to_le_bytes());
@@ -101,12 +121,22 @@ pub struct Header {
     /// The tag of the engine that wrote it (`persist::engine_tag`): records
     /// of another engine on a reused device are not this engine's.
     pub engine: u32,
+    /// Segments: the stream that wrote the band (`STREAM_GC`, or the volume
+    /// whose compaction fills it); 0 in log records.
+    pub stream: u32,
     /// Log records: this record's number in the log (one more than the
     /// previous record's, across chunks); 0 in segments.
     pub lsn: u64,
     /// Log records: the first log record still needed when this one was
     /// written (the compaction FIFO's head); 0 in segments.
     pub head_lsn: u64,
+    /// Log records: the highest LSN known durable on the cache device when
+    /// this one was written; 0 in segments.
+    pub flushed_lsn: u64,
+    /// Segments: the epoch of the band this stream filled and closed just
+    /// before it opened this one (0: none, e.g. its first band, or the first
+    /// after a crash); 0 in log records.
+    pub prev_epoch: u64,
     pub entries: Vec<Entry>,
 }
 
@@ -158,6 +188,7 @@ pub fn decode_header(b: &[u8], engine: u32) -> Result<Header, HeaderError> {
         1 => RecordKind::Write,
         2 => RecordKind::Trim,
         3 => RecordKind::Segment,
+        4 => RecordKind::Gap,
         _ => return Err(HeaderError::Malformed),
     };
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
@@ -183,8 +214,11 @@ pub fn decode_header(b: &[u8], engine: u32) -> Result<Header, HeaderError> {
         epoch: u64_at(24),
         flushed_seq: u64_at(32),
         engine: tag,
+        stream: u32_at(44),
         lsn: u64_at(48),
         head_lsn: u64_at(56),
+        flushed_lsn: u64_at(64),
+        prev_epoch: u64_at(72),
         entries,
     })
 }
@@ -219,7 +253,8 @@ pub fn chunk_records(data: &[u8], bpc: u64, engine: u32) -> impl Iterator<Item =
 /// the chunk; None for a block never written, torn, or not a record header.
 pub fn record_at(block: &[u8], pos: u64, bpc: u64, engine: u32) -> Option<Header> {
     let h = decode_header(block, engine).ok()?;
-    let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim) && pos + 1 + h.data_blocks() as u64 <= bpc;
+    let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim | RecordKind::Gap)
+        && pos + 1 + h.data_blocks() as u64 <= bpc;
     whole.then_some(h)
 }
 
@@ -246,8 +281,11 @@ mod tests {
             epoch: 99,
             flushed_seq: 41,
             engine: 0x5eed,
+            stream: 3,
             lsn: 1234,
             head_lsn: 1000,
+            flushed_lsn: 1200,
+            prev_epoch: 77,
             entries,
         };
         encode_header(&mut b, &want);

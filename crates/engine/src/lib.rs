@@ -11,7 +11,7 @@ pub mod sim;
 pub mod volume;
 
 pub use engine::{
-    BandPlacement, Compactor, CompactorConfig, CompactorSnapshot, Engine, EngineConfig, EngineError, EngineSnapshot,
-    EngineStats, EngineVolume, VolumeSnapshot, VolumeSpec,
+    BandPlacement, CheckReport, Compactor, CompactorConfig, CompactorSnapshot, Damage, Engine, EngineConfig,
+    EngineError, EngineSnapshot, EngineStats, EngineVolume, OpenOptions, VolumeSnapshot, VolumeSpec,
 };
 pub use volume::{Extent, Volume, VolumeError, WriteBuf};

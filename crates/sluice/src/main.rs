@@ -52,6 +52,21 @@ enum Cmd {
         #[arg(long)]
         force: bool,
     },
+    /// Scan the engine's devices read-only: superblock and label, every
+    /// log record and segment header, every block's data against its CRC,
+    /// the checkpoint against the media. Exits 1 if it finds damage.
+    Check {
+        /// TOML config (docs/serve.md), as for `serve`.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Open the engine accepting the damage recovery finds (damaged
+        /// blocks are trimmed and listed), then shut it down cleanly.
+        #[arg(long)]
+        salvage: bool,
+    },
     /// Reproducible experiments.
     Bench {
         #[command(subcommand)]
@@ -500,6 +515,16 @@ fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Cmd::Serve { config } => Ok(serve::run(serve::Config::load(config.as_deref())?)?),
+        Cmd::Check { config, json, salvage } => {
+            let (text, damaged) = serve::check(&serve::Config::load(config.as_deref())?, json, salvage)?;
+            print!("{text}");
+            if damaged {
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Cmd::Format { config, force } => {
             println!("{}", serve::format(&serve::Config::load(config.as_deref())?, force)?);
             Ok(())

@@ -595,6 +595,52 @@ fn format_on(cfg: &Config, force: bool, opened: &mut Vec<OpenedDevice>) -> Resul
     Ok(text)
 }
 
+/// `sluice check`: scan both devices read-only and report (text or JSON);
+/// with `salvage`, open accepting the damage (docs/serve.md) and shut down
+/// cleanly. Returns the report text and whether damage was found.
+pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), ServeError> {
+    for which in ["cache", "capacity"] {
+        let d = if which == "cache" { &cfg.cache } else { &cfg.capacity };
+        if d.kind != "file" {
+            return Err(ServeError::Config {
+                path: format!("{which}.kind"),
+                msg: "sluice check reads file or block devices (a memory device holds nothing between runs)".into(),
+            });
+        }
+        let path = cfg.in_data_dir(&d.file_path(which));
+        if !path.exists() {
+            return Err(ServeError::Device(format!("the {which} device {} does not exist", path.display())));
+        }
+    }
+    let _lock = DirLock::take(&cfg.data_dir)?;
+    let cache = cfg.open_device("cache", &cfg.cache)?.dev;
+    let capacity = cfg.open_device("capacity", &cfg.capacity)?.dev;
+    if salvage {
+        let e = Engine::open_with(cache, capacity, sluice_engine::OpenOptions { salvage: true })?;
+        let lines: Vec<String> = e.salvaged().iter().map(|d| format!("  {d}")).collect();
+        e.shutdown()?;
+        let text = if lines.is_empty() {
+            "sluice: nothing to salvage; the engine is shut down cleanly\n".to_string()
+        } else {
+            format!(
+                "sluice: salvaged, accepting {} finding(s) (damaged blocks now read as zeros; what damaged log \
+                 records held reverted to older copies):\n{}\n",
+                lines.len(),
+                lines.join("\n")
+            )
+        };
+        return Ok((text, false));
+    }
+    let report = Engine::check(cache, capacity)?;
+    let damaged = !report.damage.is_empty();
+    let text = if json {
+        serde_json::to_string_pretty(&report).map_err(|e| ServeError::Server(e.to_string()))? + "\n"
+    } else {
+        report.text()
+    };
+    Ok((text, damaged))
+}
+
 /// Block SIGINT and SIGTERM in this thread (and every thread it starts).
 fn block_signals() -> libc::sigset_t {
     // SAFETY: plain libc signal-set manipulation on a local set.

@@ -262,3 +262,93 @@ fn a_device_that_is_not_a_file_or_cannot_be_created_gets_a_clear_error() {
     assert!(err.contains("No such file or directory"), "the OS error in words: {err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Byte offsets of the 4 KiB blocks of `data` that start a Sluice log
+/// record header (magic "SLRC", kind 1 = write).
+fn record_headers(data: &[u8]) -> Vec<usize> {
+    (0..data.len() / 4096)
+        .map(|b| b * 4096)
+        .filter(|&o| data[o..o + 4] == 0x534c_5243u32.to_le_bytes() && data[o + 6] == 1)
+        .collect()
+}
+
+fn check(config: &Path, args: &[&str]) -> Output {
+    sluice().args(["check", "--config"]).arg(config).args(args).output().unwrap()
+}
+
+#[test]
+fn a_damaged_durable_log_record_is_refused_reported_and_salvaged() {
+    need("qemu-io");
+    let (dir, config) = small_config("faults-logdamage");
+    let (mut server, port) = start(&config);
+    // Three 4 MiB chunks of log, flushed, then one more write (whose header
+    // carries the watermark); then kill -9: recovery reads the log.
+    qemu_io(port, &["write -P 0x3c 0 12M", "flush", "write -P 0x3d 20M 64k"]);
+    server.kill().unwrap();
+    let _ = server.into_child().wait();
+    let cache = data_file(&dir, "cache.img");
+    let mut img = std::fs::read(&cache).unwrap();
+    // A record in the middle of the first log chunk (a sealed one).
+    let chunk1 = record_headers(&img).into_iter().filter(|&o| (4 << 20..8 << 20).contains(&o)).collect::<Vec<_>>();
+    let victim = chunk1[chunk1.len() / 2];
+    img[victim + 100] ^= 0x01;
+    std::fs::write(&cache, &img).unwrap();
+    let err = stderr(&refused_start(&config));
+    assert!(err.contains("recovery found damage") && err.contains("headers are damaged"), "{err}");
+    // `sluice check` says the same (exit 1), as text and as JSON.
+    let out = check(&config, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("log records"), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = check(&config, &["--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["damage"][0]["kind"], "log_records", "{report}");
+    assert_eq!(report["clean"], false);
+    // Salvage accepts it; the engine then serves, and checks clean.
+    let out = check(&config, &["--salvage"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("salvaged, accepting 1 finding"));
+    let out = check(&config, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0x3d 20M 64k"]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_block_damaged_at_rest_fails_its_read_is_counted_and_checked() {
+    need("qemu-io");
+    let (dir, config) = engine_with_data("faults-rest");
+    // A block of the pattern on the capacity device (compaction put it there).
+    let capacity = data_file(&dir, "capacity.img");
+    let mut img = std::fs::read(&capacity).unwrap();
+    let at = (0..img.len() / 4096).map(|b| b * 4096).find(|&o| img[o..o + 4096].iter().all(|&x| x == 0x3c)).unwrap();
+    img[at + 7] ^= 0x20;
+    std::fs::write(&capacity, &img).unwrap();
+    let out = check(&config, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("data damaged (capacity device, byte"), "{text}");
+    let (server, port, metrics) = common::start_with_metrics(&config);
+    let out = Command::new("qemu-io")
+        .args(["-f", "raw", &format!("nbd://127.0.0.1:{port}/default"), "-c", "read -P 0x3c 0 80M"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("Input/output error"), "the damaged block is an error, never data: {said}");
+    let body = {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&metrics).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut t = String::new();
+        c.read_to_string(&mut t).unwrap();
+        t
+    };
+    assert!(body.contains("sluice_volume_checksum_errors_total{volume=\"default\"} 1"), "{body}");
+    let child = server.into_child();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(stderr(&out).contains("checksum mismatch reading LBA"), "logged: {}", stderr(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}

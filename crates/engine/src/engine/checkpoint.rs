@@ -6,16 +6,18 @@ use super::*;
 
 /// Upper bound of the checkpoint's size for this geometry.
 pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, vol_blocks: u64) -> u64 {
-    let fixed = 8 + 11 * 8 + 4 + 8 + 4 + 4;
+    let fixed = 8 + 8 + 8 + 11 * 8 + 4 + 8 + 4 + 4;
     let per_vol = 4 + 4;
-    let per_chunk = 1 + 8 + 4 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
-    let per_band = 1 + 4 + 8 + 8 + 4;
+    let per_chunk = 1 + 8 + 4 + 8 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
+    let per_band = 1 + 4 + 8 + 8 + 8 + 8 + 4;
     fixed + vols * per_vol + 8 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
 }
 
 pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     let mut w = Writer::default();
     w.u64(inner.seq);
+    w.u64(inner.lsn);
+    w.u64(inner.mark_gen);
     inner.stats.words().iter().for_each(|&x| w.u64(x));
     w.opt_u32(inner.open_chunk.map(|(c, _)| c));
     w.u64(inner.open_chunk.map_or(0, |(_, o)| o));
@@ -32,6 +34,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u8(c.state as u8);
         w.u64(c.epoch);
         w.u32(c.valid);
+        w.u64(c.first_lsn);
         put_p2l(&mut w, &c.p2l);
     }
     for list in [&inner.full_chunks, &inner.free_chunks] {
@@ -44,6 +47,8 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u32(b.valid);
         w.u64(b.written);
         w.u64(b.closed_seq);
+        w.u64(b.epoch);
+        w.u64(b.prev_epoch);
     }
     w.u32(inner.free_bands.len() as u32);
     inner.free_bands.iter().for_each(|&b| w.u32(b));
@@ -80,6 +85,8 @@ pub(super) fn decode_checkpoint(
     let mut r = Reader::new(body);
     let bad = |r: &Reader| EngineError::Checkpoint(CheckpointError(r.at()));
     let seq = r.u64()?;
+    let lsn = r.u64()?;
+    let mark_gen = r.u64()?;
     let mut words = [0u64; 11];
     for x in words.iter_mut() {
         *x = r.u64()?;
@@ -115,8 +122,9 @@ pub(super) fn decode_checkpoint(
         let state = decode_state(r.u8()?, r.at())?;
         let epoch = r.u64()?;
         let valid = r.u32()?;
+        let first_lsn = r.u64()?;
         let p2l = get_p2l(&mut r, bpc)?;
-        chunks.push(Chunk { state, epoch, p2l, valid });
+        chunks.push(Chunk { state, epoch, p2l, valid, first_lsn });
     }
     let mut lists = [VecDeque::new(), VecDeque::new()];
     for list in lists.iter_mut() {
@@ -133,9 +141,11 @@ pub(super) fn decode_checkpoint(
         let valid = r.u32()?;
         let written = r.u64()?;
         let closed_seq = r.u64()?;
+        let epoch = r.u64()?;
+        let prev_epoch = r.u64()?;
         // Not in the checkpoint: GC reads such a band to find its tombstones.
         let tombstones = if written == 0 { 0 } else { TOMBSTONES_UNKNOWN };
-        bands.push(Band { state, valid, written, closed_seq, gen: 0, tombstones });
+        bands.push(Band { state, valid, written, closed_seq, gen: 0, tombstones, epoch, prev_epoch });
     }
     let n = r.u32()? as usize;
     let mut free_bands = VecDeque::with_capacity(n);
@@ -166,6 +176,9 @@ pub(super) fn decode_checkpoint(
         closed: false,
         failed: false,
         cache_flushed_seq: seq,
+        lsn,
+        cache_flushed_lsn: lsn,
+        mark_gen,
         cap_flushed_seq: seq,
         geo,
         sim: None,

@@ -23,7 +23,7 @@
 
 use super::unlocked::{Deferred, PreRead, Window};
 use super::*;
-use crate::layout::{decode_header, record_at, Entry, Header, RecordKind};
+use crate::layout::{decode_header, record_at, Entry, Header, RecordKind, STREAM_GC};
 
 /// A block moved to the capacity device: its LBA, the CRC it was logged
 /// with, and its data.
@@ -177,7 +177,9 @@ impl Engine {
                     break;
                 }
                 let vol = h.volume as usize;
-                if h.kind == RecordKind::Write {
+                if h.kind == RecordKind::Gap {
+                    // Nothing to move: it names LSNs, not blocks.
+                } else if h.kind == RecordKind::Write {
                     for (i, e) in h.entries.iter().enumerate() {
                         let cb = base + pos + at + 1 + i as u64;
                         if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::cache(cb)) {
@@ -231,6 +233,9 @@ impl Engine {
         if inner.cap_dirty {
             self.flush_capacity(inner)?;
         }
+        // What the capacity device now holds durably, for recovery to tell
+        // damage from a torn write (marks.rs); durable with the chunk's flush.
+        self.write_mark(inner, Some(c), None)?;
         self.flush_cache(inner)?;
         assert_eq!(inner.full_chunks.pop_front(), Some(c));
         inner.compact_cursor = None;
@@ -285,11 +290,14 @@ impl Engine {
                 kind: RecordKind::Segment,
                 seq: inner.seq,
                 volume: vol,
-                epoch: 0,
+                epoch: inner.bands[band as usize].epoch,
                 flushed_seq: inner.cap_flushed_seq,
                 engine: inner.tag,
+                stream: if gc { STREAM_GC } else { inner.stream(vol) as u32 },
                 lsn: 0,
                 head_lsn: 0,
+                flushed_lsn: 0,
+                prev_epoch: inner.bands[band as usize].prev_epoch,
                 entries,
             };
             encode_header(&mut buf[..BLOCK_BYTES], &h);
@@ -348,10 +356,13 @@ impl Engine {
         }
         // Zone finish and GC are synchronous on the capacity device.
         self.drain_capacity(inner)?;
+        // The band this stream fills next follows the one it closes full.
+        let mut prev_epoch = 0;
         if let Some(b) = cur {
             let start = b as u64 * inner.cfg.band_bytes;
             zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
             inner.close_band(b, vol, gc);
+            prev_epoch = inner.bands[b as usize].epoch;
         }
         if !gc {
             // Bounded: a victim that frees no more than its relocation takes
@@ -371,6 +382,10 @@ impl Engine {
         band.state = State::Open;
         band.written = 0;
         band.tombstones = 0;
+        inner.seq += 1;
+        let band = &mut inner.bands[b as usize];
+        band.epoch = inner.seq;
+        band.prev_epoch = prev_epoch;
         if gc {
             inner.gc_band = Some(b);
         } else {
@@ -549,17 +564,41 @@ impl Engine {
         if inner.cap_dirty {
             self.flush_capacity(inner)?;
         }
+        self.write_mark(inner, None, Some(v))?;
         self.flush_cache(inner)?;
         // Reads outside the lock that still hold a location in the victim
         // must see that its data may be gone.
         inner.bands[v as usize].gen += 1;
         zoned::reclaim_band(&*self.capacity, inner.geo.zoned, first * BS, inner.cfg.band_bytes)?;
+        // The discard is durable only after the next capacity flush, which
+        // the next mark must follow (until then the reclaim mark stands).
+        inner.cap_dirty = true;
         inner.gc_cursor = None;
         inner.bands[v as usize].state = State::Free;
         inner.sim_freed(None, Some(v));
         inner.free_bands.push_back(v);
         inner.stats.bands_reclaimed += 1;
         Ok(GcStep::Reclaimed)
+    }
+
+    /// After recovery: log the LSN ranges it accepted as missing (a gap
+    /// record), flushed before anything else is written, so that later
+    /// recoveries count them neither as missing nor as damage.
+    pub(super) fn log_gaps(&self, gaps: &[(u64, u64)]) -> Result<(), VolumeError> {
+        let mut inner = self.lock();
+        let mut entries: Vec<Entry> = Vec::new();
+        for &(from, to) in gaps {
+            let mut at = from;
+            while at <= to {
+                let more = (to - at).min(u32::MAX as u64);
+                entries.push(Entry { lba: at, crc: more as u32, tombstone: true });
+                at += more + 1;
+            }
+        }
+        for part in entries.chunks(RECORD_BLOCKS_MAX) {
+            self.log_record(&mut inner, 0, RecordKind::Gap, part.to_vec(), &[])?;
+        }
+        self.flush_cache(&mut inner)
     }
 
     /// After recovery: write the current content of `blocks` (volume, LBA)
@@ -633,9 +672,10 @@ impl Engine {
 
     /// Flush the cache device; every record written so far is durable.
     pub(super) fn flush_cache(&self, inner: &mut Inner) -> Result<(), VolumeError> {
-        let seq = inner.seq;
+        let (seq, lsn) = (inner.seq, inner.lsn);
         flush(&*self.cache)?;
         inner.cache_flushed_seq = seq;
+        inner.cache_flushed_lsn = lsn;
         Ok(())
     }
 

@@ -15,6 +15,13 @@ use super::*;
 use crate::layout::{Entry, Header, RecordKind};
 
 impl Inner {
+    /// The first log record still needed: the oldest full chunk's first,
+    /// else the open chunk's, else the next one to be written.
+    pub(super) fn head_lsn(&self) -> u64 {
+        let oldest = self.full_chunks.front().copied().or(self.open_chunk.map(|(c, _)| c));
+        oldest.map_or(self.lsn + 1, |c| self.chunks[c as usize].first_lsn)
+    }
+
     /// Most data blocks one write record holds: what a header lists, and
     /// what fits in a chunk after its header.
     pub(super) fn record_blocks_max(&self) -> usize {
@@ -191,11 +198,17 @@ impl Engine {
             epoch: inner.chunks[chunk as usize].epoch,
             flushed_seq: inner.cache_flushed_seq,
             engine: inner.tag,
-            lsn: 0,
-            head_lsn: 0,
+            stream: 0,
+            lsn: inner.lsn + 1,
+            head_lsn: inner.head_lsn(),
+            flushed_lsn: inner.cache_flushed_lsn,
+            prev_epoch: 0,
             entries,
         };
         encode_header(&mut rec[..BLOCK_BYTES], &h);
+        // Numbered whether or not the write succeeds: a failed write stops
+        // the engine, and its number is above anything a flush made durable.
+        inner.lsn += 1;
         let header_block = chunk as u64 * inner.blocks_per_chunk() + off;
         inner.sim_wait(Some(chunk), None);
         let c = sync_io(&*self.cache, IoRequest::write(header_block * BS, rec, 0));
@@ -230,6 +243,8 @@ impl Engine {
         let ch = &mut inner.chunks[c as usize];
         ch.state = State::Open;
         ch.epoch = inner.seq;
+        // The record about to be written into it is its first.
+        ch.first_lsn = inner.lsn + 1;
         ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
         inner.open_chunk = Some((c, 0));
         Ok((c, 0))

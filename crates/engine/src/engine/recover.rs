@@ -1,27 +1,45 @@
-//! Crash recovery: rebuild every map from the media alone.
+//! Crash recovery: rebuild every map from the media alone, and tell a torn
+//! tail from corruption.
 //!
-//! Runs when the superblock says the engine did not shut down cleanly. The
-//! steps, in order:
+//! Runs when the superblock says the engine did not shut down cleanly (and
+//! for `sluice check`, which only reads). The steps, in order:
 //! 1. **Bands.** Walk every band of the capacity device segment by segment
-//!    from its start, reading headers only, until a header does not check
-//!    (never written, discarded, or torn). Note the largest `flushed_seq`.
-//! 2. **Chunks.** Read every log chunk whole and walk its records (on every core) from the
-//!    start while they check and carry the first record's epoch (a reused
-//!    chunk still holds the previous generation past its new records). Every
-//!    data block's CRC is verified: a torn record keeps its intact blocks.
-//! 3. **Torn segments.** Segments newer than the capacity watermark (written
-//!    after the last flush the engine saw complete) may be torn: their data
-//!    is read and each block's CRC verified. Older segments are trusted.
+//!    from its start, reading headers only, while they check and carry the
+//!    band's epoch. Note the largest `flushed_seq` (the capacity watermark).
+//! 2. **Chunks.** Read every log chunk whole (on every core) and walk its
+//!    records of the chunk's newest epoch (a reused chunk still holds the
+//!    previous generation past its new records). A header that does not
+//!    check is skipped over to the next record of the same epoch with a
+//!    higher LSN, if there is one. Every data block's CRC is verified.
+//! 3. **Torn or damaged.** The log's records are numbered: every LSN from
+//!    the head (`head_lsn`, the oldest record still needed) up to the
+//!    watermark (`flushed_lsn`, the newest a flush made durable) must be
+//!    found, and their data must check; below the watermark a missing
+//!    record or a bad block is **damage**, above it a torn write. For bands:
+//!    the last capacity mark (marks.rs) says how far each band then open
+//!    must read back; a band that a later band of its stream follows must be
+//!    complete once that later band's first segment is durable; and a bad
+//!    header followed by a durable segment of the same band is a hole. A
+//!    damaged block that lost to a newer copy does no harm and is not
+//!    reported. Segments newer than the capacity watermark may be torn:
+//!    their data is read and each block's CRC verified.
 //! 4. **Resolve.** For each (volume, LBA) the entry with the highest sequence
 //!    wins; a winning tombstone leaves the block unmapped. This is sound
 //!    because the data path drops an entry from the media only once whatever
 //!    superseded it is durable (docs/engine.md, datapath.rs rule 3).
-//! 5. **Rebuild** P2L, valid counts and states: every chunk holding a valid
-//!    header is Full (in epoch order, the compaction FIFO), and every band
-//!    holding an entry that won (a valid block or the winning tombstone);
-//!    the rest are Free, so a band reclaimed before the crash whose discard
-//!    was lost is free again; nothing is open, so new writes start in fresh
-//!    chunks and bands. The sequence restarts above everything seen.
+//! 5. **Rebuild** P2L, valid counts and states: every chunk holding a record
+//!    at or above the head is Full (in epoch order, the compaction FIFO), and
+//!    every band holding an entry that won (a valid block or the winning
+//!    tombstone); the rest are Free, so a band reclaimed before the crash
+//!    whose discard was lost is free again; nothing is open, so new writes
+//!    start in fresh chunks and bands. The sequence restarts above
+//!    everything seen.
+//!
+//! Nothing here writes: `scan` returns the state, the damage found and the
+//! blocks to write again; `Engine::open` refuses damage unless told to
+//! salvage, then reconciles zones and rewrites. Damaged blocks that won stay
+//! mapped with their CRC, so reading them fails (EIO) instead of returning
+//! an older copy or zeros.
 //!
 //! Cost: one pass over the cache device and one header read per capacity
 //! segment (segments are up to ~1 MiB), so recovery time follows the cache
@@ -30,18 +48,84 @@
 //! shutdown).
 
 use super::datapath::segment_blocks;
+use super::marks::{read_mark, Mark, RECLAIMED};
 use super::*;
-use crate::layout::chunk_records;
-use crate::layout::{decode_header, Header, RecordKind};
+use crate::layout::{decode_header, record_at, Header, HeaderError, RecordKind};
+
+/// Damage recovery found: something a completed flush made durable is not
+/// on the media as written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Damage {
+    /// Durable log records `from_lsn..=to_lsn` are missing or their headers
+    /// do not check (their LBAs are unknown: whatever they held would revert
+    /// to older copies).
+    LogRecords { from_lsn: u64, to_lsn: u64, chunk: u32, near_block: u64 },
+    /// A data block of a durable log record does not match its CRC, and it
+    /// is the block's newest copy.
+    LogBlock { volume: String, lba: u64, chunk: u32, block: u64 },
+    /// Segments a band must hold are missing or do not check, in blocks
+    /// [from, to) of the band.
+    Segments { band: u32, from: u64, to: u64 },
+    /// A capacity mark slot carries the mark's magic but does not check.
+    Mark,
+    /// A mapped block's data does not match its CRC (`sluice check` reads
+    /// them all; recovery trusts durable segments' data).
+    Block { volume: String, lba: u64, device: &'static str, offset: u64 },
+    /// The clean-shutdown checkpoint maps a block elsewhere than the media do.
+    Checkpoint { volume: String, lba: u64 },
+    /// The clean-shutdown checkpoint does not check (or does not decode).
+    CheckpointUnreadable,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Damage::LogRecords { from_lsn, to_lsn, chunk, near_block } => write!(
+                f,
+                "log records {from_lsn}..={to_lsn} (chunk {chunk}, near block {near_block}) are missing or their \
+                 headers are damaged; the blocks they held are unknown"
+            ),
+            Damage::LogBlock { volume, lba, chunk, block } => {
+                write!(f, "volume {volume:?} LBA {lba}: its newest copy (log chunk {chunk}, block {block}) is damaged")
+            }
+            Damage::Segments { band, from, to } => {
+                write!(f, "band {band}: segments in blocks {from}..{to} are missing or damaged")
+            }
+            Damage::Mark => write!(f, "a capacity mark (cache device block 2 or 3) is damaged"),
+            Damage::Block { volume, lba, device, offset } => {
+                write!(f, "volume {volume:?} LBA {lba}: data damaged ({device} device, byte {offset})")
+            }
+            Damage::Checkpoint { volume, lba } => {
+                write!(f, "volume {volume:?} LBA {lba}: the checkpoint and the media disagree")
+            }
+            Damage::CheckpointUnreadable => write!(f, "the clean-shutdown checkpoint is damaged"),
+        }
+    }
+}
 
 /// Where one (volume, LBA) currently resolves to during the scan.
 #[derive(Clone, Copy)]
 struct Best {
-    seq: u64,
+    /// The entry's sequence, with `DAMAGED` and `PAST_GAP` in its top bits
+    /// (sequences stay far below 2^62), so that this stays 16 bytes a block.
+    seq_flags: u64,
     /// `Loc::NONE` for a tombstone.
     loc: Loc,
     /// The block's CRC32C from its header entry (0 for a tombstone).
     crc: u32,
+}
+
+/// The copy's data did not check although it was durable.
+const DAMAGED: u64 = 1 << 63;
+/// The copy is in a log record past a gap in its chunk (`Offer::past_gap`).
+const PAST_GAP: u64 = 1 << 62;
+const _: () = assert!(std::mem::size_of::<Best>() == 16);
+
+impl Best {
+    fn seq(&self) -> u64 {
+        self.seq_flags & !(DAMAGED | PAST_GAP)
+    }
 }
 
 struct Scan {
@@ -50,10 +134,11 @@ struct Scan {
 }
 
 impl Scan {
-    fn offer(&mut self, vol: u32, lba: u64, seq: u64, loc: Loc, crc: u32) {
+    /// `flags`: `DAMAGED`, `PAST_GAP` or neither.
+    fn offer(&mut self, vol: u32, lba: u64, seq: u64, loc: Loc, crc: u32, flags: u64) {
         let b = &mut self.best[vol as usize][lba as usize];
-        if seq > b.seq {
-            *b = Best { seq, loc, crc };
+        if seq > b.seq() {
+            *b = Best { seq_flags: seq | flags, loc, crc };
         }
     }
 }
@@ -63,47 +148,113 @@ struct Offer {
     vol: u32,
     lba: u64,
     seq: u64,
+    lsn: u64,
     loc: Loc,
     crc: u32,
+    /// The data block matched its CRC (always true for tombstones).
+    intact: bool,
+    /// From a record past a gap (a torn or damaged record) in its chunk.
+    /// It counts, but the compactor walks a chunk from its start and stops
+    /// at the first gap, so nothing may stay pointing beyond one: such
+    /// entries that win are written again (`relog`).
+    past_gap: bool,
 }
 
-/// What one chunk holds: its epoch (None: no valid record), its entries.
+/// A record found in a chunk.
+struct Found {
+    pos: u64,
+    lsn: u64,
+    seq: u64,
+}
+
+/// What one chunk holds: its epoch (None: no valid record), its records,
+/// their entries, the watermarks they carry.
 struct ChunkScan {
     chunk: u32,
     epoch: Option<u64>,
-    seq_max: u64,
+    records: Vec<Found>,
     offers: Vec<Offer>,
+    head_lsn: u64,
+    flushed_lsn: u64,
+    /// LSN ranges earlier recoveries accepted as torn (gap records).
+    gaps: Vec<(u64, u64)>,
 }
 
-/// Whether a header names a known volume and only LBAs inside it.
+/// Whether a header names a known volume and only LBAs inside it (a gap
+/// record names LSNs, and no data).
 fn fits(vol_blocks: &[usize], h: &Header) -> bool {
+    if h.kind == RecordKind::Gap {
+        return h.entries.iter().all(|e| e.tombstone);
+    }
     vol_blocks.get(h.volume as usize).is_some_and(|&n| h.entries.iter().all(|e| (e.lba as usize) < n))
 }
 
 /// Walk the records of chunk `c`, read whole into `data` (see step 2).
 fn walk_chunk(c: u32, bpc: u64, data: &[u8], vol_blocks: &[usize], tag: u32) -> ChunkScan {
     let base = c as u64 * bpc;
-    let mut out = ChunkScan { chunk: c, epoch: None, seq_max: 0, offers: Vec::new() };
-    for (pos, h) in chunk_records(data, bpc, tag) {
-        if !fits(vol_blocks, &h) {
-            break;
+    let mut out = ChunkScan {
+        chunk: c,
+        epoch: None,
+        records: Vec::new(),
+        offers: Vec::new(),
+        head_lsn: 0,
+        flushed_lsn: 0,
+        gaps: Vec::new(),
+    };
+    let block = |p: u64| &data[(p * BS) as usize..((p + 1) * BS) as usize];
+    let valid = |p: u64| record_at(block(p), p, bpc, tag).filter(|h| fits(vol_blocks, h));
+    // The chunk's generation: its first record's, or if that one is
+    // damaged, the newest found anywhere in it (old generations lie past
+    // the current one's records, never before).
+    let epoch = match valid(0) {
+        Some(h) => h.epoch,
+        None => match (1..bpc).filter_map(valid).map(|h| h.epoch).max() {
+            Some(e) => e,
+            None => return out,
+        },
+    };
+    out.epoch = Some(epoch);
+    let mut pos = (0..bpc).find(|&p| valid(p).is_some_and(|h| h.epoch == epoch)).expect("found above");
+    let mut last_lsn = 0;
+    let mut usable = pos == 0;
+    while pos < bpc {
+        let Some(h) = valid(pos).filter(|h| h.epoch == epoch && h.lsn > last_lsn) else {
+            // The end, a torn record, or damage: go on at the next record
+            // of this generation, if any (step 3 tells which it was).
+            match (pos + 1..bpc).find(|&p| valid(p).is_some_and(|h| h.epoch == epoch && h.lsn > last_lsn)) {
+                Some(p) => {
+                    pos = p;
+                    usable = false;
+                    continue;
+                }
+                None => break,
+            }
+        };
+        out.head_lsn = out.head_lsn.max(h.head_lsn);
+        out.flushed_lsn = out.flushed_lsn.max(h.flushed_lsn);
+        out.records.push(Found { pos, lsn: h.lsn, seq: h.seq.max(h.epoch) });
+        last_lsn = h.lsn;
+        if h.kind == RecordKind::Gap {
+            out.gaps.extend(h.entries.iter().map(|e| (e.lba, e.lba + e.crc as u64)));
         }
-        out.epoch.get_or_insert(h.epoch);
-        out.seq_max = out.seq_max.max(h.seq).max(h.epoch);
+        if h.kind == RecordKind::Gap {
+            pos += 1;
+            continue;
+        }
+        let past_gap = !usable;
         let mut data_i = 0u64;
         for e in &h.entries {
-            let (vol, lba, seq) = (h.volume, e.lba, h.seq);
+            let (vol, lba, seq, lsn) = (h.volume, e.lba, h.seq, h.lsn);
             if e.tombstone {
-                out.offers.push(Offer { vol, lba, seq, loc: Loc::NONE, crc: 0 });
+                out.offers.push(Offer { vol, lba, seq, lsn, loc: Loc::NONE, crc: 0, intact: true, past_gap });
             } else {
-                let block = pos + 1 + data_i;
-                let d = &data[(block * BS) as usize..((block + 1) * BS) as usize];
-                if crc32c(d) == e.crc {
-                    out.offers.push(Offer { vol, lba, seq, loc: Loc::cache(base + block), crc: e.crc });
-                }
+                let b = pos + 1 + data_i;
+                let intact = crc32c(block(b)) == e.crc;
+                out.offers.push(Offer { vol, lba, seq, lsn, loc: Loc::cache(base + b), crc: e.crc, intact, past_gap });
                 data_i += 1;
             }
         }
+        pos += 1 + data_i;
     }
     out
 }
@@ -115,45 +266,156 @@ struct Segment {
     header: Header,
 }
 
-pub(super) fn recover(
+/// What a band's walk found: where it stopped, and how.
+struct BandWalk {
+    /// The epoch of its segments (None: no segment).
+    epoch: Option<u64>,
+    stream: u32,
+    /// Block where the walk stopped.
+    stop: u64,
+    /// The block there holds something that is not a header of this
+    /// engine's, and not zeros: a damaged header, or a torn write.
+    garbage: bool,
+    /// Sequence of its first segment.
+    first_seq: u64,
+    /// The epoch of the band its stream closed full before this one (0: none).
+    prev_epoch: u64,
+}
+
+/// The result of a recovery scan (nothing written yet).
+pub(super) struct Recovered {
+    pub inner: Inner,
+    /// Blocks to write again (`Engine::relog`): torn segment copies that
+    /// lost, which a later recovery could otherwise trust.
+    pub superseded: Vec<(u32, u64)>,
+    /// LSN ranges this recovery accepts as missing (torn, or damaged when
+    /// salvaging), to be logged (`Engine::log_gaps`) before anything else.
+    pub gaps: Vec<(u64, u64)>,
+    /// Capacity blocks where a band's walk stopped at a torn header, to be
+    /// zeroed: the segments past it were never durable, and must not look
+    /// so to a later recovery once flushes have passed their sequence.
+    pub torn_headers: Vec<u64>,
+    /// Free bands still holding segments, to be discarded before reuse.
+    pub stale_bands: Vec<u32>,
+    pub damage: Vec<Damage>,
+}
+
+pub(super) fn scan(
     cache: &dyn BlockDevice,
     capacity: &dyn BlockDevice,
     cfg: EngineConfig,
     geo: CapGeometry,
     sb: Superblock,
-) -> Result<(Inner, Vec<(u32, u64)>), EngineError> {
+) -> Result<Recovered, EngineError> {
     let chunk_count = sb.cache_bytes / cfg.chunk_bytes;
     let band_count = sb.checkpoint_offset / cfg.band_bytes;
     let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
     let (bpc, bpb, usable) = (inner.blocks_per_chunk(), inner.blocks_per_band(), inner.band_usable());
     let unit = inner.cfg.write_unit_bytes / BS;
     let mut scan = Scan {
-        best: inner.vols.iter().map(|v| vec![Best { seq: 0, loc: Loc::NONE, crc: 0 }; v.l2p.len()]).collect(),
+        best: inner.vols.iter().map(|v| vec![Best { seq_flags: 0, loc: Loc::NONE, crc: 0 }; v.l2p.len()]).collect(),
         seq_max: 0,
     };
     let vol_blocks: Vec<usize> = inner.vols.iter().map(|v| v.l2p.len()).collect();
     let tag = inner.tag;
+    let mut damage = Vec::new();
+    let (mark, mark_damaged) = read_mark(cache, tag)?;
+    if mark_damaged {
+        damage.push(Damage::Mark);
+    }
 
     // Step 1: band headers.
     let mut segments: Vec<Segment> = Vec::new();
+    let mut walks: Vec<BandWalk> = Vec::with_capacity(band_count as usize);
     let mut cap_watermark = 0u64;
+    let segment_at = |band: u64, pos: u64| -> Result<Result<Header, bool>, EngineError> {
+        let hb = read_at(capacity, (band * bpb + pos) * BS, BLOCK_BYTES)?;
+        let h = decode_header(&hb, tag);
+        Ok(match h {
+            Ok(h)
+                if h.kind == RecordKind::Segment
+                    && pos + 1 + h.data_blocks() as u64 <= usable
+                    && fits(&vol_blocks, &h) =>
+            {
+                Ok(h)
+            }
+            // A header of another engine, or nothing at all: not garbage.
+            Err(HeaderError::OtherEngine(_)) => Err(false),
+            Err(HeaderError::NoMagic) => Err(hb.iter().any(|&x| x != 0)),
+            _ => Err(true),
+        })
+    };
     for band in 0..band_count as u32 {
-        let first = band as u64 * bpb;
+        let mut w = BandWalk { epoch: None, stream: 0, stop: 0, garbage: false, first_seq: 0, prev_epoch: 0 };
         let mut pos = 0u64;
         while pos + 1 < usable {
-            let hb = read_at(capacity, (first + pos) * BS, BLOCK_BYTES)?;
-            let Ok(h) = decode_header(&hb, inner.tag) else { break };
-            let n = h.data_blocks() as u64;
-            if h.kind != RecordKind::Segment || pos + 1 + n > usable || !fits(&vol_blocks, &h) {
-                break;
-            }
+            let h = match segment_at(band as u64, pos)? {
+                Ok(h) if w.epoch.is_none_or(|e| e == h.epoch) => h,
+                // A previous generation's segment: this one's end.
+                Ok(_) => break,
+                Err(garbage) => {
+                    w.garbage = garbage;
+                    break;
+                }
+            };
             cap_watermark = cap_watermark.max(h.flushed_seq);
-            let next = (pos + segment_blocks(n, unit)).min(usable);
+            if w.epoch.is_none() {
+                (w.epoch, w.stream, w.first_seq, w.prev_epoch) = (Some(h.epoch), h.stream, h.seq, h.prev_epoch);
+            }
+            let next = (pos + segment_blocks(h.data_blocks() as u64, unit)).min(usable);
             segments.push(Segment { band, pos, header: h });
             pos = next;
         }
-        let b = &mut inner.bands[band as usize];
-        b.written = pos;
+        w.stop = pos;
+        inner.bands[band as usize].written = pos;
+        inner.bands[band as usize].epoch = w.epoch.unwrap_or(0);
+        walks.push(w);
+    }
+    let mut torn_headers = Vec::new();
+    for (band, w) in walks.iter().enumerate() {
+        if w.stop + 1 >= usable {
+            continue;
+        }
+        // How far the band must read back: the last mark's pointer for it.
+        let marked = mark.as_ref().and_then(|m| m.bands.iter().find(|mb| mb.band as usize == band));
+        let marked = marked.filter(|mb| w.epoch.is_none_or(|e| e == mb.epoch));
+        // GC reclaimed this generation of the band just before the last
+        // mark: everything in it was relocated; its discard, and whatever
+        // was written into it since, may be lost in any part.
+        if marked.is_some_and(|mb| mb.written == RECLAIMED) {
+            continue;
+        }
+        let mut must = marked.map_or(0, |mb| mb.written as u64);
+        // A band its stream closed full and went on from was complete, if
+        // the next band's first segment is durable (it was written after
+        // this band's last one, and a flush covers every write submitted
+        // before it).
+        if let Some(e) = w.epoch {
+            let next = walks.iter().filter(|o| o.stream == w.stream && o.prev_epoch == e && o.epoch.is_some());
+            if next.into_iter().any(|o| o.first_seq <= cap_watermark) {
+                must = must.max(usable - 1);
+            }
+        }
+        // A damaged header with a durable segment of the same band after it.
+        if w.garbage {
+            let mut p = (w.stop / unit + 1) * unit;
+            while p + 1 < usable {
+                if let Ok(h) = segment_at(band as u64, p)? {
+                    if w.epoch.is_none_or(|e| e == h.epoch) && h.seq <= cap_watermark {
+                        must = must.max(p + 1);
+                    }
+                    break;
+                }
+                p += unit;
+            }
+        }
+        if w.stop < must {
+            damage.push(Damage::Segments { band: band as u32, from: w.stop, to: must });
+        } else if w.garbage && !geo.zoned {
+            // A torn write, accepted: zeroed (`Engine::open`), or a later
+            // flush would make what lies after it look durable.
+            torn_headers.push(band as u64 * bpb + w.stop);
+        }
     }
 
     // Step 2: the log, chunk by chunk. Workers each read a chunk (the
@@ -208,24 +470,89 @@ pub(super) fn recover(
     if let Some(e) = read_error {
         return Err(e.into());
     }
+    // Step 3 for the log: the head, the watermark, and every LSN between.
+    let head = scans.iter().map(|cs| cs.head_lsn).chain(mark.as_ref().map(|m: &Mark| m.head_lsn)).max().unwrap_or(0);
+    let flushed = scans.iter().map(|cs| cs.flushed_lsn).max().unwrap_or(0);
+    let lsn_max = scans.iter().flat_map(|cs| cs.records.iter().map(|r| r.lsn)).max().unwrap_or(0);
+    let mut lsns: Vec<(u64, u32, u64)> =
+        scans.iter().flat_map(|cs| cs.records.iter().map(move |r| (r.lsn, cs.chunk, r.pos))).collect();
+    lsns.sort_unstable();
+    // Missing ranges [from, to] from the head to the newest record found
+    // (or the watermark), less what earlier recoveries accepted as torn:
+    // at or below the watermark they are damage, above it torn writes, which
+    // are recorded (`new_gaps`) so that later recoveries accept them too.
+    let mut accepted: Vec<(u64, u64)> = scans.iter().flat_map(|cs| cs.gaps.iter().copied()).collect();
+    accepted.sort_unstable();
+    let mut missing: Vec<(u64, u64, u32, u64)> = Vec::new();
+    let mut expect = head.max(1);
+    for &(lsn, chunk, pos) in lsns.iter().filter(|&&(l, ..)| l >= head) {
+        if expect < lsn {
+            missing.push((expect, lsn - 1, chunk, pos));
+        }
+        expect = expect.max(lsn + 1);
+    }
+    let (last_chunk, last_pos) = lsns.last().map_or((0, 0), |&(_, c, p)| (c, p));
+    if expect <= flushed.max(lsn_max) {
+        missing.push((expect, flushed.max(lsn_max), last_chunk, last_pos));
+    }
+    let mut new_gaps = Vec::new();
+    for (from, to, chunk, pos) in missing {
+        let mut at = from;
+        while at <= to {
+            // Skip what a gap record already accepted.
+            if let Some(&(_, end)) = accepted.iter().find(|&&(a, b)| a <= at && at <= b) {
+                at = end + 1;
+                continue;
+            }
+            let next_accepted = accepted.iter().map(|&(a, _)| a).filter(|&a| a > at).min().unwrap_or(u64::MAX);
+            let end = to.min(next_accepted - 1);
+            if at <= flushed {
+                let to_lsn = end.min(flushed);
+                damage.push(Damage::LogRecords { from_lsn: at, to_lsn, chunk, near_block: pos });
+                new_gaps.push((at, to_lsn));
+                at = to_lsn + 1;
+            } else {
+                new_gaps.push((at, end));
+                at = end + 1;
+            }
+        }
+    }
+    inner.lsn = lsn_max.max(head.saturating_sub(1));
+    inner.mark_gen = mark.as_ref().map_or(0, |m| m.gen);
     let mut chunk_epochs: Vec<(u64, u32)> = Vec::new();
     for cs in scans {
-        let Some(e) = cs.epoch else { continue };
+        scan.seq_max = scan.seq_max.max(cs.records.iter().map(|r| r.seq).max().unwrap_or(0));
+        // A chunk whose records are all below the head was compacted and
+        // freed: nothing in it is needed.
+        let Some(first) = cs.records.iter().find(|r| r.lsn >= head) else { continue };
         let ch = &mut inner.chunks[cs.chunk as usize];
         ch.state = State::Full;
-        ch.epoch = e;
-        chunk_epochs.push((e, cs.chunk));
-        scan.seq_max = scan.seq_max.max(cs.seq_max);
-        for o in cs.offers {
-            scan.offer(o.vol, o.lba, o.seq, o.loc, o.crc);
+        ch.epoch = cs.epoch.expect("records have an epoch");
+        ch.first_lsn = first.lsn;
+        chunk_epochs.push((ch.epoch, cs.chunk));
+        for o in cs.offers.into_iter().filter(|o| o.lsn >= head) {
+            // A bad block after the watermark is a torn write: ignored, and
+            // its record logged as accepted (a later flush covers its LSN,
+            // and the next recovery must not take it for damage), as are
+            // those an earlier recovery accepted. At or below the watermark
+            // the copy is damaged; if it wins, step 5 says so.
+            let was_accepted = accepted.iter().any(|&(a, b)| a <= o.lsn && o.lsn <= b);
+            let past_gap = if o.past_gap { PAST_GAP } else { 0 };
+            if o.intact {
+                scan.offer(o.vol, o.lba, o.seq, o.loc, o.crc, past_gap);
+            } else if o.lsn <= flushed && !was_accepted {
+                scan.offer(o.vol, o.lba, o.seq, o.loc, o.crc, DAMAGED | past_gap);
+            } else if !was_accepted {
+                new_gaps.push((o.lsn, o.lsn));
+            }
         }
     }
 
-    // Step 3: segments, verifying data written after the last flush.
+    // Step 3 for segments: verify data written after the last flush.
     let mut torn: Vec<(u32, u64, u64)> = Vec::new();
     for s in &segments {
         let h = &s.header;
-        scan.seq_max = scan.seq_max.max(h.seq);
+        scan.seq_max = scan.seq_max.max(h.seq).max(h.epoch);
         let first = s.band as u64 * bpb + s.pos;
         let n = h.data_blocks();
         let verify = h.seq > cap_watermark && n > 0;
@@ -233,13 +560,13 @@ pub(super) fn recover(
         let mut data_i = 0usize;
         for e in &h.entries {
             if e.tombstone {
-                scan.offer(h.volume, e.lba, h.seq, Loc::NONE, 0);
+                scan.offer(h.volume, e.lba, h.seq, Loc::NONE, 0, 0);
                 continue;
             }
             let intact =
                 body.as_ref().is_none_or(|b| crc32c(&b[data_i * BLOCK_BYTES..(data_i + 1) * BLOCK_BYTES]) == e.crc);
             if intact {
-                scan.offer(h.volume, e.lba, h.seq, Loc::capacity(first + 1 + data_i as u64), e.crc);
+                scan.offer(h.volume, e.lba, h.seq, Loc::capacity(first + 1 + data_i as u64), e.crc, 0);
             } else {
                 torn.push((h.volume, e.lba, h.seq));
             }
@@ -252,12 +579,25 @@ pub(super) fn recover(
     }
 
     // Steps 4 and 5: winners into the L2P and the P2Ls; states and lists.
+    let mut past_gap: Vec<(u32, u64)> = Vec::new();
     for (vi, best) in scan.best.iter().enumerate() {
         for (lba, b) in best.iter().enumerate() {
             inner.vols[vi].l2p[lba] = b.loc;
             inner.vols[vi].crcs[lba] = b.crc;
             let owner = (vi as u32, lba as u64);
+            if b.seq_flags & PAST_GAP != 0 {
+                past_gap.push(owner);
+            }
             if let Some(cb) = b.loc.cache_block() {
+                if b.seq_flags & DAMAGED != 0 {
+                    let (chunk, block) = ((cb / bpc) as u32, cb % bpc);
+                    damage.push(Damage::LogBlock {
+                        volume: inner.vols[vi].name.clone(),
+                        lba: lba as u64,
+                        chunk,
+                        block,
+                    });
+                }
                 let ch = &mut inner.chunks[(cb / bpc) as usize];
                 ch.p2l[(cb % bpc) as usize] = owner;
                 ch.valid += 1;
@@ -278,7 +618,7 @@ pub(super) fn recover(
         let best = &scan.best[h.volume as usize];
         live[s.band as usize] |= h.entries.iter().any(|e| {
             let w = best[e.lba as usize];
-            e.tombstone && w.seq == h.seq && w.loc.is_none()
+            e.tombstone && w.seq() == h.seq && w.loc.is_none()
         });
     }
     for (b, band) in inner.bands.iter_mut().enumerate() {
@@ -289,6 +629,13 @@ pub(super) fn recover(
     chunk_epochs.sort_unstable();
     inner.full_chunks = chunk_epochs.iter().map(|&(_, c)| c).collect();
     inner.free_chunks = (1..chunk_count as u32).filter(|&c| inner.chunks[c as usize].state == State::Free).collect();
+    // Free bands that still hold segments (dead ones, or a previous
+    // generation whose discard was lost) are discarded before reuse: a new
+    // generation's torn first segments must never leave an older one's
+    // durable segments to be read as this band's.
+    let stale_bands: Vec<u32> = (0..band_count as u32)
+        .filter(|&b| inner.bands[b as usize].state == State::Free && walks[b as usize].stop > 0)
+        .collect();
     for b in inner.bands.iter_mut().filter(|b| b.state == State::Free) {
         b.written = 0;
         b.tombstones = 0;
@@ -297,18 +644,244 @@ pub(super) fn recover(
     inner.seq = scan.seq_max + 1;
     inner.cache_flushed_seq = inner.seq;
     inner.cap_flushed_seq = inner.seq;
+    inner.cache_flushed_lsn = inner.lsn;
     inner.check_invariants();
-    // On a zoned device: reset zones now free, finish zones now full.
-    zoned::reconcile(capacity, &inner)?;
     // A torn segment stays on the media with a sequence above the copy that
     // won instead; once later headers' watermarks pass it, a later recovery
     // would trust it unverified. Such blocks are written again (`relog`).
     let mut superseded: Vec<(u32, u64)> = torn
         .into_iter()
-        .filter(|&(v, lba, seq)| scan.best[v as usize][lba as usize].seq < seq)
+        .filter(|&(v, lba, seq)| scan.best[v as usize][lba as usize].seq() < seq)
         .map(|(v, lba, _)| (v, lba))
+        .chain(past_gap)
         .collect();
     superseded.sort_unstable();
     superseded.dedup();
-    Ok((inner, superseded))
+    new_gaps.sort_unstable();
+    new_gaps.dedup();
+    Ok(Recovered { inner, superseded, damage, gaps: new_gaps, torn_headers, stale_bands })
+}
+
+impl Engine {
+    /// After a salvaging open: make the damage it accepted stay accepted.
+    /// Blocks whose newest copy is damaged are trimmed (they read as zeros
+    /// from now on; `Engine::salvaged` names them). Bands with damage are
+    /// emptied — every block they hold written again to the log (trimmed if
+    /// it does not check) — and discarded, so no later recovery finds the
+    /// same damage again; then a fresh mark (none of them is open).
+    pub(super) fn salvage_repair(&self, damage: &[Damage]) -> Result<(), VolumeError> {
+        let mut inner = self.lock();
+        let vol_id = |inner: &Inner, name: &str| inner.vols.iter().position(|v| v.name == name).map(|i| i as u32);
+        for d in damage {
+            if let Damage::LogBlock { volume, lba, .. } = d {
+                if let Some(v) = vol_id(&inner, volume) {
+                    self.trim_logged(&mut inner, v, *lba..*lba + 1)?;
+                }
+            }
+        }
+        let mut bands: Vec<u32> = damage
+            .iter()
+            .filter_map(|d| if let Damage::Segments { band, .. } = d { Some(*band) } else { None })
+            .collect();
+        bands.sort_unstable();
+        bands.dedup();
+        let bpb = inner.blocks_per_band();
+        for &b in &bands {
+            let mut held = Vec::new();
+            for (v, vol) in inner.vols.iter().enumerate() {
+                for (lba, loc) in vol.l2p.iter().enumerate() {
+                    if loc.capacity_block().is_some_and(|pb| pb / bpb == b as u64) {
+                        held.push((v as u32, lba as u64, *loc, vol.crcs[lba]));
+                    }
+                }
+            }
+            for (v, lba, loc, crc) in held {
+                let mut data = vec![0u8; BLOCK_BYTES];
+                match self.read_blocks(&[loc], &[crc], lba * BS, &mut data) {
+                    Ok(()) => self.append(&mut inner, v, &[(lba, &data)], &[crc], false)?,
+                    Err(VolumeError::Corrupt { .. }) => self.trim_logged(&mut inner, v, lba..lba + 1)?,
+                    Err(e) => return Err(e),
+                }
+            }
+            self.flush_cache(&mut inner)?;
+            assert_eq!(inner.bands[b as usize].valid, 0, "every block of a salvaged band moved");
+            inner.bands[b as usize].gen += 1;
+            let len = inner.cfg.band_bytes;
+            zoned::reclaim_band(&*self.capacity, inner.geo.zoned, b as u64 * bpb * BS, len)?;
+            let band = &mut inner.bands[b as usize];
+            (band.written, band.tombstones, band.epoch) = (0, 0, 0);
+            if band.state != State::Free {
+                band.state = State::Free;
+                inner.free_bands.push_back(b);
+            }
+        }
+        if !bands.is_empty() {
+            self.write_mark(&mut inner, None, None)?;
+        }
+        self.flush_cache(&mut inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{pattern, small_world};
+
+    /// (block, header) of every record or segment header on `dev` (a scan
+    /// of the raw device, as an attacker flipping bits would see it).
+    fn headers(dev: &dyn BlockDevice, tag: u32) -> Vec<(u64, Header)> {
+        let blocks = dev.info().capacity_bytes / BS;
+        let all = read_at(dev, 0, (blocks * BS) as usize).unwrap();
+        (0..blocks)
+            .filter_map(|b| decode_header(&all[(b * BS) as usize..((b + 1) * BS) as usize], tag).ok().map(|h| (b, h)))
+            .collect()
+    }
+
+    fn flip(dev: &dyn BlockDevice, block: u64, byte: usize) {
+        let mut b = read_at(dev, block * BS, BLOCK_BYTES).unwrap().to_vec();
+        b[byte] ^= 0x40;
+        write_at(dev, block * BS, &b).unwrap();
+    }
+
+    /// An engine with 40 one-block records in its log, all flushed (a
+    /// later record carries the watermark), stopped without a shutdown.
+    fn logged() -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>, u32) {
+        let w = small_world(&[256]);
+        for lba in 0..40 {
+            w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+        }
+        w.volumes[0].flush().unwrap();
+        w.volumes[0].write(100 * BS, &pattern(0, 100, 1), false).unwrap();
+        let tag = crate::persist::engine_tag(&w.engine.uuid());
+        let (c, p) = w.engine.devices();
+        (c, p, tag)
+    }
+
+    fn damage_of(r: Result<Arc<Engine>, EngineError>) -> Vec<Damage> {
+        match r {
+            Err(EngineError::Damaged(d)) => d,
+            Err(e) => panic!("expected damage, got {e}"),
+            Ok(_) => panic!("expected damage, the engine opened"),
+        }
+    }
+
+    #[test]
+    fn a_damaged_header_of_a_durable_log_record_is_damage_not_a_torn_tail() {
+        let (cache, capacity, tag) = logged();
+        let (at, _) = headers(&*cache, tag).into_iter().find(|(_, h)| h.lsn == 5).unwrap();
+        flip(&*cache, at, 200);
+        let d = damage_of(Engine::open(cache.clone(), capacity.clone()));
+        assert!(
+            matches!(d[..], [Damage::LogRecords { from_lsn: 5, to_lsn: 5, .. }]),
+            "the one damaged record, not the records after it: {d:?}"
+        );
+        // `check` reports the same, and the refusal changed nothing.
+        assert_eq!(Engine::check(cache.clone(), capacity.clone()).unwrap().damage, d);
+        let before = read_at(&*cache, 0, cache.info().capacity_bytes as usize).unwrap().to_vec();
+        assert!(Engine::open(cache.clone(), capacity.clone()).is_err());
+        assert!(read_at(&*cache, 0, cache.info().capacity_bytes as usize).unwrap()[..] == before[..]);
+        // Salvaged: it opens, what the damaged record held is gone (block
+        // 4 was its only write), every other block is there.
+        let e = Engine::open_with(cache.clone(), capacity.clone(), OpenOptions { salvage: true }).unwrap();
+        assert_eq!(e.salvaged(), &d[..]);
+        let v = e.volume("v0").unwrap();
+        let mut b = vec![0u8; BLOCK_BYTES];
+        for lba in (0..40).filter(|&l| l != 4) {
+            v.read(lba * BS, &mut b).unwrap();
+            assert!(b == pattern(0, lba, 1), "block {lba}");
+        }
+        v.read(4 * BS, &mut b).unwrap();
+        assert!(b == vec![0u8; BLOCK_BYTES]);
+        // The damage accepted stays accepted: a crash now reopens cleanly.
+        drop((v, e));
+        let e = Engine::open(cache, capacity).unwrap();
+        assert!(e.recovered_in().is_some());
+    }
+
+    #[test]
+    fn a_damaged_data_block_of_a_durable_log_record_is_named_and_salvage_trims_it() {
+        let (cache, capacity, tag) = logged();
+        let (at, h) = headers(&*cache, tag).into_iter().find(|(_, h)| h.lsn == 7).unwrap();
+        assert_eq!(h.entries[0].lba, 6);
+        flip(&*cache, at + 1, 3000);
+        let d = damage_of(Engine::open(cache.clone(), capacity.clone()));
+        assert!(matches!(&d[..], [Damage::LogBlock { lba: 6, .. }]), "{d:?}");
+        let e = Engine::open_with(cache.clone(), capacity.clone(), OpenOptions { salvage: true }).unwrap();
+        let v = e.volume("v0").unwrap();
+        let mut b = vec![0u8; BLOCK_BYTES];
+        v.read(6 * BS, &mut b).unwrap();
+        assert!(b == vec![0u8; BLOCK_BYTES], "salvage trims a damaged block: never its bad bytes");
+        e.shutdown().unwrap();
+        drop((v, e));
+        let r = Engine::check(cache, capacity).unwrap();
+        assert!(r.clean && r.damage.is_empty(), "{}", r.text());
+    }
+
+    #[test]
+    fn a_damaged_segment_header_followed_by_durable_segments_is_damage() {
+        let w = small_world(&[256]);
+        // Several passes over the volume: compaction fills bands.
+        for pass in 1..=4 {
+            for lba in 0..256 {
+                w.volumes[0].write(lba * BS, &pattern(0, lba, pass), false).unwrap();
+            }
+        }
+        w.volumes[0].flush().unwrap();
+        let tag = crate::persist::engine_tag(&w.engine.uuid());
+        let (cache, capacity) = w.engine.devices();
+        drop(w);
+        let segs: Vec<(u64, Header)> =
+            headers(&*capacity, tag).into_iter().filter(|(_, h)| h.kind == RecordKind::Segment).collect();
+        // A band's first segment, with a later segment of its generation.
+        let bpb = 32;
+        let (at, _) = segs
+            .iter()
+            .find(|(b, h)| b % bpb == 0 && segs.iter().any(|(o, g)| o / bpb == b / bpb && o > b && g.epoch == h.epoch))
+            .unwrap();
+        flip(&*capacity, *at, 100);
+        let d = damage_of(Engine::open(cache.clone(), capacity.clone()));
+        assert!(
+            d.iter().any(|x| matches!(x, Damage::Segments { band, from: 0, .. } if *band as u64 == at / bpb)),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn check_finds_blocks_damaged_at_rest_and_a_damaged_checkpoint() {
+        let w = small_world(&[256]);
+        for pass in 1..=3 {
+            for lba in 0..256 {
+                w.volumes[0].write(lba * BS, &pattern(0, lba, pass), false).unwrap();
+            }
+        }
+        w.engine.shutdown().unwrap();
+        let (cache, capacity) = w.engine.devices();
+        drop(w);
+        let clean = Engine::check(cache.clone(), capacity.clone()).unwrap();
+        assert!(clean.clean && clean.damage.is_empty() && clean.blocks_checked == 256, "{}", clean.text());
+        // A data block on the capacity device: read every block to find one.
+        let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
+        let loc = e.lock().vols[0].l2p[10];
+        e.shutdown().unwrap();
+        drop(e);
+        let pb = loc.capacity_block().expect("block 10 was compacted");
+        flip(&*capacity, pb, 7);
+        let r = Engine::check(cache.clone(), capacity.clone()).unwrap();
+        assert!(matches!(&r.damage[..], [Damage::Block { lba: 10, device: "capacity", .. }]), "{}", r.text());
+        flip(&*capacity, pb, 7);
+        // The checkpoint.
+        let sb = Engine::inspect(&*cache, &*capacity).unwrap();
+        flip(&*capacity, sb.checkpoint_offset / BS, 50);
+        let r = Engine::check(cache.clone(), capacity.clone()).unwrap();
+        assert_eq!(r.damage, vec![Damage::CheckpointUnreadable], "{}", r.text());
+        assert!(matches!(Engine::open(cache.clone(), capacity.clone()), Err(EngineError::CheckpointChecksum)));
+        // Salvage recovers from the media instead, every block intact.
+        let e = Engine::open_with(cache, capacity, OpenOptions { salvage: true }).unwrap();
+        let v = e.volume("v0").unwrap();
+        let mut b = vec![0u8; BLOCK_BYTES];
+        for lba in 0..256 {
+            v.read(lba * BS, &mut b).unwrap();
+            assert!(b == pattern(0, lba, 3), "block {lba}");
+        }
+    }
 }
