@@ -230,7 +230,9 @@ impl Sim {
         };
         match r {
             Ok(()) => Ok(true),
-            Err(crate::VolumeError::Io(_)) => Ok(false),
+            // Exactly the injected fault, or the stop it caused: any other
+            // device error is a failure of the run.
+            Err(crate::VolumeError::Io(sluice_media::DeviceError::Injected) | crate::VolumeError::Stopped) => Ok(false),
             Err(e) => Err(self.fail(op, format!("unexpected error: {e}"))),
         }
     }
@@ -439,9 +441,10 @@ mod tests {
         v.write(0, &pattern(0, 0, 1), false).unwrap();
         v.flush().unwrap();
         cache.inject(FaultPlan::nth_write(1));
-        assert!(matches!(v.write(4096, &pattern(0, 1, 2), false), Err(crate::VolumeError::Io(_))));
+        let injected = crate::VolumeError::Io(sluice_media::DeviceError::Injected);
+        assert_eq!(v.write(4096, &pattern(0, 1, 2), false), Err(injected));
         // Stopped: later changes are refused with a typed error, reads work.
-        assert!(matches!(v.write(8192, &pattern(0, 2, 3), false), Err(crate::VolumeError::Io(_))));
+        assert_eq!(v.write(8192, &pattern(0, 2, 3), false), Err(crate::VolumeError::Stopped));
         let mut b = vec![0u8; BS];
         v.read(0, &mut b).unwrap();
         assert_eq!(b, pattern(0, 0, 1));
@@ -464,7 +467,7 @@ mod tests {
         v.write(0, &pattern(0, 0, 1), false).unwrap();
         cache.inject(FaultPlan::nth_read(1));
         let mut b = vec![0u8; BS];
-        assert!(matches!(v.read(0, &mut b), Err(crate::VolumeError::Io(_))));
+        assert_eq!(v.read(0, &mut b), Err(crate::VolumeError::Io(sluice_media::DeviceError::Injected)));
         v.read(0, &mut b).unwrap();
         assert_eq!(b, pattern(0, 0, 1));
         v.write(4096, &pattern(0, 1, 2), false).unwrap();

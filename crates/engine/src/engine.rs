@@ -185,7 +185,7 @@ pub enum EngineError {
 
 impl From<DeviceError> for VolumeError {
     fn from(e: DeviceError) -> VolumeError {
-        VolumeError::Io(e.to_string())
+        VolumeError::Io(e)
     }
 }
 
@@ -1063,7 +1063,12 @@ impl Inner {
     /// further changes until the engine is reopened (`failed`): the
     /// in-memory state may be ahead of or behind the media.
     fn stop_on_device_error<T>(&mut self, r: Result<T, VolumeError>) -> Result<T, VolumeError> {
-        if matches!(r, Err(VolumeError::Io(_)) | Err(VolumeError::Corrupt { .. })) {
+        if let Err(e @ (VolumeError::Io(_) | VolumeError::Corrupt { .. } | VolumeError::Damaged { .. })) = &r {
+            if !self.failed {
+                // Said the moment it happens, with the cause: every later
+                // change fails until a restart recovers from the devices.
+                eprintln!("sluice: engine stopped taking changes: {e}; reads go on, restart to recover");
+            }
             self.failed = true;
         }
         r

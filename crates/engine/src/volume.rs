@@ -12,7 +12,7 @@
 //! Calls are synchronous and `&self`: a frontend may call from many threads.
 
 use serde::Serialize;
-use sluice_media::IoBuf;
+use sluice_media::{DeviceError, IoBuf};
 
 /// The data of one write, in a buffer the volume handed out
 /// (`Volume::write_buffer`) so that `write_owned` can store it without
@@ -67,6 +67,9 @@ impl WriteBuf {
 }
 
 /// Errors a volume returns; each maps to one NBD/errno answer.
+///
+/// A device error keeps its type (and errno) all the way to the protocol
+/// reply: a host filesystem that fills up is ENOSPC to the client, not EIO.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum VolumeError {
     #[error("offset {offset} or length {len} not a multiple of the {block_bytes}-byte block")]
@@ -77,8 +80,16 @@ pub enum VolumeError {
     NoSpace,
     #[error("volume is read-only")]
     ReadOnly,
-    #[error("device I/O error: {0}")]
-    Io(String),
+    /// A device failed a request: the device's own error, errno and all.
+    #[error("device: {0}")]
+    Io(DeviceError),
+    /// Engine metadata on a device does not check (a segment header GC
+    /// read, say): damage the read path cannot work around.
+    #[error("damaged metadata on the {device} device at byte {offset}: {what}")]
+    Damaged { device: &'static str, offset: u64, what: String },
+    /// An earlier device error stopped all changes; reopening recovers.
+    #[error("the engine stopped after a device error; restart it to recover from the devices")]
+    Stopped,
     #[error("data checksum mismatch at volume byte {offset} (stored on the {device} device at byte {device_offset})")]
     Corrupt { offset: u64, device: &'static str, device_offset: u64 },
 }
@@ -87,11 +98,15 @@ impl VolumeError {
     /// The errno an NBD server answers with.
     pub fn errno(&self) -> i32 {
         match self {
-            VolumeError::Misaligned { .. } => 22,                  // EINVAL
-            VolumeError::OutOfRange { .. } => 22,                  // EINVAL (NBD: ENOSPC for writes past the end)
-            VolumeError::NoSpace => 28,                            // ENOSPC
-            VolumeError::ReadOnly => 1,                            // EPERM
-            VolumeError::Io(_) | VolumeError::Corrupt { .. } => 5, // EIO
+            VolumeError::Misaligned { .. } => 22, // EINVAL
+            VolumeError::OutOfRange { .. } => 22, // EINVAL (NBD: ENOSPC for writes past the end)
+            VolumeError::NoSpace => 28,           // ENOSPC
+            VolumeError::ReadOnly => 1,           // EPERM
+            // The device's own errno where it is one a client can act on
+            // (a full host filesystem stays ENOSPC), else EIO.
+            VolumeError::Io(DeviceError::Io { errno }) if [28, 122].contains(errno) => 28, // ENOSPC (EDQUOT too)
+            VolumeError::Io(_) | VolumeError::Corrupt { .. } => 5,                         // EIO
+            VolumeError::Damaged { .. } | VolumeError::Stopped => 5,
         }
     }
 }
@@ -169,5 +184,22 @@ pub fn check<V: Volume + ?Sized>(v: &V, offset: u64, len: u64) -> Result<(), Vol
     match offset.checked_add(len) {
         Some(end) if end <= v.size_bytes() => Ok(()),
         _ => Err(VolumeError::OutOfRange { offset, len, size_bytes: v.size_bytes() }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_errors_keep_their_errno_where_a_client_can_act_on_it() {
+        let enospc = VolumeError::Io(DeviceError::Io { errno: 28 });
+        assert_eq!(enospc.errno(), 28);
+        assert!(enospc.to_string().contains("No space left on device (os error 28)"), "{enospc}");
+        assert_eq!(VolumeError::Io(DeviceError::Io { errno: 122 }).errno(), 28, "EDQUOT is no space too");
+        assert_eq!(VolumeError::Io(DeviceError::Io { errno: 5 }).errno(), 5);
+        assert_eq!(VolumeError::Io(DeviceError::Injected).errno(), 5);
+        assert_eq!(VolumeError::Stopped.errno(), 5);
+        assert_eq!(VolumeError::NoSpace.errno(), 28);
     }
 }

@@ -89,7 +89,16 @@ pub(crate) fn negotiate(
     for _ in 0..HANDSHAKE_OPTIONS_MAX {
         let mut hb = [0u8; proto::OPTION_HEADER_BYTES];
         reader.read_exact(&mut hb)?;
-        let hdr = OptionHeader::decode(&hb)?;
+        let hdr = match OptionHeader::decode(&hb) {
+            Ok(h) => h,
+            Err(e @ ProtoError::TooLong { .. }) => {
+                // Say why before closing: the payload is not read.
+                let option = u32::from_be_bytes(hb[8..12].try_into().expect("4 bytes"));
+                reply(writer, option, proto::REP_ERR_TOO_BIG, e.to_string().as_bytes())?;
+                return Err(e.into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         let mut data = vec![0u8; hdr.len as usize];
         reader.read_exact(&mut data)?;
         let is = |c: proto::OptionCode| hdr.option == c as u32;

@@ -499,11 +499,39 @@ fn start_connection(
     let (shared, stats) = (shared.clone(), stats.clone());
     std::thread::Builder::new().name(format!("nbd-conn-{id}")).stack_size(CONN_STACK_BYTES).spawn(move || {
         let _guard = guard;
-        if serve_connection(stream, &shared, &stats).is_err() {
+        let peer = stream.peer();
+        if let Err(e) = serve_connection(stream, &shared, &stats) {
             stats.connections_failed.fetch_add(1, Ordering::Relaxed);
+            log_violation(&peer, &e);
         }
     })?;
     Ok(())
+}
+
+/// Log why a connection was closed, unless the client simply went away: at
+/// most 10 lines a second, with how many were left out.
+fn log_violation(peer: &str, e: &ConnError) {
+    use std::sync::atomic::AtomicU64;
+    if let ConnError::Io(io) = e {
+        use io::ErrorKind::*;
+        if matches!(io.kind(), ConnectionReset | BrokenPipe | UnexpectedEof | ConnectionAborted) {
+            return;
+        }
+    }
+    static SECOND: AtomicU64 = AtomicU64::new(0);
+    static LINES: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if SECOND.swap(now, Ordering::Relaxed) != now {
+        LINES.store(0, Ordering::Relaxed);
+    }
+    if LINES.fetch_add(1, Ordering::Relaxed) >= 10 {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let more = SUPPRESSED.swap(0, Ordering::Relaxed);
+    let also = if more > 0 { format!(" ({more} more not logged)") } else { String::new() };
+    eprintln!("sluice: NBD client {peer}: {e}; connection closed{also}");
 }
 
 /// Handshake then transmission on one connection; closes it on return.
@@ -518,6 +546,20 @@ fn serve_connection(stream: Stream, shared: &Shared, stats: &Arc<ServerStats>) -
         };
         transmission::run(session, &mut reader, writer, shared, stats)
     })();
+    if matches!(&result, Err(ConnError::PayloadTooLarge { .. }) | Err(ConnError::Proto(ProtoError::TooLong { .. }))) {
+        // The error reply is sent; the client may still be sending what we
+        // refused. Closing with unread input would reset the connection and
+        // could destroy that reply before the client reads it: end our side,
+        // then read and drop what comes, for a bounded time and amount.
+        let _ = closer.shutdown(Shutdown::Write);
+        let _ = closer.set_read_timeout(Some(LINGER));
+        let _ = io::copy(&mut io::Read::take(&mut reader, LINGER_BYTES_MAX), &mut io::sink());
+    }
     let _ = closer.shutdown(Shutdown::Both);
     result
 }
+
+/// How long, and how many bytes, a connection closed for an oversized
+/// request drains what the client still sends (`serve_connection`).
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+const LINGER_BYTES_MAX: u64 = 64 << 20;

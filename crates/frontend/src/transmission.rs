@@ -269,7 +269,10 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
                 // Answer EINVAL; a write's payload must still be consumed to
                 // stay in sync. An unknown command is assumed to carry none.
                 if header.payload_len() > 0 {
-                    discard_payload(conn, reader, header.len)?;
+                    if let Err(e) = discard_payload(conn, reader, header.len) {
+                        refuse_oversized(conn, &header, &e);
+                        return Err(e);
+                    }
                 }
                 conn.reply(&header, None, err(proto::EINVAL, e.to_string()));
                 continue;
@@ -286,7 +289,9 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
         let mut payload = None;
         if command == Command::Write {
             if header.len > conn.request_bytes_max {
-                return Err(ConnError::PayloadTooLarge { len: header.len, max: conn.request_bytes_max });
+                let e = ConnError::PayloadTooLarge { len: header.len, max: conn.request_bytes_max };
+                refuse_oversized(conn, &header, &e);
+                return Err(e);
             }
             conn.budget.acquire(cost);
             let mut data = conn.export.write_buffer(header.len as usize);
@@ -376,6 +381,16 @@ fn read_exact_or_eof<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<bool, ConnErr
         }
     }
     Ok(true)
+}
+
+/// A write whose payload is beyond the maximum cannot be skipped cheaply
+/// (up to 4 GiB): answer it with EOVERFLOW, as the NBD spec allows, before
+/// the connection closes, so the client learns why.
+fn refuse_oversized(conn: &Conn, header: &RequestHeader, e: &ConnError) {
+    if matches!(e, ConnError::PayloadTooLarge { .. }) {
+        conn.reply(header, None, err(proto::EOVERFLOW, e.to_string()));
+        conn.out.flush();
+    }
 }
 
 /// Skips the payload of a write that is refused before execution.

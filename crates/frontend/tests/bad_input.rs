@@ -83,9 +83,12 @@ fn bad_option_magic_and_bad_client_flags_close_the_connection() {
     assert!(c.closed_by_server());
     let mut c = Raw::connect(port, proto::FLAG_C_FIXED_NEWSTYLE | 0x80);
     assert!(c.closed_by_server());
-    // Option data beyond the bound: a denial of service, closed.
+    // Option data beyond the bound: a denial of service, refused with
+    // NBD_REP_ERR_TOO_BIG (the client learns why), then closed.
     let mut c = Raw::connect(port, proto::FLAG_C_FIXED_NEWSTYLE);
     c.send(&OptionHeader { option: 7, len: 1 << 30 }.encode());
+    let r = c.option_reply();
+    assert_eq!((r.option, r.reply_type), (7, proto::REP_ERR_TOO_BIG));
     assert!(c.closed_by_server());
     healthy_round_trip(port, 2 * MIB, 2);
     assert_prefill_intact(&vol);
@@ -232,8 +235,15 @@ fn oversized_write_payload_closes_only_that_connection() {
     let port = h.port().expect("tcp");
     let (mut c, _, _) = Raw::go(port, "default", true, false);
     c.request(WRITE, 0, 1, 0, u32::MAX - 4095);
-    // The server refuses to buffer 4 GiB: it hangs up rather than reading it.
+    // The server refuses to buffer 4 GiB: it answers EOVERFLOW, as the NBD
+    // spec allows, and hangs up rather than reading it.
     let _ = c.s.write_all(&[0xee; 65536]);
+    match c.reply(0).0 {
+        Reply::Chunk { cookie: 1, done: true, chunk: Chunk::Error { error, .. } } => {
+            assert_eq!(error, proto::EOVERFLOW)
+        }
+        r => panic!("expected an EOVERFLOW error reply, got {r:?}"),
+    }
     assert!(c.closed_by_server());
     healthy_round_trip(port, 3 * MIB, 3);
     assert_prefill_intact(&vol);

@@ -128,7 +128,7 @@ pub enum DeviceError {
     QueueFull { queue_depth_max: usize },
     #[error("zoned device: {0}")]
     Zone(#[from] ZoneError),
-    #[error("I/O error (errno {errno})")]
+    #[error("I/O error: {}", std::io::Error::from_raw_os_error(*errno))]
     Io { errno: i32 },
     #[error("injected fault")]
     Injected,

@@ -352,3 +352,44 @@ fn a_block_damaged_at_rest_fails_its_read_is_counted_and_checked() {
     assert!(stderr(&out).contains("checksum mismatch reading LBA"), "logged: {}", stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_device_the_filesystem_has_no_room_for_is_refused_at_creation() {
+    // Files are allocated in full when created: a filesystem without the
+    // room fails the start at once, in words, not a workload later.
+    let (dir, config) = device_config("faults-full", "size = \"64m\"", "size = \"12t\"");
+    let err = stderr(&refused_start(&config));
+    assert!(err.contains("allocating the file") && err.contains("capacity.img"), "{err}");
+    assert!(err.contains("No space left on device") || err.contains("File too large"), "the OS error in words: {err}");
+    assert!(!data_file(&dir, "capacity.img").exists() && !data_file(&dir, "cache.img").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn protocol_violations_get_an_error_reply_and_a_log_line_with_the_peer() {
+    use std::io::{Read, Write};
+    let (dir, config) = small_config("faults-proto");
+    let (server, port) = start(&config);
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let local = c.local_addr().unwrap().to_string();
+    let mut greeting = [0u8; 18];
+    c.read_exact(&mut greeting).unwrap();
+    c.write_all(&3u32.to_be_bytes()).unwrap(); // fixed newstyle, no zeroes
+                                               // An option whose data is beyond any bound (1 GiB).
+    let mut opt = 0x4948_4156_454f_5054u64.to_be_bytes().to_vec(); // IHAVEOPT
+    opt.extend_from_slice(&7u32.to_be_bytes());
+    opt.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    c.write_all(&opt).unwrap();
+    let mut reply = [0u8; 20];
+    c.read_exact(&mut reply).unwrap();
+    let reply_type = u32::from_be_bytes(reply[12..16].try_into().unwrap());
+    assert_eq!(reply_type, (1 << 31) + 9, "NBD_REP_ERR_TOO_BIG before the close");
+    let child = server.into_child();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(err.contains(&format!("NBD client {local}")) && err.contains("option data"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -498,7 +498,9 @@ impl Engine {
             let mut at = 0u64;
             while at < len && walked + at < blocks_max {
                 let h = decode_header(&win[(at * BS) as usize..((at + 1) * BS) as usize], inner.tag);
-                let h = h.map_err(|e| VolumeError::Io(format!("band {v} segment at block {}: {e}", pos + at)))?;
+                let damaged =
+                    |what: String| VolumeError::Damaged { device: "capacity", offset: (first + pos + at) * BS, what };
+                let h = h.map_err(|e| damaged(format!("band {v} segment header: {e}")))?;
                 let n = h.data_blocks() as u64;
                 if at + 1 + n > len {
                     break;
@@ -506,7 +508,7 @@ impl Engine {
                 let vol = h.volume as usize;
                 if vol >= nv {
                     let msg = format!("band {v} segment at block {}: volume {vol} unknown", pos + at);
-                    return Err(VolumeError::Io(msg));
+                    return Err(damaged(msg));
                 }
                 let seg = first + pos + at;
                 let l2p = &inner.vols[vol].l2p;
@@ -525,7 +527,11 @@ impl Engine {
             }
             inner.give_buf(win);
             if at == 0 {
-                return Err(VolumeError::Io(format!("band {v} segment at block {pos}: larger than a GC window")));
+                return Err(VolumeError::Damaged {
+                    device: "capacity",
+                    offset: (first + pos) * BS,
+                    what: format!("band {v} segment larger than a GC window"),
+                });
             }
             pos += at;
             walked += at;

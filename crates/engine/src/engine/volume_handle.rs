@@ -142,7 +142,7 @@ impl Engine {
     ) -> Result<T, VolumeError> {
         let mut inner = self.live()?;
         if inner.failed {
-            return Err(VolumeError::Io("engine stopped after a device error; reopen it to recover".into()));
+            return Err(VolumeError::Stopped);
         }
         let r = f(self, &mut inner);
         let r = inner.stop_on_device_error(r);
