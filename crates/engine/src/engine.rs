@@ -143,8 +143,10 @@ pub enum EngineError {
     Failed,
     #[error("the on-media geometry does not match these devices")]
     Geometry,
+    /// A write recovery makes after rebuilding the maps failed (a gap
+    /// record, a rewrite, the mark): the next open recovers again.
     #[error("recovery: {0}")]
-    Recovery(String),
+    Recovery(VolumeError),
     #[error("no Sluice engine on these devices (neither holds a Sluice superblock or label)")]
     NoEngine,
     #[error(
@@ -238,9 +240,11 @@ struct Band {
     /// Sequence when the band was last opened: every segment in it carries
     /// it, so recovery tells this generation's segments from a previous one's.
     epoch: u64,
-    /// The epoch of the band its stream closed full just before opening
-    /// this one (0: none); in every segment (`Header::prev_epoch`).
+    /// The epoch of the band its stream filled before this one (0: none),
+    /// and how many blocks that one held; in every segment
+    /// (`Header::prev_epoch`, `prev_end`).
     prev_epoch: u64,
+    prev_end: u64,
 }
 
 /// `Band::tombstones` when not known: GC walks the band to find out.
@@ -271,6 +275,8 @@ struct Vol {
     /// I/O, not a second one for the header.
     crcs: Vec<u32>,
     open_band: Option<u32>,
+    /// The band this stream filled last (closed; or a recovery left it).
+    last_band: Option<u32>,
     /// Data bytes of this volume compaction and GC wrote to the capacity
     /// device since the engine was opened (not persisted): per-tenant
     /// capacity write amplification.
@@ -354,6 +360,8 @@ struct Inner {
     bands: Vec<Band>,
     free_bands: VecDeque<u32>,
     gc_band: Option<u32>,
+    /// The band GC filled last (as `Vol::last_band`).
+    gc_last_band: Option<u32>,
     /// The GC victim a bounded step left half done (`Engine::gc_step`);
     /// not persisted: after a reopen GC simply chooses again.
     gc_cursor: Option<GcCursor>,
@@ -386,7 +394,18 @@ struct Inner {
     cache_flushed_lsn: u64,
     /// Generation of the last capacity mark written (`marks.rs`).
     mark_gen: u64,
+    /// Bands closed since the last capacity mark: the next mark lists their
+    /// final pointers too, or a segment written after one mark into a band
+    /// closed before the next would be in no mark at all.
+    closed_since_mark: Vec<u32>,
+    /// Bands a salvaging open found damaged: never opened nor chosen by GC
+    /// until `salvage_repair` has emptied and discarded them.
+    quarantine: Vec<u32>,
     cap_flushed_seq: u64,
+    /// After a recovery that found torn segments: segment headers claim no
+    /// watermark at or above the first of them until `relog` has written
+    /// their blocks again, or a later recovery would trust what is torn.
+    cap_flushed_ceiling: Option<u64>,
     /// Set in virtual-time simulation only (`Engine::attach_sim_clock`).
     sim: Option<SimGate>,
     /// Where compaction puts each volume's blocks (`Engine::set_band_placement`).
@@ -667,11 +686,24 @@ impl Engine {
             Some(Err(e)) if !opts.salvage => return Err(e),
             _ => {
                 let t = std::time::Instant::now();
-                let r = recover::scan(&*cache, &*capacity, cfg, geo, sb)?;
+                let mut r = recover::scan(&*cache, &*capacity, cfg, geo, sb)?;
                 if !r.damage.is_empty() && !opts.salvage {
                     return Err(EngineError::Damaged(r.damage));
                 }
-                (relog, gaps) = (r.superseded, r.gaps);
+                (relog, gaps) = (std::mem::take(&mut r.superseded), std::mem::take(&mut r.gaps));
+                // Damaged bands out of reach before anything is written.
+                let inner = &mut r.inner;
+                inner.quarantine = r
+                    .damage
+                    .iter()
+                    .filter_map(|d| if let Damage::Segments { band, .. } = d { Some(*band) } else { None })
+                    .collect();
+                inner.free_bands.retain(|b| !inner.quarantine.contains(b));
+                // Before changing any band: a fresh mark (no band is open
+                // now), durable, so that a crash in what follows never
+                // leaves the last mark expecting segments of a band reset,
+                // discarded or zeroed below.
+                marks::write_mark_now(&*cache, inner, r.mark.as_ref())?;
                 // On a zoned device: reset zones now free, finish zones now full.
                 zoned::reconcile(&*capacity, &r.inner)?;
                 for &b in &r.torn_headers {
@@ -693,20 +725,14 @@ impl Engine {
         inner.sb.write_to(&*cache)?;
         let mut engine = Engine::assemble(cache, capacity, inner, recovered_in);
         Arc::get_mut(&mut engine).expect("not shared yet").salvaged = salvaged;
-        if recovered_in.is_some() {
-            // Recovery freed (and on a zoned device reset) bands the last
-            // mark may still list as open: a fresh mark, listing none, so a
-            // later recovery does not expect their segments back.
-            engine.mark_now().map_err(|e| EngineError::Recovery(e.to_string()))?;
-        }
         if !gaps.is_empty() {
-            engine.log_gaps(&gaps).map_err(|e| EngineError::Recovery(e.to_string()))?;
+            engine.log_gaps(&gaps).map_err(EngineError::Recovery)?;
         }
         if !engine.salvaged.is_empty() {
-            engine.salvage_repair(&engine.salvaged).map_err(|e| EngineError::Recovery(e.to_string()))?;
+            engine.salvage_repair(&engine.salvaged).map_err(EngineError::Recovery)?;
         }
         if !relog.is_empty() {
-            engine.relog(&relog).map_err(|e| EngineError::Recovery(e.to_string()))?;
+            engine.relog(&relog).map_err(EngineError::Recovery)?;
         }
         Ok(engine)
     }
@@ -956,6 +982,7 @@ impl Inner {
                     l2p: huge_page_vec((size / BS) as usize, Loc::NONE),
                     crcs: huge_page_vec((size / BS) as usize, 0),
                     open_band: None,
+                    last_band: None,
                     moved: Moves::default(),
                 })
                 .collect(),
@@ -982,10 +1009,12 @@ impl Inner {
                     tombstones: 0,
                     epoch: 0,
                     prev_epoch: 0,
+                    prev_end: 0,
                 })
                 .collect(),
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
+            gc_last_band: None,
             gc_cursor: None,
             pending: None,
             compact_cursor: None,
@@ -1001,7 +1030,10 @@ impl Inner {
             lsn: 0,
             cache_flushed_lsn: 0,
             mark_gen: 0,
+            quarantine: Vec::new(),
+            closed_since_mark: Vec::new(),
             cap_flushed_seq: 0,
+            cap_flushed_ceiling: None,
             cfg,
             geo,
             sim: None,
@@ -1051,11 +1083,14 @@ impl Inner {
         let band = &mut self.bands[b as usize];
         band.state = State::Full;
         band.closed_seq = self.seq;
+        self.closed_since_mark.push(b);
         if gc {
             self.gc_band = None;
+            self.gc_last_band = Some(b);
         } else {
             let s = self.stream(vol);
             self.vols[s].open_band = None;
+            self.vols[s].last_band = Some(b);
         }
     }
 
@@ -1067,7 +1102,9 @@ impl Inner {
             if !self.failed {
                 // Said the moment it happens, with the cause: every later
                 // change fails until a restart recovers from the devices.
-                eprintln!("sluice: engine stopped taking changes: {e}; reads go on, restart to recover");
+                crate::faults::say(format_args!(
+                    "sluice: engine stopped taking changes: {e}; reads go on, restart to recover"
+                ));
             }
             self.failed = true;
         }

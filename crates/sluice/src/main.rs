@@ -101,6 +101,11 @@ enum Cmd {
         /// each power cycle; no request may be rejected by the drive).
         #[arg(long)]
         zns: bool,
+        /// Also flip a bit at rest on either device before a quarter of the
+        /// reopens: refused as damage (then salvaged), failing the reads of
+        /// the blocks it hit, or harmless — never read back as data.
+        #[arg(long)]
+        flips: bool,
     },
 }
 
@@ -471,25 +476,27 @@ fn bench_trace(
     Ok(())
 }
 
-fn sim(seeds: u64, seed_start: u64, ops: usize, zns: bool) -> Result<(), CliError> {
+fn sim(
+    seeds: u64,
+    seed_start: u64,
+    ops: usize,
+    zns: bool,
+    opts: sluice_engine::crashsim::SimOptions,
+) -> Result<(), CliError> {
     let t = Instant::now();
-    let (mut crashes, mut inside) = (0, 0);
-    type Run = fn(u64, usize) -> Result<sluice_engine::crashsim::CrashReport, String>;
-    let (run, flag): (Run, &str) = if zns {
-        (sluice_engine::crashsim::run_crash_seed_zns, " --zns")
-    } else {
-        (sluice_engine::crashsim::run_crash_seed, "")
-    };
+    let (mut crashes, mut inside, mut in_recovery) = (0, 0, 0);
+    let flag = format!("{}{}", if zns { " --zns" } else { "" }, if opts.flips { " --flips" } else { "" });
     for seed in seed_start..seed_start.saturating_add(seeds) {
-        let r = run(seed, ops).map_err(|e| {
+        let r = sluice_engine::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
             CliError(format!("{e}\nreplay: sluice sim{flag} --seed-start {seed} --seeds 1 --ops {ops}"))
         })?;
         crashes += r.crashes;
         inside += r.crashes_inside_ops;
+        in_recovery += r.crashes_in_recovery;
     }
     println!(
-        "sim{flag}: {seeds} seeds from {seed_start}, {ops} ops each, {crashes} crashes ({inside} inside an operation), \
-         every block checked after each: all passed in {:.1} s",
+        "sim{flag}: {seeds} seeds from {seed_start}, {ops} ops each, {crashes} crashes ({inside} inside an operation, \
+         {in_recovery} more during the reopen), every block checked after each: all passed in {:.1} s",
         t.elapsed().as_secs_f64()
     );
     Ok(())
@@ -497,7 +504,10 @@ fn sim(seeds: u64, seed_start: u64, ops: usize, zns: bool) -> Result<(), CliErro
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Sim { seeds, seed_start, ops, zns } => sim(seeds, seed_start, ops, zns),
+        Cmd::Sim { seeds, seed_start, ops, zns, flips } => {
+            let opts = sluice_engine::crashsim::SimOptions { flips, ..Default::default() };
+            sim(seeds, seed_start, ops, zns, opts)
+        }
         Cmd::Stats { addr, interval, json } => {
             if !(interval > 0.0 && interval <= 3600.0) {
                 return Err(CliError("--interval must be in (0, 3600] seconds".into()));
@@ -549,7 +559,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 let r = engine::run(&opts)?;
                 println!(
                     "engine, 4 KiB random in process: write (QD{} group commit) {:.0} IOPS/core, read (QD1) {:.0} \
-                     IOPS/core, DRAM {:.2} bytes/block (L2P 4 + chunk P2L 16 per cache block), host WAF {:.2}",
+                     IOPS/core, DRAM {:.2} bytes/block (L2P 4 + CRC 4 + chunk P2L 16 per cache block), host WAF {:.2}",
                     r.iodepth, r.write_iops_per_core, r.read_iops_per_core, r.dram_bytes_per_block, r.host_waf
                 );
                 println!(

@@ -164,11 +164,19 @@ impl Engine {
             let mut first_needs = None;
             while at < len {
                 let block = &data[(at * BS) as usize..((at + 1) * BS) as usize];
-                // Never written, torn, or a previous generation: the chunk's end.
+                // Never written, torn, or a previous generation: the chunk's
+                // end — unless blocks of it are still current past this
+                // point (a recovery kept records past a torn or damaged
+                // one): then the next block is looked at.
                 let h = record_at(block, pos + at, bpc, inner.tag).filter(|h| h.epoch == epoch);
                 let Some(h) = h.filter(|h| (h.volume as usize) < inner.vols.len()) else {
-                    end_of_chunk = true;
-                    break;
+                    let collected: usize = blocks.iter().map(|b| b.len()).sum();
+                    if inner.chunks[c as usize].valid as usize <= collected {
+                        end_of_chunk = true;
+                        break;
+                    }
+                    at += 1;
+                    continue;
                 };
                 let n = h.data_blocks() as u64;
                 if at + 1 + n > len {
@@ -298,6 +306,7 @@ impl Engine {
                 head_lsn: 0,
                 flushed_lsn: 0,
                 prev_epoch: inner.bands[band as usize].prev_epoch,
+                prev_end: inner.bands[band as usize].prev_end as u32,
                 entries,
             };
             encode_header(&mut buf[..BLOCK_BYTES], &h);
@@ -356,14 +365,20 @@ impl Engine {
         }
         // Zone finish and GC are synchronous on the capacity device.
         self.drain_capacity(inner)?;
-        // The band this stream fills next follows the one it closes full.
-        let mut prev_epoch = 0;
         if let Some(b) = cur {
             let start = b as u64 * inner.cfg.band_bytes;
             zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
             inner.close_band(b, vol, gc);
-            prev_epoch = inner.bands[b as usize].epoch;
         }
+        // The band this stream fills next names the one it filled before
+        // (just closed, or left by a recovery) and how far that one must
+        // read back: recovery checks it once this band's first segment is
+        // durable.
+        let last = if gc { inner.gc_last_band } else { inner.vols[stream].last_band };
+        let (prev_epoch, prev_end) = last
+            .map(|p| &inner.bands[p as usize])
+            .filter(|p| p.state == State::Full)
+            .map_or((0, 0), |p| (p.epoch, p.written));
         if !gc {
             // Bounded: a victim that frees no more than its relocation takes
             // cannot spin here; past the bound the caller sees NoSpace.
@@ -386,6 +401,7 @@ impl Engine {
         let band = &mut inner.bands[b as usize];
         band.epoch = inner.seq;
         band.prev_epoch = prev_epoch;
+        band.prev_end = prev_end;
         if gc {
             inner.gc_band = Some(b);
         } else {
@@ -418,7 +434,9 @@ impl Engine {
             .bands
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.state == State::Full && (b.valid as u64) < usable)
+            .filter(|&(i, b)| {
+                b.state == State::Full && (b.valid as u64) < usable && !inner.quarantine.contains(&(i as u32))
+            })
             .map(|(i, b)| {
                 let u = b.valid as f64 / usable as f64;
                 let age = (now - b.closed_seq) as f64 + 1.0;
@@ -624,7 +642,10 @@ impl Engine {
                 self.append(&mut inner, vol, &[(lba, &b)], &[crc], false)?;
             }
         }
-        self.flush_cache(&mut inner)
+        self.flush_cache(&mut inner)?;
+        // Every torn copy now loses to a newer one: watermarks may pass it.
+        inner.cap_flushed_ceiling = None;
+        Ok(())
     }
 
     /// Submit a segment write to the capacity device without waiting (at most
@@ -691,7 +712,7 @@ impl Engine {
         self.drain_capacity(inner)?;
         let seq = inner.seq;
         flush(&*self.capacity)?;
-        inner.cap_flushed_seq = seq;
+        inner.cap_flushed_seq = inner.cap_flushed_ceiling.map_or(seq, |c| seq.min(c));
         inner.cap_dirty = false;
         Ok(())
     }

@@ -122,14 +122,62 @@ pub(super) fn read_mark(cache: &dyn BlockDevice, tag: u32) -> Result<(Option<Mar
     Ok((best, damaged))
 }
 
-impl Engine {
-    /// A mark of the state as it is, made durable at once (after recovery).
-    pub(super) fn mark_now(&self) -> Result<(), VolumeError> {
-        let mut inner = self.lock();
-        self.write_mark(&mut inner, None, None)?;
-        self.flush_cache(&mut inner)
+/// The mark a recovery writes before it changes any band, made durable at
+/// once: nothing is open now, but what the last mark said of bands still
+/// holding that generation stays said (a crash during this reopen must not
+/// make the next one forget what was durable); bands the recovery frees,
+/// resets or discards drop out of it.
+pub(super) fn write_mark_now(
+    cache: &dyn BlockDevice,
+    inner: &mut Inner,
+    last: Option<&Mark>,
+) -> Result<(), DeviceError> {
+    let mut m = inner.next_mark(None, None);
+    for mb in last.map_or(&[][..], |l| &l.bands[..]) {
+        let band = &inner.bands[mb.band as usize];
+        if band.state == State::Full && band.epoch == mb.epoch && m.bands.len() < MARK_BANDS_MAX {
+            let written = if mb.written == RECLAIMED { RECLAIMED } else { mb.written.min(band.written as u32) };
+            m.bands.push(MarkedBand { written, ..*mb });
+        }
     }
+    let slot = MARK_SLOTS[(m.gen % 2) as usize];
+    write_at(cache, slot * BS, &m.encode(inner.tag))?;
+    flush(cache)
+}
 
+impl Inner {
+    /// The next mark (see `Engine::write_mark`); takes its generation.
+    fn next_mark(&mut self, freeing: Option<u32>, reclaiming: Option<u32>) -> Mark {
+        let closed = std::mem::take(&mut self.closed_since_mark);
+        let mut bands: Vec<MarkedBand> = (0..self.bands.len() as u32)
+            .filter(|&b| {
+                let s = self.bands[b as usize].state;
+                s == State::Open || (s == State::Full && closed.contains(&b))
+            })
+            .map(|b| {
+                let band = &self.bands[b as usize];
+                MarkedBand { band: b, written: band.written as u32, epoch: band.epoch }
+            })
+            .collect();
+        if let Some(v) = reclaiming {
+            bands.insert(0, MarkedBand { band: v, written: RECLAIMED, epoch: self.bands[v as usize].epoch });
+        }
+        // More open bands than a block lists (a volume count near the
+        // superblock's limit): the rest are simply not covered.
+        bands.truncate(MARK_BANDS_MAX);
+        let head_lsn = match freeing {
+            Some(c) => {
+                let next = self.full_chunks.iter().copied().find(|&x| x != c).or(self.open_chunk.map(|(o, _)| o));
+                next.map_or(self.lsn + 1, |n| self.chunks[n as usize].first_lsn)
+            }
+            None => self.head_lsn(),
+        };
+        self.mark_gen += 1;
+        Mark { gen: self.mark_gen, head_lsn, bands }
+    }
+}
+
+impl Engine {
     /// Write a mark of the capacity device's state as of its last flush:
     /// every open band's pointer, the victim about to be discarded
     /// (`reclaiming`), and the log head once `freeing` (a chunk about to be
@@ -142,29 +190,8 @@ impl Engine {
         reclaiming: Option<u32>,
     ) -> Result<(), VolumeError> {
         debug_assert!(!inner.cap_dirty, "a mark describes flushed capacity state");
-        let mut bands: Vec<MarkedBand> = (0..inner.bands.len() as u32)
-            .filter(|&b| inner.bands[b as usize].state == State::Open)
-            .map(|b| {
-                let band = &inner.bands[b as usize];
-                MarkedBand { band: b, written: band.written as u32, epoch: band.epoch }
-            })
-            .collect();
-        if let Some(v) = reclaiming {
-            bands.insert(0, MarkedBand { band: v, written: RECLAIMED, epoch: inner.bands[v as usize].epoch });
-        }
-        // More open bands than a block lists (a volume count near the
-        // superblock's limit): the rest are simply not covered.
-        bands.truncate(MARK_BANDS_MAX);
-        let head_lsn = match freeing {
-            Some(c) => {
-                let next = inner.full_chunks.iter().copied().find(|&x| x != c).or(inner.open_chunk.map(|(o, _)| o));
-                next.map_or(inner.lsn + 1, |n| inner.chunks[n as usize].first_lsn)
-            }
-            None => inner.head_lsn(),
-        };
-        inner.mark_gen += 1;
-        let m = Mark { gen: inner.mark_gen, head_lsn, bands };
-        let slot = MARK_SLOTS[(inner.mark_gen % 2) as usize];
+        let m = inner.next_mark(freeing, reclaiming);
+        let slot = MARK_SLOTS[(m.gen % 2) as usize];
         write_at(&*self.cache, slot * BS, &m.encode(inner.tag))?;
         Ok(())
     }

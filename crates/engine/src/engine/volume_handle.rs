@@ -233,12 +233,12 @@ impl EngineVolume {
             self.metrics.count_checksum_error();
             if let Some(suppressed) = log_budget() {
                 let also = if suppressed > 0 { format!(" ({suppressed} more not logged)") } else { String::new() };
-                eprintln!(
+                crate::faults::say(format_args!(
                     "sluice: volume {:?}: checksum mismatch reading LBA {} ({device} device, byte {device_offset}); \
                      the request fails with EIO{also}",
                     self.name,
                     offset / BS
-                );
+                ));
             }
         }
         r
@@ -296,11 +296,17 @@ impl Volume for EngineVolume {
             // generation of each place. Then the device reads without the
             // lock, so reads of slow media overlap with each other and with
             // writes.
-            let locs = inner.vols[vol].l2p[lba0..lba0 + n].to_vec();
-            let crcs = inner.vols[vol].crcs[lba0..lba0 + n].to_vec();
-            let gens: Vec<u64> = locs.iter().map(|&l| inner.generation(l)).collect();
+            // The snapshot goes into the thread's own vectors, kept between
+            // reads: no allocation per read.
+            let mut snap = SNAPSHOT.with(|s| s.take());
+            snap.locs.clear();
+            snap.crcs.clear();
+            snap.gens.clear();
+            snap.locs.extend_from_slice(&inner.vols[vol].l2p[lba0..lba0 + n]);
+            snap.crcs.extend_from_slice(&inner.vols[vol].crcs[lba0..lba0 + n]);
+            snap.gens.extend(snap.locs.iter().map(|&l| inner.generation(l)));
             drop(inner);
-            let unlocked = e.read_blocks(&locs, &crcs, offset, buf);
+            let unlocked = e.read_blocks(&snap.locs, &snap.crcs, offset, buf);
             // A place reused meanwhile (its chunk reopened, its band
             // discarded) may have handed back someone else's data or an
             // error: read again under the lock. A block merely rewritten or
@@ -309,7 +315,9 @@ impl Volume for EngineVolume {
             // error from a place that was not reused is the device's.
             // The plain lock: data read before a shutdown is still good.
             let inner = e.lock();
-            if locs.iter().zip(&gens).any(|(&l, &g)| inner.generation(l) != g) {
+            let reused = snap.locs.iter().zip(&snap.gens).any(|(&l, &g)| inner.generation(l) != g);
+            SNAPSHOT.with(|s| s.replace(snap));
+            if reused {
                 let v = &inner.vols[vol];
                 let r = e.read_blocks(&v.l2p[lba0..lba0 + n], &v.crcs[lba0..lba0 + n], offset, buf);
                 return self.report_corruption(r);
@@ -485,6 +493,19 @@ fn log_budget() -> Option<u64> {
         SUPPRESSED.fetch_add(1, Relaxed);
         None
     }
+}
+
+/// What a read outside the lock took from the maps: where each block is,
+/// its CRC, and the generation of its place.
+#[derive(Default)]
+struct ReadSnapshot {
+    locs: Vec<Loc>,
+    crcs: Vec<u32>,
+    gens: Vec<u64>,
+}
+
+thread_local! {
+    static SNAPSHOT: std::cell::RefCell<ReadSnapshot> = std::cell::RefCell::new(ReadSnapshot::default());
 }
 
 thread_local! {
