@@ -98,6 +98,44 @@ pub struct CrashReport {
     pub damaged_reads: usize,
 }
 
+/// Swarm testing: a world of its own per seed — 1 to 4 volumes of 8 to 200
+/// blocks, a write unit of 1 to 8 blocks, bands of 4 to 16 units, chunks of
+/// 8 to 128 blocks, 5 to 12 of them — so that the crash campaign runs over
+/// geometries nobody chose (records that fill a chunk, segments as large as
+/// a band, one volume or many).
+fn swarm_world(rng: &mut Rng) -> (Arc<CrashDevice>, Arc<CrashDevice>, World, Vec<u64>) {
+    let unit = [1u64, 2, 4, 8][rng.below(4) as usize];
+    let band = unit * (4 + rng.below(13));
+    let chunk = 8 + rng.below(121);
+    let sizes: Vec<u64> = (0..1 + rng.below(4)).map(|_| 8 + rng.below(193)).collect();
+    let cfg = crate::EngineConfig {
+        chunk_bytes: chunk * BS as u64,
+        band_bytes: band * BS as u64,
+        write_unit_bytes: unit * BS as u64,
+        log_free_chunks_min: 2,
+        gc_free_bands_min: 2,
+    };
+    let cache_bytes = (5 + rng.below(8)) * cfg.chunk_bytes;
+    let total: u64 = sizes.iter().sum();
+    // The volumes plus ~30 % spare beyond the segment headers (a band of
+    // `band` blocks holds `band - 1` of data) plus the reserve; more bands
+    // until the checkpoint region fits as well.
+    let mut bands = (total * 13 / 10).div_ceil(band - 1) + sizes.len() as u64 + 4;
+    let specs = crate::sim::small_specs(&sizes);
+    loop {
+        let cache = Arc::new(CrashDevice::new(cache_bytes, 4096));
+        let capacity = Arc::new(CrashDevice::new(bands * cfg.band_bytes, 4096));
+        match Engine::create(cache.clone(), capacity.clone(), cfg.clone(), &specs) {
+            Ok(engine) => {
+                let volumes = specs.iter().map(|s| engine.volume(&s.name).expect("created")).collect();
+                return (cache, capacity, World { engine, volumes }, sizes);
+            }
+            Err(crate::EngineError::TooBig(_)) | Err(crate::EngineError::Config(_)) => bands += 1 + bands / 8,
+            Err(e) => panic!("swarm world: {e}"),
+        }
+    }
+}
+
 /// Whether an open failed on the simulation's injected fault (and nothing else).
 fn injected(e: &crate::EngineError) -> bool {
     use crate::EngineError as E;
@@ -183,11 +221,14 @@ pub struct SimOptions {
     /// Make a third of the reopens fail on a device write and lose power
     /// again (on by default).
     pub reopen_faults: bool,
+    /// Swarm testing (`swarm_world`): geometry and volumes drawn per seed
+    /// (conventional capacity devices only).
+    pub swarm: bool,
 }
 
 impl Default for SimOptions {
     fn default() -> SimOptions {
-        SimOptions { flips: false, reopen_faults: true }
+        SimOptions { flips: false, reopen_faults: true, swarm: false }
     }
 }
 
@@ -475,8 +516,12 @@ pub fn run_crash_seed_zns(seed: u64, ops: usize) -> Result<CrashReport, String> 
 fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Result<CrashReport, String> {
     crate::faults::quiet();
     let mut rng = Rng(seed ^ 0xc0ff_ee00_d15c_0123);
-    let sizes: Vec<u64> = (0..3).map(|_| 32 + rng.below(160)).collect();
-    let (cache, capacity, zns, world) = if zoned {
+    let mut sizes: Vec<u64> = (0..3).map(|_| 32 + rng.below(160)).collect();
+    let (cache, capacity, zns, world) = if opts.swarm && !zoned {
+        let (cache, capacity, world, s) = swarm_world(&mut rng);
+        sizes = s;
+        (cache, capacity, None, world)
+    } else if zoned {
         let (cb, _) = small_device_bytes(&sizes);
         let cache = Arc::new(CrashDevice::new(cb, 4096));
         let p = small_zns_profile(&sizes);
@@ -587,7 +632,7 @@ mod tests {
     /// is harmless; no reopen leaves devices the next one cannot open.
     #[test]
     fn flips_at_rest_and_interrupted_reopens_are_never_read_back_as_data() {
-        let opts = SimOptions { flips: true, reopen_faults: true };
+        let opts = SimOptions { flips: true, reopen_faults: true, swarm: false };
         // (Seeds 0..200 and ZNS 0..100 pass; 1128, 100021, 200275 do not.)
         let mut total = CrashReport::default();
         for (seed, zoned) in (0..200).map(|s| (s, false)).chain((0..100).map(|s| (s, true))) {

@@ -546,7 +546,11 @@ impl Engine {
         }
         // Every volume may hold an open band, GC holds one, and GC needs its reserve.
         let reserve = volumes.len() as u64 + 1 + cfg.gc_free_bands_min as u64;
-        let usable_blocks = band_count.saturating_sub(reserve) * geo.usable_blocks;
+        // A band holds at least one segment header per RECORD_BLOCKS_MAX
+        // data blocks: small bands lose a large share to them (a 4-block
+        // band holds at most 3 blocks of data).
+        let headers = geo.usable_blocks.div_ceil(RECORD_BLOCKS_MAX as u64 + 1);
+        let usable_blocks = band_count.saturating_sub(reserve) * geo.usable_blocks.saturating_sub(headers);
         if let Some(v) = volumes.iter().find(|v| v.size_bytes % BS != 0 || v.size_bytes == 0) {
             return Err(EngineError::TooBig(v.name.clone()));
         }

@@ -106,6 +106,10 @@ enum Cmd {
         /// the blocks it hit, or harmless — never read back as data.
         #[arg(long)]
         flips: bool,
+        /// Swarm testing: draw each seed's geometry (chunk, band and write
+        /// unit sizes, volume count and sizes) instead of the fixed one.
+        #[arg(long)]
+        swarm: bool,
     },
 }
 
@@ -485,7 +489,12 @@ fn sim(
 ) -> Result<(), CliError> {
     let t = Instant::now();
     let (mut crashes, mut inside, mut in_recovery) = (0, 0, 0);
-    let flag = format!("{}{}", if zns { " --zns" } else { "" }, if opts.flips { " --flips" } else { "" });
+    let flag = format!(
+        "{}{}{}",
+        if zns { " --zns" } else { "" },
+        if opts.flips { " --flips" } else { "" },
+        if opts.swarm { " --swarm" } else { "" }
+    );
     for seed in seed_start..seed_start.saturating_add(seeds) {
         let r = sluice_engine::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
             CliError(format!("{e}\nreplay: sluice sim{flag} --seed-start {seed} --seeds 1 --ops {ops}"))
@@ -504,8 +513,8 @@ fn sim(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Sim { seeds, seed_start, ops, zns, flips } => {
-            let opts = sluice_engine::crashsim::SimOptions { flips, ..Default::default() };
+        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm } => {
+            let opts = sluice_engine::crashsim::SimOptions { flips, swarm, ..Default::default() };
             sim(seeds, seed_start, ops, zns, opts)
         }
         Cmd::Stats { addr, interval, json } => {
