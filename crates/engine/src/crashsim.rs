@@ -514,7 +514,7 @@ pub fn run_crash_seed_zns(seed: u64, ops: usize) -> Result<CrashReport, String> 
 }
 
 fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Result<CrashReport, String> {
-    crate::faults::quiet();
+    crate::report::quiet();
     let mut rng = Rng(seed ^ 0xc0ff_ee00_d15c_0123);
     let mut sizes: Vec<u64> = (0..3).map(|_| 32 + rng.below(160)).collect();
     let (cache, capacity, zns, world) = if opts.swarm && !zoned {

@@ -240,11 +240,6 @@ struct Band {
     /// Sequence when the band was last opened: every segment in it carries
     /// it, so recovery tells this generation's segments from a previous one's.
     epoch: u64,
-    /// The epoch of the band its stream filled before this one (0: none),
-    /// and how many blocks that one held; in every segment
-    /// (`Header::prev_epoch`, `prev_end`).
-    prev_epoch: u64,
-    prev_end: u64,
 }
 
 /// `Band::tombstones` when not known: GC walks the band to find out.
@@ -275,8 +270,6 @@ struct Vol {
     /// I/O, not a second one for the header.
     crcs: Vec<u32>,
     open_band: Option<u32>,
-    /// The band this stream filled last (closed; or a recovery left it).
-    last_band: Option<u32>,
     /// Data bytes of this volume compaction and GC wrote to the capacity
     /// device since the engine was opened (not persisted): per-tenant
     /// capacity write amplification.
@@ -360,8 +353,6 @@ struct Inner {
     bands: Vec<Band>,
     free_bands: VecDeque<u32>,
     gc_band: Option<u32>,
-    /// The band GC filled last (as `Vol::last_band`).
-    gc_last_band: Option<u32>,
     /// The GC victim a bounded step left half done (`Engine::gc_step`);
     /// not persisted: after a reopen GC simply chooses again.
     gc_cursor: Option<GcCursor>,
@@ -869,29 +860,31 @@ fn write_label(capacity: &dyn BlockDevice, geo: &CapGeometry, label: &CapacityLa
 /// Whether the cache device holds a Sluice superblock (its magic in either
 /// copy, damaged or not): the engine's UUID if a copy checks, else zeros.
 pub fn superblock_present(cache: &dyn BlockDevice) -> Result<Option<[u8; 16]>, DeviceError> {
-    if cache.info().capacity_bytes < 2 * BS {
-        return Ok(None);
-    }
-    let copies = [read_at(cache, 0, BLOCK_BYTES)?, read_at(cache, BS, BLOCK_BYTES)?];
-    let magic = crate::persist::SUPERBLOCK_MAGIC.to_le_bytes();
-    if copies.iter().all(|c| c[0..4] != magic) {
-        return Ok(None);
-    }
-    Ok(Some(copies.iter().find_map(|c| Superblock::decode(c).ok()).map_or([0; 16], |sb| sb.uuid)))
+    copies_present(cache, 0, crate::persist::SUPERBLOCK_MAGIC, |c| Superblock::decode(c).ok().map(|sb| sb.uuid))
 }
 
 /// Whether the capacity device holds a Sluice label (magic in either copy).
 pub fn label_present(capacity: &dyn BlockDevice) -> Result<Option<[u8; 16]>, DeviceError> {
-    if capacity.info().capacity_bytes < 2 * BS {
-        return Ok(None);
-    }
     let at = label_offset(capacity);
-    let copies = [read_at(capacity, at, BLOCK_BYTES)?, read_at(capacity, at + BS, BLOCK_BYTES)?];
-    let magic = crate::persist::LABEL_MAGIC.to_le_bytes();
-    if copies.iter().all(|c| c[0..4] != magic) {
+    copies_present(capacity, at, crate::persist::LABEL_MAGIC, |c| CapacityLabel::decode(c).ok().map(|l| l.uuid))
+}
+
+/// The two copies of a superblock or label at `at`: None if neither carries
+/// `magic`; else the UUID of the first that decodes, or zeros.
+fn copies_present(
+    dev: &dyn BlockDevice,
+    at: u64,
+    magic: u32,
+    uuid_of: impl Fn(&[u8]) -> Option<[u8; 16]>,
+) -> Result<Option<[u8; 16]>, DeviceError> {
+    if dev.info().capacity_bytes < 2 * BS {
         return Ok(None);
     }
-    Ok(Some(copies.iter().find_map(|c| CapacityLabel::decode(c).ok()).map_or([0; 16], |l| l.uuid)))
+    let copies = [read_at(dev, at, BLOCK_BYTES)?, read_at(dev, at + BS, BLOCK_BYTES)?];
+    if copies.iter().all(|c| c[0..4] != magic.to_le_bytes()) {
+        return Ok(None);
+    }
+    Ok(Some(copies.iter().find_map(|c| uuid_of(c)).unwrap_or([0; 16])))
 }
 
 /// Erase what marks the devices as a Sluice engine's — the cache device's
@@ -919,9 +912,10 @@ pub fn wipe_labels(cache: &dyn BlockDevice, capacity: &dyn BlockDevice) -> Resul
 pub struct OpenOptions {
     /// Open even though recovery found damage, or the checkpoint is
     /// damaged (recovering from the media instead): blocks whose newest copy
-    /// is damaged stay mapped to it and fail to read (EIO) until rewritten;
-    /// what damaged log records held (their LBAs are unknown) reverts to
-    /// older copies. `Engine::salvaged` lists what was accepted.
+    /// is damaged are trimmed (they read as zeros), damaged bands are
+    /// emptied and discarded (`Engine::salvage_repair`), and what damaged
+    /// log records held (their LBAs are unknown) reverts to older copies.
+    /// `Engine::salvaged` lists what was accepted.
     pub salvage: bool,
 }
 
@@ -986,7 +980,6 @@ impl Inner {
                     l2p: huge_page_vec((size / BS) as usize, Loc::NONE),
                     crcs: huge_page_vec((size / BS) as usize, 0),
                     open_band: None,
-                    last_band: None,
                     moved: Moves::default(),
                 })
                 .collect(),
@@ -1012,13 +1005,10 @@ impl Inner {
                     gen: 0,
                     tombstones: 0,
                     epoch: 0,
-                    prev_epoch: 0,
-                    prev_end: 0,
                 })
                 .collect(),
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
-            gc_last_band: None,
             gc_cursor: None,
             pending: None,
             compact_cursor: None,
@@ -1090,11 +1080,9 @@ impl Inner {
         self.closed_since_mark.push(b);
         if gc {
             self.gc_band = None;
-            self.gc_last_band = Some(b);
         } else {
             let s = self.stream(vol);
             self.vols[s].open_band = None;
-            self.vols[s].last_band = Some(b);
         }
     }
 
@@ -1106,7 +1094,7 @@ impl Inner {
             if !self.failed {
                 // Said the moment it happens, with the cause: every later
                 // change fails until a restart recovers from the devices.
-                crate::faults::say(format_args!(
+                crate::report::say(format_args!(
                     "sluice: engine stopped taking changes: {e}; reads go on, restart to recover"
                 ));
             }

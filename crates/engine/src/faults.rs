@@ -9,24 +9,7 @@
 //! - `compactor-panic`: the background compactor panics (holding the engine
 //!   lock) at its first step with work to do, as a broken invariant would.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
-
-/// Set by the crash simulation, which provokes device errors by the
-/// thousand: the engine then does not log each one (`say`).
-static QUIET: AtomicBool = AtomicBool::new(false);
-
-/// Stop the engine's own log lines in this process (simulations).
-pub fn quiet() {
-    QUIET.store(true, Ordering::Relaxed);
-}
-
-/// Write an operator-facing line to stderr, unless `quiet`.
-pub fn say(line: std::fmt::Arguments<'_>) {
-    if !QUIET.load(Ordering::Relaxed) {
-        eprintln!("{line}");
-    }
-}
 
 /// The environment variable that arms faults.
 pub const FAULTS_ENV: &str = "SLUICE_FAULTS";

@@ -7,6 +7,7 @@ pub mod faults;
 pub mod layout;
 pub mod metrics;
 pub mod persist;
+pub mod report;
 pub mod sim;
 pub mod volume;
 

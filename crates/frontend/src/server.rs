@@ -511,27 +511,17 @@ fn start_connection(
 /// Log why a connection was closed, unless the client simply went away: at
 /// most 10 lines a second, with how many were left out.
 fn log_violation(peer: &str, e: &ConnError) {
-    use std::sync::atomic::AtomicU64;
+    use sluice_engine::report::LogLimit;
     if let ConnError::Io(io) = e {
         use io::ErrorKind::*;
         if matches!(io.kind(), ConnectionReset | BrokenPipe | UnexpectedEof | ConnectionAborted) {
             return;
         }
     }
-    static SECOND: AtomicU64 = AtomicU64::new(0);
-    static LINES: AtomicU64 = AtomicU64::new(0);
-    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    if SECOND.swap(now, Ordering::Relaxed) != now {
-        LINES.store(0, Ordering::Relaxed);
+    static LIMIT: LogLimit = LogLimit::new();
+    if let Some(left_out) = LIMIT.admit() {
+        eprintln!("sluice: NBD client {peer}: {e}; connection closed{}", LogLimit::also(left_out));
     }
-    if LINES.fetch_add(1, Ordering::Relaxed) >= 10 {
-        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let more = SUPPRESSED.swap(0, Ordering::Relaxed);
-    let also = if more > 0 { format!(" ({more} more not logged)") } else { String::new() };
-    eprintln!("sluice: NBD client {peer}: {e}; connection closed{also}");
 }
 
 /// Handshake then transmission on one connection; closes it on return.

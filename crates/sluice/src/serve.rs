@@ -272,6 +272,28 @@ impl Config {
         }
     }
 
+    /// Open both devices (cache, then capacity) and run `f` on them. If
+    /// opening or `f` fails, the files this call created are removed again:
+    /// a refused start or format leaves nothing behind.
+    fn with_devices<T>(&self, f: impl FnOnce(&[OpenedDevice]) -> Result<T, ServeError>) -> Result<T, ServeError> {
+        let mut opened = Vec::new();
+        let r = self
+            .open_device("cache", &self.cache)
+            .map(|d| opened.push(d))
+            .and_then(|()| self.open_device("capacity", &self.capacity))
+            .map(|d| opened.push(d))
+            .and_then(|()| f(&opened));
+        if r.is_err() {
+            for d in opened {
+                if let Some(p) = d.created {
+                    drop(d.dev);
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+        }
+        r
+    }
+
     /// Open (creating a missing file, fully allocated) the `which` device.
     fn open_device(&self, which: &'static str, d: &DeviceConfig) -> Result<OpenedDevice, ServeError> {
         let mut size = size_of(&format!("{which}.size"), &d.size)?;
@@ -418,6 +440,15 @@ pub struct DirLock {
 }
 
 impl DirLock {
+    /// `take`, creating the directory first if it is missing.
+    pub fn take_creating(data_dir: &Path) -> Result<DirLock, ServeError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| ServeError::Io {
+            what: format!("creating the data directory {}", data_dir.display()),
+            source,
+        })?;
+        DirLock::take(data_dir)
+    }
+
     pub fn take(data_dir: &Path) -> Result<DirLock, ServeError> {
         use std::io::{Read, Seek, Write};
         use std::os::fd::AsRawFd;
@@ -476,22 +507,10 @@ pub enum Opened {
 /// not touched (not even marked unclean). The caller holds the data
 /// directory's lock (`DirLock`).
 pub fn open_engine(cfg: &Config) -> Result<(Arc<Engine>, Opened), ServeError> {
-    let mut opened = Vec::new();
-    let r = open_engine_on(cfg, &mut opened);
-    if r.is_err() {
-        for d in opened {
-            if let Some(p) = d.created {
-                drop(d.dev);
-                let _ = std::fs::remove_file(p);
-            }
-        }
-    }
-    r
+    cfg.with_devices(|opened| open_engine_on(cfg, opened))
 }
 
-fn open_engine_on(cfg: &Config, opened: &mut Vec<OpenedDevice>) -> Result<(Arc<Engine>, Opened), ServeError> {
-    opened.push(cfg.open_device("cache", &cfg.cache)?);
-    opened.push(cfg.open_device("capacity", &cfg.capacity)?);
+fn open_engine_on(cfg: &Config, opened: &[OpenedDevice]) -> Result<(Arc<Engine>, Opened), ServeError> {
     let (cache, capacity) = (opened[0].dev.clone(), opened[1].dev.clone());
     match Engine::inspect(&*cache, &*capacity) {
         Ok(sb) => {
@@ -542,27 +561,11 @@ fn sampled_data(dev: &dyn BlockDevice) -> Result<Option<u64>, ServeError> {
 /// or other data unless `force`, which destroys it. Leaves the engine shut
 /// down cleanly, so the next `sluice serve` reopens it. Returns what it did.
 pub fn format(cfg: &Config, force: bool) -> Result<String, ServeError> {
-    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ServeError::Io {
-        what: format!("creating the data directory {}", cfg.data_dir.display()),
-        source,
-    })?;
-    let _lock = DirLock::take(&cfg.data_dir)?;
-    let mut opened = Vec::new();
-    let r = format_on(cfg, force, &mut opened);
-    if r.is_err() {
-        for d in opened {
-            if let Some(p) = d.created {
-                drop(d.dev);
-                let _ = std::fs::remove_file(p);
-            }
-        }
-    }
-    r
+    let _lock = DirLock::take_creating(&cfg.data_dir)?;
+    cfg.with_devices(|opened| format_on(cfg, force, opened))
 }
 
-fn format_on(cfg: &Config, force: bool, opened: &mut Vec<OpenedDevice>) -> Result<String, ServeError> {
-    opened.push(cfg.open_device("cache", &cfg.cache)?);
-    opened.push(cfg.open_device("capacity", &cfg.capacity)?);
+fn format_on(cfg: &Config, force: bool, opened: &[OpenedDevice]) -> Result<String, ServeError> {
     let (cache, capacity) = (opened[0].dev.clone(), opened[1].dev.clone());
     let mut found = Vec::new();
     let engine_err = |e: sluice_media::DeviceError| ServeError::Engine(EngineError::Device(e));
@@ -709,11 +712,7 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
     if let Some(c) = &compactor_cfg {
         c.check().map_err(|e| ServeError::Config { path: "engine".into(), msg: e.to_string() })?;
     }
-    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ServeError::Io {
-        what: format!("creating the data directory {}", cfg.data_dir.display()),
-        source,
-    })?;
-    let _lock = DirLock::take(&cfg.data_dir)?;
+    let _lock = DirLock::take_creating(&cfg.data_dir)?;
     let (engine, how) = open_engine(&cfg)?;
     // Reads run outside the engine lock; handing them to workers pays where
     // a device has latency to overlap (files, raw devices, emulated media),

@@ -7,7 +7,7 @@ mod common;
 
 use common::{device_config, need, qemu_io, small_config, start, stop};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 fn sluice() -> Command {
@@ -16,13 +16,7 @@ fn sluice() -> Command {
 
 /// Run `sluice serve` expecting it to refuse to start: its output.
 fn refused_start(config: &Path) -> Output {
-    let mut child = sluice()
-        .args(["serve", "--config"])
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice serve");
+    let mut child = common::serve_command(config).spawn().expect("spawn sluice serve");
     // A start that is not refused serves until told to stop: do not wait forever.
     let t = Instant::now();
     while child.try_wait().unwrap().is_none() {
@@ -219,14 +213,7 @@ fn format_refuses_existing_engines_and_data_unless_forced() {
 fn a_panic_ends_the_server_at_once() {
     need("qemu-io");
     let (dir, config) = small_config("faults-panic");
-    let mut child = sluice()
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("SLUICE_FAULTS", "compactor-panic")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::serve_command(&config).env("SLUICE_FAULTS", "compactor-panic").spawn().unwrap();
     let port = {
         use std::io::BufRead;
         let mut line = String::new();

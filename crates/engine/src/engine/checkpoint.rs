@@ -7,9 +7,9 @@ use super::*;
 /// Upper bound of the checkpoint's size for this geometry.
 pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, vol_blocks: u64) -> u64 {
     let fixed = 8 + 8 + 8 + 11 * 8 + 4 + 8 + 4 + 4;
-    let per_vol = 4 + 4 + 4;
+    let per_vol = 4 + 4;
     let per_chunk = 1 + 8 + 4 + 8 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
-    let per_band = 1 + 4 + 8 + 8 + 8 + 8 + 8 + 4;
+    let per_band = 1 + 4 + 8 + 8 + 8 + 4;
     fixed + vols * per_vol + 8 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
 }
 
@@ -22,14 +22,12 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     w.opt_u32(inner.open_chunk.map(|(c, _)| c));
     w.u64(inner.open_chunk.map_or(0, |(_, o)| o));
     w.opt_u32(inner.gc_band);
-    w.opt_u32(inner.gc_last_band);
     w.u32(inner.vols.len() as u32);
     for v in &inner.vols {
         w.opt_u32(v.open_band);
         w.u32(v.l2p.len() as u32);
         v.l2p.iter().for_each(|l| w.u32(l.0));
         v.crcs.iter().for_each(|&c| w.u32(c));
-        w.opt_u32(v.last_band);
     }
     w.u32(inner.chunks.len() as u32);
     for c in &inner.chunks {
@@ -50,8 +48,6 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u64(b.written);
         w.u64(b.closed_seq);
         w.u64(b.epoch);
-        w.u64(b.prev_epoch);
-        w.u64(b.prev_end);
     }
     w.u32(inner.free_bands.len() as u32);
     inner.free_bands.iter().for_each(|&b| w.u32(b));
@@ -97,7 +93,6 @@ pub(super) fn decode_checkpoint(
     let open_c = r.opt_u32()?;
     let open_off = r.u64()?;
     let gc_band = r.opt_u32()?;
-    let gc_last_band = r.opt_u32()?;
     let nv = r.u32()? as usize;
     if nv != sb.volumes.len() {
         return Err(bad(&r));
@@ -117,8 +112,7 @@ pub(super) fn decode_checkpoint(
         for c in crcs.iter_mut() {
             *c = r.u32()?;
         }
-        let last_band = r.opt_u32()?;
-        vols.push(Vol { name: name.clone(), l2p, crcs, open_band, last_band, moved: Moves::default() });
+        vols.push(Vol { name: name.clone(), l2p, crcs, open_band, moved: Moves::default() });
     }
     let bpc = (cfg.chunk_bytes / BS) as usize;
     let nc = r.u32()? as usize;
@@ -147,11 +141,9 @@ pub(super) fn decode_checkpoint(
         let written = r.u64()?;
         let closed_seq = r.u64()?;
         let epoch = r.u64()?;
-        let prev_epoch = r.u64()?;
-        let prev_end = r.u64()?;
         // Not in the checkpoint: GC reads such a band to find its tombstones.
         let tombstones = if written == 0 { 0 } else { TOMBSTONES_UNKNOWN };
-        bands.push(Band { state, valid, written, closed_seq, gen: 0, tombstones, epoch, prev_epoch, prev_end });
+        bands.push(Band { state, valid, written, closed_seq, gen: 0, tombstones, epoch });
     }
     let n = r.u32()? as usize;
     let mut free_bands = VecDeque::with_capacity(n);
@@ -171,7 +163,6 @@ pub(super) fn decode_checkpoint(
         bands,
         free_bands,
         gc_band,
-        gc_last_band,
         gc_cursor: None,
         pending: None,
         compact_cursor: None,

@@ -305,8 +305,6 @@ impl Engine {
                 lsn: 0,
                 head_lsn: 0,
                 flushed_lsn: 0,
-                prev_epoch: inner.bands[band as usize].prev_epoch,
-                prev_end: inner.bands[band as usize].prev_end as u32,
                 entries,
             };
             encode_header(&mut buf[..BLOCK_BYTES], &h);
@@ -370,15 +368,6 @@ impl Engine {
             zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
             inner.close_band(b, vol, gc);
         }
-        // The band this stream fills next names the one it filled before
-        // (just closed, or left by a recovery) and how far that one must
-        // read back: recovery checks it once this band's first segment is
-        // durable.
-        let last = if gc { inner.gc_last_band } else { inner.vols[stream].last_band };
-        let (prev_epoch, prev_end) = last
-            .map(|p| &inner.bands[p as usize])
-            .filter(|p| p.state == State::Full)
-            .map_or((0, 0), |p| (p.epoch, p.written));
         if !gc {
             // Bounded: a victim that frees no more than its relocation takes
             // cannot spin here; past the bound the caller sees NoSpace.
@@ -400,8 +389,6 @@ impl Engine {
         inner.seq += 1;
         let band = &mut inner.bands[b as usize];
         band.epoch = inner.seq;
-        band.prev_epoch = prev_epoch;
-        band.prev_end = prev_end;
         if gc {
             inner.gc_band = Some(b);
         } else {

@@ -202,8 +202,6 @@ impl Engine {
             lsn: inner.lsn + 1,
             head_lsn: inner.head_lsn(),
             flushed_lsn: inner.cache_flushed_lsn,
-            prev_epoch: 0,
-            prev_end: 0,
             entries,
         };
         encode_header(&mut rec[..BLOCK_BYTES], &h);

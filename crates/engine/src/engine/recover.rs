@@ -50,7 +50,7 @@
 use super::datapath::segment_blocks;
 use super::marks::{read_mark, Mark, RECLAIMED};
 use super::*;
-use crate::layout::{decode_header, record_at, Header, HeaderError, RecordKind, STREAM_GC};
+use crate::layout::{decode_header, record_at, Header, HeaderError, RecordKind};
 
 /// Damage recovery found: something a completed flush made durable is not
 /// on the media as written.
@@ -270,18 +270,11 @@ struct Segment {
 struct BandWalk {
     /// The epoch of its segments (None: no segment).
     epoch: Option<u64>,
-    stream: u32,
     /// Block where the walk stopped.
     stop: u64,
     /// The block there holds something that is not a header of this
     /// engine's, and not zeros: a damaged header, or a torn write.
     garbage: bool,
-    /// Sequence of its first segment.
-    first_seq: u64,
-    /// The epoch of the band its stream filled before this one (0: none),
-    /// and how far that one must read back.
-    prev_epoch: u64,
-    prev_end: u64,
 }
 
 /// The result of a recovery scan (nothing written yet).
@@ -350,8 +343,7 @@ pub(super) fn scan(
         })
     };
     for band in 0..band_count as u32 {
-        let mut w =
-            BandWalk { epoch: None, stream: 0, stop: 0, garbage: false, first_seq: 0, prev_epoch: 0, prev_end: 0 };
+        let mut w = BandWalk { epoch: None, stop: 0, garbage: false };
         let mut pos = 0u64;
         while pos + 1 < usable {
             let h = match segment_at(band as u64, pos)? {
@@ -364,10 +356,7 @@ pub(super) fn scan(
                 }
             };
             cap_watermark = cap_watermark.max(h.flushed_seq);
-            if w.epoch.is_none() {
-                (w.epoch, w.stream, w.first_seq) = (Some(h.epoch), h.stream, h.seq);
-                (w.prev_epoch, w.prev_end) = (h.prev_epoch, h.prev_end as u64);
-            }
+            w.epoch.get_or_insert(h.epoch);
             let next = (pos + segment_blocks(h.data_blocks() as u64, unit)).min(usable);
             segments.push(Segment { band, pos, header: h });
             pos = next;
@@ -392,13 +381,11 @@ pub(super) fn scan(
             continue;
         }
         let mut must = marked.map_or(0, |mb| mb.written as u64);
-        // (The next band of the stream names this one and its end, but a
-        // rule built on it — "complete once the next band's first segment
-        // is durable" — refused healthy engines in the crash simulation: a
-        // segment write that failed while the next band's first succeeded
-        // leaves a hole a later flush seems to cover. Kept off until the
-        // acceptance of such a hole is itself made durable; the links stay
-        // in the format.)
+        // (No rule "a band its stream went on from is complete once the
+        // next band's first segment is durable": it refused healthy engines
+        // in the crash simulation, where a segment write failed while the
+        // next band's first succeeded and a later flush seemed to cover the
+        // hole.)
         // A damaged header with a durable segment of the same band after it.
         if w.garbage {
             let mut p = (w.stop / unit + 1) * unit;
@@ -650,22 +637,6 @@ pub(super) fn scan(
     for b in inner.bands.iter_mut().filter(|b| b.state == State::Free) {
         b.written = 0;
         b.tombstones = 0;
-    }
-    // Each stream's newest band is its last: the next band it opens names
-    // it, so that a later recovery checks it (nothing else would: it is in
-    // no mark any more, and no longer full).
-    for (b, w) in walks.iter().enumerate() {
-        let Some(e) = w.epoch.filter(|_| inner.bands[b].state == State::Full) else { continue };
-        let slot = if w.stream == STREAM_GC {
-            &mut inner.gc_last_band
-        } else if let Some(v) = inner.vols.get_mut(w.stream as usize) {
-            &mut v.last_band
-        } else {
-            continue;
-        };
-        if slot.is_none_or(|o| walks[o as usize].epoch.is_some_and(|oe| oe < e)) {
-            *slot = Some(b as u32);
-        }
     }
     inner.free_bands = (0..band_count as u32).filter(|&b| inner.bands[b as usize].state == State::Free).collect();
     inner.seq = scan.seq_max + 1;

@@ -231,9 +231,10 @@ impl EngineVolume {
     fn report_corruption(&self, r: Result<(), VolumeError>) -> Result<(), VolumeError> {
         if let Err(VolumeError::Corrupt { offset, device, device_offset }) = &r {
             self.metrics.count_checksum_error();
-            if let Some(suppressed) = log_budget() {
-                let also = if suppressed > 0 { format!(" ({suppressed} more not logged)") } else { String::new() };
-                crate::faults::say(format_args!(
+            static LIMIT: crate::report::LogLimit = crate::report::LogLimit::new();
+            if let Some(left_out) = LIMIT.admit() {
+                let also = crate::report::LogLimit::also(left_out);
+                crate::report::say(format_args!(
                     "sluice: volume {:?}: checksum mismatch reading LBA {} ({device} device, byte {device_offset}); \
                      the request fails with EIO{also}",
                     self.name,
@@ -473,25 +474,6 @@ impl Engine {
             i += n;
         }
         Ok(())
-    }
-}
-
-/// Rate limit of corruption log lines: `Some(lines not logged since the
-/// last one)` when a line may be written now (at most 10 a second).
-fn log_budget() -> Option<u64> {
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    static SECOND: AtomicU64 = AtomicU64::new(0);
-    static LINES: AtomicU64 = AtomicU64::new(0);
-    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    if SECOND.swap(now, Relaxed) != now {
-        LINES.store(0, Relaxed);
-    }
-    if LINES.fetch_add(1, Relaxed) < 10 {
-        Some(SUPPRESSED.swap(0, Relaxed))
-    } else {
-        SUPPRESSED.fetch_add(1, Relaxed);
-        None
     }
 }
 

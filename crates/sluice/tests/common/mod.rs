@@ -57,15 +57,16 @@ pub fn start(config: &Path) -> (Served, u16) {
     (child, port)
 }
 
+/// `sluice serve --config CONFIG` with its output piped, not yet started.
+pub fn serve_command(config: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.args(["serve", "--config"]).arg(config).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
 /// Start the server; also returns the metrics address (its second line).
 pub fn start_with_metrics(config: &Path) -> (Served, u16, String) {
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice serve");
+    let child = serve_command(config).spawn().expect("spawn sluice serve");
     // Held from here, so a panic below does not leave it running.
     let mut served = Served(Some(child));
     let mut out = BufReader::new(served.stdout.take().expect("stdout"));
