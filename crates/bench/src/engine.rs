@@ -17,6 +17,7 @@
 //! whole cost per I/O and the part of it that is the engine's own
 //! (`*_engine_ns_per_io`): the total minus the device's share.
 
+use crate::heap;
 use serde::Serialize;
 use sluice_engine::{Engine, EngineConfig, EngineVolume, Volume, VolumeError, VolumeSpec};
 use sluice_media::{BlockDevice, MemoryDevice};
@@ -226,6 +227,19 @@ pub struct RecoveryReport {
     pub chunks_compacted: u64,
     pub crash_reopen_s: f64,
     pub clean_reopen_s: f64,
+    /// Heap the engine holds once open (steady state), and the most the
+    /// crash reopen (recovery) and the clean reopen (checkpoint) held at
+    /// once; 0 where the counting allocator is not installed (`heap`).
+    pub steady_heap_bytes: u64,
+    pub recovery_peak_heap_bytes: u64,
+    pub clean_open_peak_heap_bytes: u64,
+}
+
+impl RecoveryReport {
+    /// Recovery's peak over the steady state.
+    pub fn recovery_heap_ratio(&self) -> f64 {
+        self.recovery_peak_heap_bytes as f64 / self.steady_heap_bytes.max(1) as f64
+    }
 }
 
 pub fn recovery(opts: &RecoveryBenchOpts) -> Result<RecoveryReport, EngineBenchError> {
@@ -244,14 +258,22 @@ pub fn recovery(opts: &RecoveryBenchOpts) -> Result<RecoveryReport, EngineBenchE
     let stats = engine.stats();
     drop(vol);
     drop(engine);
+    // Heap measured from what the devices (and the rest) hold without an engine.
+    let base = heap::live();
+    heap::reset_peak();
     let t = std::time::Instant::now();
     let engine = Engine::open(cache.clone(), capacity.clone())?;
     let crash_reopen_s = t.elapsed().as_secs_f64();
+    let recovery_peak = heap::peak().saturating_sub(base);
+    let steady = heap::live().saturating_sub(base);
     engine.shutdown()?;
     drop(engine);
+    let base = heap::live();
+    heap::reset_peak();
     let t = std::time::Instant::now();
     let engine = Engine::open(cache, capacity)?;
     let clean_reopen_s = t.elapsed().as_secs_f64();
+    let clean_peak = heap::peak().saturating_sub(base);
     engine.shutdown()?;
     Ok(RecoveryReport {
         cache_bytes: opts.cache_bytes,
@@ -261,6 +283,9 @@ pub fn recovery(opts: &RecoveryBenchOpts) -> Result<RecoveryReport, EngineBenchE
         chunks_compacted: stats.chunks_compacted,
         crash_reopen_s,
         clean_reopen_s,
+        steady_heap_bytes: steady as u64,
+        recovery_peak_heap_bytes: recovery_peak as u64,
+        clean_open_peak_heap_bytes: clean_peak as u64,
     })
 }
 

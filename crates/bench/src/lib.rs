@@ -3,6 +3,7 @@
 
 pub mod csal;
 pub mod engine;
+pub mod heap;
 pub mod job;
 pub mod media;
 pub mod runner;

@@ -35,7 +35,6 @@ use crate::persist::{uuid_text, CapacityLabel, CheckpointError, Reader, Superblo
 use crate::volume::{check, Extent, Volume, VolumeError, WriteBuf};
 use serde::Serialize;
 use sluice_media::device::{flush, read_at, sync_io, write_at};
-use sluice_media::memory::huge_page_vec;
 use sluice_media::{BlockDevice, DeviceError, DeviceStats, IoBuf, IoOp, IoRequest, SharedDevice};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -44,6 +43,7 @@ mod check;
 mod checkpoint;
 mod compactor;
 mod datapath;
+mod l2p;
 mod log;
 mod marks;
 mod placement;
@@ -55,6 +55,8 @@ mod zoned;
 
 pub use check::CheckReport;
 pub use compactor::{Compactor, CompactorConfig, CompactorSnapshot, Throttle};
+pub use l2p::CAPACITY_BYTES_MAX;
+use l2p::{L2p, Loc, Width};
 pub use placement::BandPlacement;
 use pool::BufPool;
 pub use recover::Damage;
@@ -67,34 +69,6 @@ const BS: u64 = BLOCK_BYTES as u64;
 
 /// Most capacity segment writes compaction and GC keep in flight.
 const CAP_QUEUE_DEPTH: usize = 16;
-
-/// Where a block lives: 0 = nowhere (reads zeros); top bit set = capacity
-/// block index; otherwise cache block index + 1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Loc(u32);
-
-const CAP_BIT: u32 = 1 << 31;
-
-impl Loc {
-    const NONE: Loc = Loc(0);
-    fn cache(block: u64) -> Loc {
-        assert!(block + 1 < CAP_BIT as u64);
-        Loc(block as u32 + 1)
-    }
-    fn capacity(block: u64) -> Loc {
-        assert!(block < CAP_BIT as u64);
-        Loc(block as u32 | CAP_BIT)
-    }
-    fn is_none(self) -> bool {
-        self.0 == 0
-    }
-    fn cache_block(self) -> Option<u64> {
-        (self.0 != 0 && self.0 & CAP_BIT == 0).then(|| (self.0 - 1) as u64)
-    }
-    fn capacity_block(self) -> Option<u64> {
-        (self.0 & CAP_BIT != 0).then_some((self.0 & !CAP_BIT) as u64)
-    }
-}
 
 /// Engine configuration.
 #[derive(Clone, Debug, Serialize)]
@@ -129,6 +103,12 @@ pub enum EngineError {
     Config(&'static str),
     #[error("volume {0:?} does not fit: capacity device too small for the volumes' total size")]
     TooBig(String),
+    #[error(
+        "the capacity device is {0} bytes; this engine addresses at most {max} bytes (128 TiB): \
+         use a partition or a namespace of at most that size",
+        max = CAPACITY_BYTES_MAX
+    )]
+    CapacityTooLarge(u64),
     #[error("no volume named {0:?}")]
     NoVolume(String),
     #[error("device: {0}")]
@@ -240,6 +220,11 @@ struct Band {
     /// Sequence when the band was last opened: every segment in it carries
     /// it, so recovery tells this generation's segments from a previous one's.
     epoch: u64,
+    /// The band filled just before this one by its stream: (its epoch, the
+    /// blocks it held), (0, 0) if none; in every segment header
+    /// (`Header::prev_epoch`, `prev_end`), so recovery can tell that band's
+    /// damaged tail from a torn one.
+    prev: (u64, u64),
 }
 
 /// `Band::tombstones` when not known: GC walks the band to find out.
@@ -263,13 +248,15 @@ struct CompactCursor {
 
 struct Vol {
     name: String,
-    l2p: Vec<Loc>,
-    /// CRC32C of each mapped block's data, as logged (the value in its
-    /// record's header entry): every read is checked against it. Kept in
-    /// DRAM beside the L2P (4 B per block) so that a read costs one device
-    /// I/O, not a second one for the header.
-    crcs: Vec<u32>,
+    /// Each block's place and the CRC32C of its data as logged (the value
+    /// in its record's header entry): every read is checked against it.
+    /// Kept in DRAM beside the place (4 B per block) so that a read costs
+    /// one device I/O, not a second one for the header.
+    l2p: L2p,
     open_band: Option<u32>,
+    /// The band this stream filled last and its epoch (closed, or left full
+    /// by a recovery): the next band it opens names it (`Band::prev`).
+    last_band: Option<(u32, u64)>,
     /// Data bytes of this volume compaction and GC wrote to the capacity
     /// device since the engine was opened (not persisted): per-tenant
     /// capacity write amplification.
@@ -353,6 +340,8 @@ struct Inner {
     bands: Vec<Band>,
     free_bands: VecDeque<u32>,
     gc_band: Option<u32>,
+    /// The band GC filled last (as `Vol::last_band`).
+    gc_last_band: Option<(u32, u64)>,
     /// The GC victim a bounded step left half done (`Engine::gc_step`);
     /// not persisted: after a reopen GC simply chooses again.
     gc_cursor: Option<GcCursor>,
@@ -520,7 +509,14 @@ impl Engine {
         {
             return Err(EngineError::Config("too many volumes, or a name empty or over 63 bytes"));
         }
-        let all_bands = capacity.info().capacity_bytes / cfg.band_bytes;
+        let capacity_bytes = capacity.info().capacity_bytes;
+        if capacity_bytes > CAPACITY_BYTES_MAX {
+            return Err(EngineError::CapacityTooLarge(capacity_bytes));
+        }
+        let all_bands = capacity_bytes / cfg.band_bytes;
+        if all_bands >= u32::MAX as u64 || chunk_count >= u32::MAX as u64 {
+            return Err(EngineError::Config("more than 2^32 - 1 bands or chunks: make them larger"));
+        }
         let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
         // The checkpoint region at the end of the capacity device, whole
         // bands, and the label after it (`label_offset`): in the last two
@@ -570,6 +566,7 @@ impl Engine {
             checkpoint_offset: band_count * cfg.band_bytes,
             checkpoint_bytes: 0,
             checkpoint_crc: 0,
+            seq_floor: 0,
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
         };
         let label = CapacityLabel {
@@ -665,7 +662,8 @@ impl Engine {
         // Step 2: after a crash, rebuild everything from the media; after a
         // clean shutdown, read the checkpoint, verified (a damaged one is
         // refused, or with `salvage` replaced by recovery from the media).
-        let (mut relog, mut gaps) = (Vec::new(), Vec::new());
+        let (mut relog, mut gaps, mut voided) = (Vec::new(), Vec::new(), Vec::new());
+        let mut lasts = None;
         // Shared before recovery, whose workers read the cache at once.
         let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
         let checkpoint = if sb.clean {
@@ -686,6 +684,18 @@ impl Engine {
                     return Err(EngineError::Damaged(r.damage));
                 }
                 (relog, gaps) = (std::mem::take(&mut r.superseded), std::mem::take(&mut r.gaps));
+                // (Voided bands nothing won in are free already, and discarded
+                // as stale ones.)
+                voided = std::mem::take(&mut r.voided);
+                voided.retain(|&b| r.inner.bands[b as usize].state != State::Free);
+                // Each stream's last band, as recovered, is named (by the
+                // next band and in marks) only once the repairs below are
+                // done: until `relog` has superseded its torn copies, a
+                // claim on it would have a later recovery trust them.
+                lasts = Some((
+                    r.inner.vols.iter_mut().map(|v| v.last_band.take()).collect::<Vec<_>>(),
+                    r.inner.gc_last_band.take(),
+                ));
                 // Damaged bands out of reach before anything is written.
                 let inner = &mut r.inner;
                 inner.quarantine = r
@@ -693,6 +703,7 @@ impl Engine {
                     .iter()
                     .filter_map(|d| if let Damage::Segments { band, .. } = d { Some(*band) } else { None })
                     .collect();
+                inner.quarantine.extend(&voided);
                 inner.free_bands.retain(|b| !inner.quarantine.contains(b));
                 // Before changing any band: a fresh mark (no band is open
                 // now), durable, so that a crash in what follows never
@@ -726,9 +737,23 @@ impl Engine {
         if !engine.salvaged.is_empty() {
             engine.salvage_repair(&engine.salvaged).map_err(EngineError::Recovery)?;
         }
+        if !voided.is_empty() {
+            let mut inner = engine.lock();
+            engine.empty_bands(&mut inner, &voided).map_err(EngineError::Recovery)?;
+            engine.flush_cache(&mut inner).map_err(EngineError::Recovery)?;
+        }
         if !relog.is_empty() {
             engine.relog(&relog).map_err(EngineError::Recovery)?;
         }
+        // Every torn copy now loses to a newer one, and no voided band is
+        // left: watermarks may pass them, and claims name them.
+        let mut inner = engine.lock();
+        inner.cap_flushed_ceiling = None;
+        if let Some((vols, gc)) = lasts {
+            inner.vols.iter_mut().zip(vols).for_each(|(v, l)| v.last_band = l);
+            inner.gc_last_band = gc;
+        }
+        drop(inner);
         Ok(engine)
     }
 
@@ -755,7 +780,19 @@ impl Engine {
             inner.closed = true;
             return Err(EngineError::Failed);
         }
-        flush(&*self.cache)?;
+        // Flush, then record that flush in one more (empty) record, flushed
+        // too: the watermark otherwise travels only in later records, and a
+        // shutdown cut short here would leave the newest records' damage
+        // indistinguishable from a torn tail (docs/format.md).
+        let watermark = self.flush_cache(&mut inner).and_then(|()| {
+            self.log_record(&mut inner, 0, crate::layout::RecordKind::Gap, Vec::new(), &[])?;
+            self.flush_cache(&mut inner)
+        });
+        if watermark.is_err() {
+            inner.failed = true;
+            inner.closed = true;
+            return Err(EngineError::Failed);
+        }
         let mut body = encode_checkpoint(&inner);
         let (body_bytes, body_crc) = (body.len(), crc32c(&body));
         body.resize(body_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES, 0);
@@ -798,7 +835,7 @@ impl Engine {
     pub fn dram_bytes_per_block(&self) -> f64 {
         let inner = self.lock();
         let blocks: usize = inner.vols.iter().map(|v| v.l2p.len()).sum();
-        let l2p = blocks * (std::mem::size_of::<Loc>() + std::mem::size_of::<u32>());
+        let l2p: usize = inner.vols.iter().map(|v| v.l2p.bytes()).sum();
         let chunks: usize = inner.chunks.iter().map(|c| std::mem::size_of::<Chunk>() + c.p2l.len() * 16).sum();
         let bands = inner.bands.len() * std::mem::size_of::<Band>();
         (l2p + chunks + bands) as f64 / blocks.max(1) as f64
@@ -812,6 +849,11 @@ impl Engine {
     pub fn check_invariants(&self) {
         self.lock().check_invariants();
     }
+}
+
+/// The L2P entry width for the devices a superblock records.
+fn l2p_width(sb: &Superblock) -> Width {
+    Width::for_devices(sb.cache_bytes / BS, sb.capacity_bytes / BS)
 }
 
 /// Where the capacity device's label lives: its last two blocks on a
@@ -969,6 +1011,7 @@ impl Inner {
     }
 
     /// A state with every volume unmapped and every chunk and band free.
+    /// (`sb` names the devices' sizes, which fix the L2P's width.)
     fn empty(cfg: EngineConfig, geo: CapGeometry, sb: Superblock, chunk_count: u64, band_count: u64) -> Inner {
         let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
         Inner {
@@ -977,9 +1020,9 @@ impl Inner {
                 .iter()
                 .map(|(name, size)| Vol {
                     name: name.clone(),
-                    l2p: huge_page_vec((size / BS) as usize, Loc::NONE),
-                    crcs: huge_page_vec((size / BS) as usize, 0),
+                    l2p: L2p::new((size / BS) as usize, l2p_width(&sb)),
                     open_band: None,
+                    last_band: None,
                     moved: Moves::default(),
                 })
                 .collect(),
@@ -1005,10 +1048,12 @@ impl Inner {
                     gen: 0,
                     tombstones: 0,
                     epoch: 0,
+                    prev: (0, 0),
                 })
                 .collect(),
             free_bands: (0..band_count as u32).collect(),
             gc_band: None,
+            gc_last_band: None,
             gc_cursor: None,
             pending: None,
             compact_cursor: None,
@@ -1078,11 +1123,14 @@ impl Inner {
         band.state = State::Full;
         band.closed_seq = self.seq;
         self.closed_since_mark.push(b);
+        let last = Some((b, band.epoch));
         if gc {
             self.gc_band = None;
+            self.gc_last_band = last;
         } else {
             let s = self.stream(vol);
             self.vols[s].open_band = None;
+            self.vols[s].last_band = last;
         }
     }
 
@@ -1120,7 +1168,7 @@ impl Inner {
         let mut chunk_valid = vec![0u32; self.chunks.len()];
         let mut band_valid = vec![0u32; self.bands.len()];
         for (vi, v) in self.vols.iter().enumerate() {
-            for (lba, &loc) in v.l2p.iter().enumerate() {
+            for (lba, loc) in v.l2p.iter().enumerate() {
                 if let Some(cb) = loc.cache_block() {
                     let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
                     assert_eq!(self.chunks[c].p2l[i], (vi as u32, lba as u64), "chunk P2L names the block");

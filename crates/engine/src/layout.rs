@@ -28,13 +28,13 @@
 
 pub const BLOCK_BYTES: usize = 4096;
 pub const RECORD_MAGIC: u32 = 0x534c_5243; // "SLRC"
-pub const FORMAT_VERSION: u16 = 3;
+pub const FORMAT_VERSION: u16 = 4;
 /// Header: magic u32, version u16, kind u8, pad u8, seq u64, volume u32,
 /// count u32, epoch u64, flushed_seq u64, engine tag u32, stream u32, lsn
-/// u64, head_lsn u64, flushed_lsn u64, then `count` entries of (lba u64,
-/// crc u32, flags u32), then at the end of the block the header CRC u32 over
-/// bytes [0, 4092).
-pub const HEADER_FIXED_BYTES: usize = 72;
+/// u64, head_lsn u64, flushed_lsn u64, prev_epoch u64, prev_end u64, then
+/// `count` entries of (lba u64, crc u32, flags u32), then at the end of the
+/// block the header CRC u32 over bytes [0, 4092).
+pub const HEADER_FIXED_BYTES: usize = 88;
 pub const ENTRY_BYTES: usize = 16;
 /// Most data blocks one record carries.
 pub const RECORD_BLOCKS_MAX: usize = (BLOCK_BYTES - HEADER_FIXED_BYTES - 4) / ENTRY_BYTES;
@@ -96,6 +96,8 @@ pub fn encode_header(out: &mut [u8], h: &Header) {
     out[48..56].copy_from_slice(&h.lsn.to_le_bytes());
     out[56..64].copy_from_slice(&h.head_lsn.to_le_bytes());
     out[64..72].copy_from_slice(&h.flushed_lsn.to_le_bytes());
+    out[72..80].copy_from_slice(&h.prev_epoch.to_le_bytes());
+    out[80..88].copy_from_slice(&h.prev_end.to_le_bytes());
     for (i, e) in entries.iter().enumerate() {
         let o = HEADER_FIXED_BYTES + i * ENTRY_BYTES;
         out[o..o + 8].copy_from_slice(&e.lba.to_le_bytes());
@@ -132,6 +134,12 @@ pub struct Header {
     /// Log records: the highest LSN known durable on the cache device when
     /// this one was written; 0 in segments.
     pub flushed_lsn: u64,
+    /// Segments: the epoch of the band its stream filled just before this
+    /// one (0: none known), and how many blocks that band held when this
+    /// one was opened — how far it must read back once this band's first
+    /// segment is known durable; 0 in log records.
+    pub prev_epoch: u64,
+    pub prev_end: u64,
     pub entries: Vec<Entry>,
 }
 
@@ -213,6 +221,8 @@ pub fn decode_header(b: &[u8], engine: u32) -> Result<Header, HeaderError> {
         lsn: u64_at(48),
         head_lsn: u64_at(56),
         flushed_lsn: u64_at(64),
+        prev_epoch: u64_at(72),
+        prev_end: u64_at(80),
         entries,
     })
 }
@@ -279,6 +289,8 @@ mod tests {
             lsn: 1234,
             head_lsn: 1000,
             flushed_lsn: 1200,
+            prev_epoch: 77,
+            prev_end: 1 << 40,
             entries,
         };
         encode_header(&mut b, &want);

@@ -23,7 +23,7 @@ use sluice_media::device::{flush, write_at};
 use sluice_media::{BlockDevice, DeviceError};
 
 pub const SUPERBLOCK_MAGIC: u32 = 0x534c_5342; // "SLSB"
-pub const SUPERBLOCK_VERSION: u16 = 3;
+pub const SUPERBLOCK_VERSION: u16 = 4;
 pub const LABEL_MAGIC: u32 = 0x534c_4341; // "SLCA"
 pub const NAME_BYTES_MAX: usize = 63;
 /// Fixed part of the superblock before the volume table.
@@ -52,6 +52,9 @@ pub struct Superblock {
     pub checkpoint_offset: u64,
     pub checkpoint_bytes: u64,
     pub checkpoint_crc: u32,
+    /// The sequence the last recovery restarted at: the next one restarts
+    /// above it even if it finds nothing newer (`recover.rs`).
+    pub seq_floor: u64,
     pub volumes: Vec<(String, u64)>,
 }
 
@@ -103,7 +106,7 @@ impl Superblock {
         put(&self.checkpoint_bytes.to_le_bytes());
         put(&self.checkpoint_crc.to_le_bytes());
         put(&(self.volumes.len() as u32).to_le_bytes());
-        put(&[0u8; 8]); // reserved
+        put(&self.seq_floor.to_le_bytes());
         put(&self.uuid);
         put(&[0u8; 16]); // reserved
         debug_assert_eq!(w, SB_FIXED_BYTES);
@@ -161,6 +164,7 @@ impl Superblock {
             checkpoint_offset: u64_at(64),
             checkpoint_bytes: u64_at(72),
             checkpoint_crc: u32_at(80),
+            seq_floor: u64_at(88),
             volumes,
         })
     }
@@ -334,6 +338,7 @@ mod tests {
             checkpoint_offset: 12345 << 12,
             checkpoint_bytes: 777,
             checkpoint_crc: 0xdead_beef,
+            seq_floor: 1 << 40,
             volumes: vec![("default".into(), 1 << 30), ("tenant-2".into(), 5 << 30)],
         }
     }

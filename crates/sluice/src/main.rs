@@ -14,6 +14,12 @@ mod nbdload;
 mod serve;
 
 use clap::{Parser, Subcommand};
+
+/// Counted, so that `sluice bench recovery` can report recovery's peak heap
+/// against the engine's steady state (`sluice_bench::heap`).
+#[global_allocator]
+static HEAP: sluice_bench::heap::Counting = sluice_bench::heap::Counting;
+
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_bench::csal::{self, CsalRow, CsalScale};
 use sluice_bench::engine;
@@ -488,7 +494,7 @@ fn sim(
     opts: sluice_engine::crashsim::SimOptions,
 ) -> Result<(), CliError> {
     let t = Instant::now();
-    let (mut crashes, mut inside, mut in_recovery) = (0, 0, 0);
+    let (mut crashes, mut inside, mut in_recovery, mut shutdowns, mut cut) = (0, 0, 0, 0, 0);
     let flag = format!(
         "{}{}{}",
         if zns { " --zns" } else { "" },
@@ -502,10 +508,13 @@ fn sim(
         crashes += r.crashes;
         inside += r.crashes_inside_ops;
         in_recovery += r.crashes_in_recovery;
+        shutdowns += r.clean_shutdowns;
+        cut += r.interrupted_shutdowns;
     }
     println!(
         "sim{flag}: {seeds} seeds from {seed_start}, {ops} ops each, {crashes} crashes ({inside} inside an operation, \
-         {in_recovery} more during the reopen), every block checked after each: all passed in {:.1} s",
+         {in_recovery} more during the reopen; {shutdowns} after a clean shutdown, {cut} after one a failed write \
+         cut short), every block checked after each: all passed in {:.1} s",
         t.elapsed().as_secs_f64()
     );
     Ok(())
@@ -598,6 +607,15 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     r.log_bytes_used >> 20,
                     r.crash_reopen_s,
                     r.clean_reopen_s
+                );
+                println!(
+                    "heap: engine open {:.1} MiB; peak during recovery {:.1} MiB ({:.2}x), during the clean reopen \
+                     {:.1} MiB ({:.2}x)",
+                    r.steady_heap_bytes as f64 / (1u64 << 20) as f64,
+                    r.recovery_peak_heap_bytes as f64 / (1u64 << 20) as f64,
+                    r.recovery_heap_ratio(),
+                    r.clean_open_peak_heap_bytes as f64 / (1u64 << 20) as f64,
+                    r.clean_open_peak_heap_bytes as f64 / r.steady_heap_bytes.max(1) as f64
                 );
                 write_json(&json, &r)
             }

@@ -66,7 +66,7 @@ impl Engine {
                         // An unmapped block's CRC slot means nothing.
                         let entry = |l: Loc, c: u32| (l, if l.is_none() { 0 } else { c });
                         for lba in 0..v.l2p.len() {
-                            if entry(v.l2p[lba], v.crcs[lba]) != entry(cv.l2p[lba], cv.crcs[lba]) {
+                            if entry(v.l2p.get(lba), v.l2p.crc(lba)) != entry(cv.l2p.get(lba), cv.l2p.crc(lba)) {
                                 damage.push(Damage::Checkpoint { volume: v.name.clone(), lba: lba as u64 });
                             }
                         }
@@ -78,21 +78,21 @@ impl Engine {
         for v in &media.vols {
             let mut lba = 0usize;
             while lba < v.l2p.len() {
-                let Some((in_cache, first)) = place(v.l2p[lba]) else {
+                let Some((in_cache, first)) = place(v.l2p.get(lba)) else {
                     lba += 1;
                     continue;
                 };
                 let mut n = 1;
                 while lba + n < v.l2p.len()
                     && n < CHECK_RUN_BLOCKS
-                    && place(v.l2p[lba + n]) == Some((in_cache, first + n as u64))
+                    && place(v.l2p.get(lba + n)) == Some((in_cache, first + n as u64))
                 {
                     n += 1;
                 }
                 let dev = if in_cache { &cache } else { &capacity };
                 let data = read_at(&**dev, first * BS, n * BLOCK_BYTES)?;
                 for i in 0..n {
-                    if crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]) != v.crcs[lba + i] {
+                    if crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]) != v.l2p.crc(lba + i) {
                         // Already reported as a damaged log copy?
                         let known = damage.iter().any(
                             |d| matches!(d, Damage::LogBlock { volume, lba: l, .. } if *volume == v.name && *l == (lba + i) as u64),

@@ -6,11 +6,11 @@ use super::*;
 
 /// Upper bound of the checkpoint's size for this geometry.
 pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, vol_blocks: u64) -> u64 {
-    let fixed = 8 + 8 + 8 + 11 * 8 + 4 + 8 + 4 + 4;
-    let per_vol = 4 + 4;
+    let fixed = 8 + 8 + 8 + 11 * 8 + 4 + 8 + 4 + 4 + 8 + 4;
+    let per_vol = 4 + 1 + 8 + 4 + 8;
     let per_chunk = 1 + 8 + 4 + 8 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
-    let per_band = 1 + 4 + 8 + 8 + 8 + 4;
-    fixed + vols * per_vol + 8 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
+    let per_band = 1 + 4 + 8 + 8 + 8 + 8 + 8 + 4;
+    fixed + vols * per_vol + 12 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
 }
 
 pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
@@ -22,12 +22,21 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     w.opt_u32(inner.open_chunk.map(|(c, _)| c));
     w.u64(inner.open_chunk.map_or(0, |(_, o)| o));
     w.opt_u32(inner.gc_band);
+    put_last(&mut w, inner.gc_last_band);
     w.u32(inner.vols.len() as u32);
     for v in &inner.vols {
         w.opt_u32(v.open_band);
-        w.u32(v.l2p.len() as u32);
-        v.l2p.iter().for_each(|l| w.u32(l.0));
-        v.crcs.iter().for_each(|&c| w.u32(c));
+        put_last(&mut w, v.last_band);
+        w.u8(v.l2p.width().bytes() as u8);
+        w.u64(v.l2p.len() as u64);
+        // Per block its stored entry (4 or 8 bytes, as wide as in DRAM) and its CRC.
+        for lba in 0..v.l2p.len() {
+            match v.l2p.width() {
+                Width::Narrow { .. } => w.u32(v.l2p.raw(lba) as u32),
+                Width::Wide => w.u64(v.l2p.raw(lba)),
+            }
+            w.u32(v.l2p.crc(lba));
+        }
     }
     w.u32(inner.chunks.len() as u32);
     for c in &inner.chunks {
@@ -48,10 +57,24 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u64(b.written);
         w.u64(b.closed_seq);
         w.u64(b.epoch);
+        w.u64(b.prev.0);
+        w.u64(b.prev.1);
     }
     w.u32(inner.free_bands.len() as u32);
     inner.free_bands.iter().for_each(|&b| w.u32(b));
     w.0
+}
+
+/// A stream's last band: band u32 (u32::MAX = none), its epoch u64.
+fn put_last(w: &mut Writer, last: Option<(u32, u64)>) {
+    w.opt_u32(last.map(|(b, _)| b));
+    w.u64(last.map_or(0, |(_, e)| e));
+}
+
+fn get_last(r: &mut Reader) -> Result<Option<(u32, u64)>, CheckpointError> {
+    let b = r.opt_u32()?;
+    let e = r.u64()?;
+    Ok(b.map(|b| (b, e)))
 }
 
 /// A P2L list: (volume u32, LBA u64) per block.
@@ -93,6 +116,7 @@ pub(super) fn decode_checkpoint(
     let open_c = r.opt_u32()?;
     let open_off = r.u64()?;
     let gc_band = r.opt_u32()?;
+    let gc_last_band = get_last(&mut r)?;
     let nv = r.u32()? as usize;
     if nv != sb.volumes.len() {
         return Err(bad(&r));
@@ -100,19 +124,22 @@ pub(super) fn decode_checkpoint(
     let mut vols = Vec::with_capacity(nv);
     for (name, size) in &sb.volumes {
         let open_band = r.opt_u32()?;
-        let n = r.u32()? as usize;
-        if n as u64 != size / BS {
+        let last_band = get_last(&mut r)?;
+        let width = l2p_width(&sb);
+        if r.u8()? as u64 != width.bytes() {
             return Err(bad(&r));
         }
-        let mut l2p = huge_page_vec(n, Loc::NONE);
-        for e in l2p.iter_mut() {
-            *e = Loc(r.u32()?);
+        let n = r.u64()?;
+        if n != size / BS {
+            return Err(bad(&r));
         }
-        let mut crcs = huge_page_vec(n, 0u32);
-        for c in crcs.iter_mut() {
-            *c = r.u32()?;
+        let mut l2p = L2p::new(n as usize, width);
+        for lba in 0..n as usize {
+            let raw = if width == Width::Wide { r.u64()? } else { r.u32()? as u64 };
+            let crc = r.u32()?;
+            l2p.set_stored(lba, raw, crc).map_err(|()| bad(&r))?;
         }
-        vols.push(Vol { name: name.clone(), l2p, crcs, open_band, moved: Moves::default() });
+        vols.push(Vol { name: name.clone(), l2p, open_band, last_band, moved: Moves::default() });
     }
     let bpc = (cfg.chunk_bytes / BS) as usize;
     let nc = r.u32()? as usize;
@@ -141,9 +168,10 @@ pub(super) fn decode_checkpoint(
         let written = r.u64()?;
         let closed_seq = r.u64()?;
         let epoch = r.u64()?;
+        let prev = (r.u64()?, r.u64()?);
         // Not in the checkpoint: GC reads such a band to find its tombstones.
         let tombstones = if written == 0 { 0 } else { TOMBSTONES_UNKNOWN };
-        bands.push(Band { state, valid, written, closed_seq, gen: 0, tombstones, epoch });
+        bands.push(Band { state, valid, written, closed_seq, gen: 0, tombstones, epoch, prev });
     }
     let n = r.u32()? as usize;
     let mut free_bands = VecDeque::with_capacity(n);
@@ -163,6 +191,7 @@ pub(super) fn decode_checkpoint(
         bands,
         free_bands,
         gc_band,
+        gc_last_band,
         gc_cursor: None,
         pending: None,
         compact_cursor: None,

@@ -190,13 +190,13 @@ impl Engine {
                 } else if h.kind == RecordKind::Write {
                     for (i, e) in h.entries.iter().enumerate() {
                         let cb = base + pos + at + 1 + i as u64;
-                        if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::cache(cb)) {
+                        if inner.vols[vol].l2p.try_get(e.lba) == Some(Loc::cache(cb)) {
                             blocks[vol].push((e.lba, e.crc, ((at + 1 + i as u64) * BS) as usize));
                         }
                     }
                 } else {
                     for e in &h.entries {
-                        if inner.vols[vol].l2p.get(e.lba as usize) == Some(&Loc::NONE) {
+                        if inner.vols[vol].l2p.try_get(e.lba) == Some(Loc::NONE) {
                             tombs[vol].push(e.lba);
                         }
                     }
@@ -305,6 +305,8 @@ impl Engine {
                 lsn: 0,
                 head_lsn: 0,
                 flushed_lsn: 0,
+                prev_epoch: inner.bands[band as usize].prev.0,
+                prev_end: inner.bands[band as usize].prev.1,
                 entries,
             };
             encode_header(&mut buf[..BLOCK_BYTES], &h);
@@ -326,13 +328,13 @@ impl Engine {
             inner.stats.capacity_write_bytes += padded * BS;
             inner.stats.compaction_pad_bytes += (padded - n as u64) * BS;
             for (i, &(lba, _, _)) in rest[..n].iter().enumerate() {
-                let loc = inner.vols[vol as usize].l2p[lba as usize];
+                let loc = inner.vols[vol as usize].l2p.get(lba as usize);
                 let to = Loc::capacity(first + 1 + i as u64);
                 match deferred.as_deref_mut() {
                     Some(d) => d.remaps.push((vol, lba, loc, to)),
                     None => {
                         inner.invalidate(loc);
-                        inner.vols[vol as usize].l2p[lba as usize] = to;
+                        inner.vols[vol as usize].l2p.relocate(lba as usize, to);
                         inner.bands[band as usize].valid += 1;
                     }
                 }
@@ -387,8 +389,17 @@ impl Engine {
         band.written = 0;
         band.tombstones = 0;
         inner.seq += 1;
+        // The band this stream filled before, if it still holds what it
+        // held then (GC may have reclaimed it since): it must read back as
+        // far as it reaches now once this band's first segment is durable.
+        let last = if gc { inner.gc_last_band } else { inner.vols[stream].last_band };
+        let prev = last
+            .map(|(p, epoch)| (&inner.bands[p as usize], epoch))
+            .filter(|(p, epoch)| p.state == State::Full && p.epoch == *epoch)
+            .map_or((0, 0), |(p, epoch)| (epoch, p.written));
         let band = &mut inner.bands[b as usize];
         band.epoch = inner.seq;
+        band.prev = prev;
         if gc {
             inner.gc_band = Some(b);
         } else {
@@ -519,14 +530,14 @@ impl Engine {
                 let l2p = &inner.vols[vol].l2p;
                 let g = &mut gathered[vol];
                 for (i, e) in h.entries.iter().filter(|e| !e.tombstone).enumerate() {
-                    if l2p.get(e.lba as usize) == Some(&Loc::capacity(seg + 1 + i as u64)) {
+                    if l2p.try_get(e.lba) == Some(Loc::capacity(seg + 1 + i as u64)) {
                         let d = ((at + 1 + i as u64) * BS) as usize;
                         g.0.push((e.lba, e.crc));
                         g.1.extend_from_slice(&win[d..d + BLOCK_BYTES]);
                         held += 1;
                     }
                 }
-                let tombs = h.entries.iter().filter(|e| e.tombstone && l2p.get(e.lba as usize) == Some(&Loc::NONE));
+                let tombs = h.entries.iter().filter(|e| e.tombstone && l2p.try_get(e.lba) == Some(Loc::NONE));
                 g.2.extend(tombs.map(|e| e.lba));
                 at += segment_blocks(n, unit);
             }
@@ -619,7 +630,8 @@ impl Engine {
     pub(super) fn relog(&self, blocks: &[(u32, u64)]) -> Result<(), VolumeError> {
         let mut inner = self.lock();
         for &(vol, lba) in blocks {
-            let (loc, crc) = (inner.vols[vol as usize].l2p[lba as usize], inner.vols[vol as usize].crcs[lba as usize]);
+            let l2p = &inner.vols[vol as usize].l2p;
+            let (loc, crc) = (l2p.get(lba as usize), l2p.crc(lba as usize));
             if loc.is_none() {
                 let e = Entry { lba, crc: 0, tombstone: true };
                 self.log_record(&mut inner, vol, RecordKind::Trim, vec![e], &[])?;
@@ -629,10 +641,7 @@ impl Engine {
                 self.append(&mut inner, vol, &[(lba, &b)], &[crc], false)?;
             }
         }
-        self.flush_cache(&mut inner)?;
-        // Every torn copy now loses to a newer one: watermarks may pass it.
-        inner.cap_flushed_ceiling = None;
-        Ok(())
+        self.flush_cache(&mut inner)
     }
 
     /// Submit a segment write to the capacity device without waiting (at most

@@ -121,10 +121,9 @@ impl Engine {
         let bpc = inner.blocks_per_chunk();
         let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
         for (i, (lba, crc)) in blocks.enumerate() {
-            let old = inner.vols[vol as usize].l2p[lba as usize];
+            let old = inner.vols[vol as usize].l2p.get(lba as usize);
             inner.invalidate(old);
-            inner.vols[vol as usize].l2p[lba as usize] = Loc::cache(header_block + 1 + i as u64);
-            inner.vols[vol as usize].crcs[lba as usize] = crc;
+            inner.vols[vol as usize].l2p.set(lba as usize, Loc::cache(header_block + 1 + i as u64), crc);
             let ch = &mut inner.chunks[chunk];
             ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
             ch.valid += 1;
@@ -139,14 +138,14 @@ impl Engine {
         lbas: std::ops::Range<u64>,
     ) -> Result<(), VolumeError> {
         let l2p = &inner.vols[vol as usize].l2p;
-        let mapped: Vec<u64> = lbas.filter(|&lba| !l2p[lba as usize].is_none()).collect();
+        let mapped: Vec<u64> = lbas.filter(|&lba| !l2p.get(lba as usize).is_none()).collect();
         for part in mapped.chunks(RECORD_BLOCKS_MAX) {
             let entries: Vec<Entry> = part.iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }).collect();
             self.log_record(inner, vol, RecordKind::Trim, entries, &[])?;
             for &lba in part {
-                let old = inner.vols[vol as usize].l2p[lba as usize];
+                let old = inner.vols[vol as usize].l2p.get(lba as usize);
                 inner.invalidate(old);
-                inner.vols[vol as usize].l2p[lba as usize] = Loc::NONE;
+                inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0);
             }
         }
         Ok(())
@@ -202,6 +201,8 @@ impl Engine {
             lsn: inner.lsn + 1,
             head_lsn: inner.head_lsn(),
             flushed_lsn: inner.cache_flushed_lsn,
+            prev_epoch: 0,
+            prev_end: 0,
             entries,
         };
         encode_header(&mut rec[..BLOCK_BYTES], &h);

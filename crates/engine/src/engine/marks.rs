@@ -29,8 +29,9 @@ const MARK_FIXED_BYTES: usize = 32;
 const MARK_ENTRY_BYTES: usize = 16;
 /// Most bands one mark lists.
 pub(super) const MARK_BANDS_MAX: usize = (BLOCK_BYTES - MARK_FIXED_BYTES - 4) / MARK_ENTRY_BYTES;
-// Every volume's open band, the GC band and a reclaimed victim fit.
-const _: () = assert!(MARK_BANDS_MAX > crate::persist::VOLUMES_MAX + 1);
+// Every stream's open and last full bands (each volume's, GC's) and a
+// reclaimed victim fit.
+const _: () = assert!(MARK_BANDS_MAX > 2 * (crate::persist::VOLUMES_MAX + 1));
 
 /// `MarkedBand::written` of the band GC reclaimed just before the mark.
 pub(super) const RECLAIMED: u32 = u32::MAX;
@@ -149,11 +150,24 @@ impl Inner {
     /// The next mark (see `Engine::write_mark`); takes its generation.
     fn next_mark(&mut self, freeing: Option<u32>, reclaiming: Option<u32>) -> Mark {
         let closed = std::mem::take(&mut self.closed_since_mark);
-        let mut bands: Vec<MarkedBand> = (0..self.bands.len() as u32)
-            .filter(|&b| {
-                let s = self.bands[b as usize].state;
-                s == State::Open || (s == State::Full && closed.contains(&b))
-            })
+        // Open bands are the volumes' (or their streams') and GC's: listing
+        // them costs the volume count, not the band count (a million bands
+        // on a 64 TiB device).
+        let mut listed: Vec<u32> = self.vols.iter().filter_map(|v| v.open_band).chain(self.gc_band).collect();
+        listed.extend(closed.iter().copied().filter(|&b| self.bands[b as usize].state == State::Full));
+        // Each stream's last full band too: the band its stream opens next
+        // names it, but until that one's first segment is known durable
+        // (`recover.rs`, chains), only the mark says how far it must read.
+        let last = self.vols.iter().filter_map(|v| v.last_band).chain(self.gc_last_band);
+        listed.extend(
+            last.filter(|&(b, e)| self.bands[b as usize].state == State::Full && self.bands[b as usize].epoch == e)
+                .map(|(b, _)| b),
+        );
+        listed.sort_unstable();
+        listed.dedup();
+        let mut bands: Vec<MarkedBand> = listed
+            .into_iter()
+            .filter(|&b| self.bands[b as usize].state != State::Free)
             .map(|b| {
                 let band = &self.bands[b as usize];
                 MarkedBand { band: b, written: band.written as u32, epoch: band.epoch }

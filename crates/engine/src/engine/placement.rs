@@ -45,7 +45,7 @@ impl Engine {
         let mut count = vec![0u32; inner.bands.len()];
         for (v, vol) in inner.vols.iter().enumerate() {
             let bit = 1u64 << (v % 64);
-            for loc in &vol.l2p {
+            for loc in vol.l2p.iter() {
                 if let Some(b) = loc.capacity_block() {
                     let band = (b / bpb) as usize;
                     if seen[band] & bit == 0 {

@@ -24,7 +24,8 @@
 //!    reported. Segments newer than the capacity watermark may be torn:
 //!    their data is read and each block's CRC verified.
 //! 4. **Resolve.** For each (volume, LBA) the entry with the highest sequence
-//!    wins; a winning tombstone leaves the block unmapped. This is sound
+//!    wins; a winning tombstone leaves the block unmapped. Entries are
+//!    offered as they are read, straight into the L2P (`Resolver`). This is sound
 //!    because the data path drops an entry from the media only once whatever
 //!    superseded it is durable (docs/engine.md, datapath.rs rule 3).
 //! 5. **Rebuild** P2L, valid counts and states: every chunk holding a record
@@ -41,16 +42,25 @@
 //! mapped with their CRC, so reading them fails (EIO) instead of returning
 //! an older copy or zeros.
 //!
-//! Cost: one pass over the cache device and one header read per capacity
+//! Cost: one pass over the cache device and two header reads per capacity
 //! segment (segments are up to ~1 MiB), so recovery time follows the cache
 //! size and the capacity in use, not the number of blocks ever written.
+//! Memory: the engine being rebuilt and little more. Entries are resolved
+//! in place in its L2P (`Resolver`: a place's sequence is found from the
+//! record or segment holding it, listed with 12 bytes per record), segment
+//! headers are read again rather than kept, each worker reads its chunk
+//! through a 2 MiB window, and the log's records are kept only as runs of
+//! consecutive LSNs. `sluice bench recovery` reports the peak against the
+//! engine's steady state (1.25x with its defaults: 8 GiB cache, 16 GiB
+//! volume; it was 3.45x with a 16-byte-per-block table and every header
+//! kept).
 //! Counters restart at zero after a crash (they are saved only by a clean
 //! shutdown).
 
 use super::datapath::segment_blocks;
 use super::marks::{read_mark, Mark, RECLAIMED};
 use super::*;
-use crate::layout::{decode_header, record_at, Header, HeaderError, RecordKind};
+use crate::layout::{decode_header, record_at, Header, HeaderError, RecordKind, STREAM_GC};
 
 /// Damage recovery found: something a completed flush made durable is not
 /// on the media as written.
@@ -104,42 +114,81 @@ impl std::fmt::Display for Damage {
     }
 }
 
-/// Where one (volume, LBA) currently resolves to during the scan.
-#[derive(Clone, Copy)]
-struct Best {
-    /// The entry's sequence, with `DAMAGED` and `PAST_GAP` in its top bits
-    /// (sequences stay far below 2^62), so that this stays 16 bytes a block.
-    seq_flags: u64,
-    /// `Loc::NONE` for a tombstone.
-    loc: Loc,
-    /// The block's CRC32C from its header entry (0 for a tombstone).
-    crc: u32,
-}
+/// How far above the highest sequence it found a recovery restarts
+/// numbering: more than the sequences an engine can issue between a crash
+/// and the last record recovery still finds (each needs a record, a segment
+/// or a new chunk or band, and no more of those are written without a flush
+/// than the two devices hold blocks, far below 2^32 here), so that no
+/// leftover of a torn write ever shares an epoch with a new chunk or band
+/// (2^32 recoveries before sequences run out).
+const SEQ_RESTART_GAP: u64 = 1 << 32;
 
 /// The copy's data did not check although it was durable.
-const DAMAGED: u64 = 1 << 63;
+const DAMAGED: u8 = 1;
 /// The copy is in a log record past a gap in its chunk (`Offer::past_gap`).
-const PAST_GAP: u64 = 1 << 62;
-const _: () = assert!(std::mem::size_of::<Best>() == 16);
+const PAST_GAP: u8 = 2;
 
-impl Best {
-    fn seq(&self) -> u64 {
-        self.seq_flags & !(DAMAGED | PAST_GAP)
-    }
-}
-
-struct Scan {
-    best: Vec<Vec<Best>>,
+/// Step 4 done in place, so that recovery needs no more memory per block
+/// than the engine it rebuilds: each offer goes straight into the L2P it
+/// is building, and wins if its sequence is higher than that of the copy
+/// the entry points at now. That sequence is found from the place itself:
+/// every record of a chunk and every segment of a band is listed with its
+/// header's block and sequence (a few bytes per record, not per block), and
+/// a place belongs to the last record starting at or before it. A winning
+/// tombstone points at its own record's header block (no data block is
+/// ever there) until step 5 unmaps it. The rare flags (`DAMAGED`,
+/// `PAST_GAP`) of current winners live in a map beside.
+struct Resolver {
+    vols: Vec<Vol>,
+    bpc: u64,
+    bpb: u64,
+    /// Per chunk and per band: header blocks (ascending) and sequences.
+    chunk_pos: Vec<Vec<u32>>,
+    chunk_seq: Vec<Vec<u64>>,
+    band_pos: Vec<Vec<u32>>,
+    band_seq: Vec<Vec<u64>>,
+    flags: std::collections::HashMap<(u32, u64), u8>,
     seq_max: u64,
 }
 
-impl Scan {
-    /// `flags`: `DAMAGED`, `PAST_GAP` or neither.
-    fn offer(&mut self, vol: u32, lba: u64, seq: u64, loc: Loc, crc: u32, flags: u64) {
-        let b = &mut self.best[vol as usize][lba as usize];
-        if seq > b.seq() {
-            *b = Best { seq_flags: seq | flags, loc, crc };
+impl Resolver {
+    /// The sequence of the record or segment holding `loc`, and whether
+    /// `loc` is its header block (a tombstone's place); (0, false) for none.
+    fn seq_at(&self, loc: Loc) -> (u64, bool) {
+        let (pos, seq, at) = if let Some(cb) = loc.cache_block() {
+            let c = (cb / self.bpc) as usize;
+            (&self.chunk_pos[c], &self.chunk_seq[c], (cb % self.bpc) as u32)
+        } else if let Some(pb) = loc.capacity_block() {
+            let b = (pb / self.bpb) as usize;
+            (&self.band_pos[b], &self.band_seq[b], (pb % self.bpb) as u32)
+        } else {
+            return (0, false);
+        };
+        let i = pos.partition_point(|&p| p <= at);
+        assert!(i > 0, "{loc:?} lies in no listed record");
+        (seq[i - 1], pos[i - 1] == at)
+    }
+
+    /// A copy of (vol, LBA) with sequence `seq` at `loc` (a data block, or
+    /// for a tombstone its record's header block).
+    fn offer(&mut self, vol: u32, lba: u64, seq: u64, loc: Loc, crc: u32, flags: u8) {
+        let cur = self.vols[vol as usize].l2p.get(lba as usize);
+        if seq > self.seq_at(cur).0 {
+            self.vols[vol as usize].l2p.set(lba as usize, loc, crc);
+            if flags != 0 {
+                self.flags.insert((vol, lba), flags);
+            } else if !self.flags.is_empty() {
+                self.flags.remove(&(vol, lba));
+            }
         }
+    }
+
+    /// The flags of (vol, LBA)'s current copy.
+    fn flags_of(&self, vol: u32, lba: u64) -> u8 {
+        if self.flags.is_empty() {
+            return 0;
+        }
+        self.flags.get(&(vol, lba)).copied().unwrap_or(0)
     }
 }
 
@@ -172,12 +221,48 @@ struct Found {
 struct ChunkScan {
     chunk: u32,
     epoch: Option<u64>,
+    /// The records as walked; once listed with the resolver, kept only as
+    /// `runs` (and `seq_max`), a few bytes per run of consecutive LSNs.
     records: Vec<Found>,
+    runs: Vec<LsnRun>,
+    seq_max: u64,
     offers: Vec<Offer>,
     head_lsn: u64,
     flushed_lsn: u64,
     /// LSN ranges earlier recoveries accepted as torn (gap records).
     gaps: Vec<(u64, u64)>,
+}
+
+/// Records of one chunk with consecutive LSNs `first..first + count`, the
+/// first at block `first_pos` of the chunk and the last at `last_pos`.
+struct LsnRun {
+    first: u64,
+    count: u64,
+    chunk: u32,
+    first_pos: u64,
+    last_pos: u64,
+}
+
+impl ChunkScan {
+    /// Fold `records` into `runs` and `seq_max`, and drop them.
+    fn fold_records(&mut self) {
+        for r in std::mem::take(&mut self.records) {
+            self.seq_max = self.seq_max.max(r.seq);
+            match self.runs.last_mut() {
+                Some(run) if run.first + run.count == r.lsn => {
+                    run.count += 1;
+                    run.last_pos = r.pos;
+                }
+                _ => self.runs.push(LsnRun {
+                    first: r.lsn,
+                    count: 1,
+                    chunk: self.chunk,
+                    first_pos: r.pos,
+                    last_pos: r.pos,
+                }),
+            }
+        }
+    }
 }
 
 /// Whether a header names a known volume and only LBAs inside it (a gap
@@ -190,45 +275,130 @@ fn fits(vol_blocks: &[usize], h: &Header) -> bool {
 }
 
 /// Walk the records of chunk `c`, read whole into `data` (see step 2).
-fn walk_chunk(c: u32, bpc: u64, data: &[u8], vol_blocks: &[usize], tag: u32) -> ChunkScan {
+/// Blocks a recovery worker reads of a chunk at once (2 MiB): more than
+/// the largest record, so a record is read in at most two reads, and far
+/// less than a chunk (16 MiB by default), which recovery never holds whole.
+const WINDOW_BLOCKS: u64 = 512;
+
+/// One chunk read forward through a window: the walk goes forward, so
+/// each block is read once (twice for a chunk whose first record is
+/// damaged: its generation is searched for first).
+struct ChunkWindow<'a> {
+    dev: &'a dyn BlockDevice,
+    /// The chunk's first block on the device, and its blocks.
+    base: u64,
+    bpc: u64,
+    buf: Option<IoBuf>,
+    /// Chunk blocks [start, start + len) are in `buf`; len 0: none yet.
+    start: u64,
+    len: u64,
+}
+
+impl<'a> ChunkWindow<'a> {
+    fn new(dev: &'a dyn BlockDevice, c: u32, bpc: u64, buf: IoBuf) -> ChunkWindow<'a> {
+        ChunkWindow { dev, base: c as u64 * bpc, bpc, buf: Some(buf), start: 0, len: 0 }
+    }
+
+    /// Block `p` of the chunk.
+    fn block(&mut self, p: u64) -> Result<&[u8], DeviceError> {
+        if !(self.start..self.start + self.len).contains(&p) {
+            let len = WINDOW_BLOCKS.min(self.bpc);
+            let start = p.min(self.bpc - len);
+            let buf = self.buf.take().expect("the window's buffer");
+            let req = IoRequest {
+                op: IoOp::Read,
+                offset: (self.base + start) * BS,
+                len: len * BS,
+                buf,
+                fua: false,
+                user_data: 0,
+            };
+            let done = sync_io(self.dev, req);
+            self.buf = Some(done.buf);
+            done.result?;
+            (self.start, self.len) = (start, len);
+        }
+        let at = ((p - self.start) * BS) as usize;
+        Ok(&self.buf.as_ref().expect("the window's buffer")[at..at + BLOCK_BYTES])
+    }
+
+    /// The whole record of this engine that starts at block `p`, if any.
+    fn record(&mut self, p: u64, vol_blocks: &[usize], tag: u32) -> Result<Option<Header>, DeviceError> {
+        let bpc = self.bpc;
+        Ok(record_at(self.block(p)?, p, bpc, tag).filter(|h| fits(vol_blocks, h)))
+    }
+
+    /// The first record at or after `from` that `want` accepts.
+    fn next_record(
+        &mut self,
+        from: u64,
+        vol_blocks: &[usize],
+        tag: u32,
+        want: impl Fn(&Header) -> bool,
+    ) -> Result<Option<(u64, Header)>, DeviceError> {
+        for p in from..self.bpc {
+            if let Some(h) = self.record(p, vol_blocks, tag)?.filter(&want) {
+                return Ok(Some((p, h)));
+            }
+        }
+        Ok(None)
+    }
+
+    fn into_buf(self) -> IoBuf {
+        self.buf.expect("the window's buffer")
+    }
+}
+
+/// Walk the records of chunk `c` (see step 2), read through `w`.
+fn walk_chunk(c: u32, w: &mut ChunkWindow, vol_blocks: &[usize], tag: u32) -> Result<ChunkScan, DeviceError> {
+    let bpc = w.bpc;
     let base = c as u64 * bpc;
     let mut out = ChunkScan {
         chunk: c,
         epoch: None,
         records: Vec::new(),
+        runs: Vec::new(),
+        seq_max: 0,
         offers: Vec::new(),
         head_lsn: 0,
         flushed_lsn: 0,
         gaps: Vec::new(),
     };
-    let block = |p: u64| &data[(p * BS) as usize..((p + 1) * BS) as usize];
-    let valid = |p: u64| record_at(block(p), p, bpc, tag).filter(|h| fits(vol_blocks, h));
     // The chunk's generation: its first record's, or if that one is
     // damaged, the newest found anywhere in it (old generations lie past
     // the current one's records, never before).
-    let epoch = match valid(0) {
+    let epoch = match w.record(0, vol_blocks, tag)? {
         Some(h) => h.epoch,
-        None => match (1..bpc).filter_map(valid).map(|h| h.epoch).max() {
-            Some(e) => e,
-            None => return out,
-        },
+        None => {
+            let mut newest = None;
+            for p in 1..bpc {
+                if let Some(h) = w.record(p, vol_blocks, tag)? {
+                    newest = newest.max(Some(h.epoch));
+                }
+            }
+            match newest {
+                Some(e) => e,
+                None => return Ok(out),
+            }
+        }
     };
     out.epoch = Some(epoch);
-    let mut pos = (0..bpc).find(|&p| valid(p).is_some_and(|h| h.epoch == epoch)).expect("found above");
+    let (mut pos, _) = w.next_record(0, vol_blocks, tag, |h| h.epoch == epoch)?.expect("found above");
     let mut last_lsn = 0;
     let mut usable = pos == 0;
     while pos < bpc {
-        let Some(h) = valid(pos).filter(|h| h.epoch == epoch && h.lsn > last_lsn) else {
+        let h = match w.record(pos, vol_blocks, tag)?.filter(|h| h.epoch == epoch && h.lsn > last_lsn) {
+            Some(h) => h,
             // The end, a torn record, or damage: go on at the next record
             // of this generation, if any (step 3 tells which it was).
-            match (pos + 1..bpc).find(|&p| valid(p).is_some_and(|h| h.epoch == epoch && h.lsn > last_lsn)) {
-                Some(p) => {
+            None => match w.next_record(pos + 1, vol_blocks, tag, |h| h.epoch == epoch && h.lsn > last_lsn)? {
+                Some((p, _)) => {
                     pos = p;
                     usable = false;
                     continue;
                 }
                 None => break,
-            }
+            },
         };
         out.head_lsn = out.head_lsn.max(h.head_lsn);
         out.flushed_lsn = out.flushed_lsn.max(h.flushed_lsn);
@@ -246,24 +416,18 @@ fn walk_chunk(c: u32, bpc: u64, data: &[u8], vol_blocks: &[usize], tag: u32) -> 
         for e in &h.entries {
             let (vol, lba, seq, lsn) = (h.volume, e.lba, h.seq, h.lsn);
             if e.tombstone {
-                out.offers.push(Offer { vol, lba, seq, lsn, loc: Loc::NONE, crc: 0, intact: true, past_gap });
+                let loc = Loc::cache(base + pos);
+                out.offers.push(Offer { vol, lba, seq, lsn, loc, crc: 0, intact: true, past_gap });
             } else {
                 let b = pos + 1 + data_i;
-                let intact = crc32c(block(b)) == e.crc;
+                let intact = crc32c(w.block(b)?) == e.crc;
                 out.offers.push(Offer { vol, lba, seq, lsn, loc: Loc::cache(base + b), crc: e.crc, intact, past_gap });
                 data_i += 1;
             }
         }
         pos += 1 + data_i;
     }
-    out
-}
-
-/// A segment found in step 1: band, offset of its header, the header.
-struct Segment {
-    band: u32,
-    pos: u64,
-    header: Header,
+    Ok(out)
 }
 
 /// What a band's walk found: where it stopped, and how.
@@ -275,6 +439,17 @@ struct BandWalk {
     /// The block there holds something that is not a header of this
     /// engine's, and not zeros: a damaged header, or a torn write.
     garbage: bool,
+    /// Its first segment's header (what it names as its stream's previous
+    /// band, and its sequence).
+    first: Option<FirstSegment>,
+}
+
+#[derive(Clone, Copy)]
+struct FirstSegment {
+    seq: u64,
+    stream: u32,
+    prev_epoch: u64,
+    prev_end: u64,
 }
 
 /// The result of a recovery scan (nothing written yet).
@@ -292,6 +467,12 @@ pub(super) struct Recovered {
     pub torn_headers: Vec<u64>,
     /// Free bands still holding segments, to be discarded before reuse.
     pub stale_bands: Vec<u32>,
+    /// Bands whose predecessor in their stream is shorter than they say,
+    /// while nothing shows their own first segment durable: the
+    /// predecessor's tail was torn, not damaged. Each is emptied and
+    /// discarded (`Engine::empty_bands`) so that no later flush makes its
+    /// claim look durable.
+    pub voided: Vec<u32>,
     /// The last capacity mark found (`marks::write_mark_now` carries it on).
     pub mark: Option<Mark>,
     pub damage: Vec<Damage>,
@@ -304,15 +485,31 @@ pub(super) fn scan(
     geo: CapGeometry,
     sb: Superblock,
 ) -> Result<Recovered, EngineError> {
+    let mut head_guess = None;
+    loop {
+        match scan_with(cache, capacity, cfg.clone(), geo, sb.clone(), head_guess)? {
+            Ok(r) => return Ok(r),
+            Err(head) => head_guess = Some(head),
+        }
+    }
+}
+
+/// One scan, taking the log's head to be `head_guess` (by default the
+/// capacity mark's) while it offers the log's entries; `Err(head)` if the
+/// records name a later head, to be scanned again with it.
+fn scan_with(
+    cache: &dyn BlockDevice,
+    capacity: &dyn BlockDevice,
+    cfg: EngineConfig,
+    geo: CapGeometry,
+    sb: Superblock,
+    head_guess: Option<u64>,
+) -> Result<Result<Recovered, u64>, EngineError> {
     let chunk_count = sb.cache_bytes / cfg.chunk_bytes;
     let band_count = sb.checkpoint_offset / cfg.band_bytes;
     let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
     let (bpc, bpb, usable) = (inner.blocks_per_chunk(), inner.blocks_per_band(), inner.band_usable());
     let unit = inner.cfg.write_unit_bytes / BS;
-    let mut scan = Scan {
-        best: inner.vols.iter().map(|v| vec![Best { seq_flags: 0, loc: Loc::NONE, crc: 0 }; v.l2p.len()]).collect(),
-        seq_max: 0,
-    };
     let vol_blocks: Vec<usize> = inner.vols.iter().map(|v| v.l2p.len()).collect();
     let tag = inner.tag;
     let mut damage = Vec::new();
@@ -321,8 +518,12 @@ pub(super) fn scan(
         damage.push(Damage::Mark);
     }
 
-    // Step 1: band headers.
-    let mut segments: Vec<Segment> = Vec::new();
+    // Step 1: band headers. Each segment is listed (header block and
+    // sequence); its entries are read again in step 3, once the watermark
+    // and the bands' durable pointers say whether its data needs checking
+    // (keeping every header's entries would cost 16 bytes per block).
+    let mut band_pos: Vec<Vec<u32>> = vec![Vec::new(); band_count as usize];
+    let mut band_seq: Vec<Vec<u64>> = vec![Vec::new(); band_count as usize];
     let mut walks: Vec<BandWalk> = Vec::with_capacity(band_count as usize);
     let mut cap_watermark = 0u64;
     let segment_at = |band: u64, pos: u64| -> Result<Result<Header, bool>, EngineError> {
@@ -343,7 +544,7 @@ pub(super) fn scan(
         })
     };
     for band in 0..band_count as u32 {
-        let mut w = BandWalk { epoch: None, stop: 0, garbage: false };
+        let mut w = BandWalk { epoch: None, stop: 0, garbage: false, first: None };
         let mut pos = 0u64;
         while pos + 1 < usable {
             let h = match segment_at(band as u64, pos)? {
@@ -357,14 +558,45 @@ pub(super) fn scan(
             };
             cap_watermark = cap_watermark.max(h.flushed_seq);
             w.epoch.get_or_insert(h.epoch);
+            w.first.get_or_insert(FirstSegment {
+                seq: h.seq,
+                stream: h.stream,
+                prev_epoch: h.prev_epoch,
+                prev_end: h.prev_end,
+            });
             let next = (pos + segment_blocks(h.data_blocks() as u64, unit)).min(usable);
-            segments.push(Segment { band, pos, header: h });
+            band_pos[band as usize].push(pos as u32);
+            band_seq[band as usize].push(h.seq);
             pos = next;
         }
         w.stop = pos;
         inner.bands[band as usize].written = pos;
         inner.bands[band as usize].epoch = w.epoch.unwrap_or(0);
         walks.push(w);
+    }
+    // Chains: a band names the one its stream filled before it and how far
+    // that one reached. Once the naming band's first segment is known
+    // durable — a later header's watermark passed it, or the last mark
+    // covers it — a flush came after every write of the named band, so the
+    // named band must read back that far: short of it is damage. Otherwise
+    // a short predecessor is a torn tail, and the naming band is voided.
+    let by_epoch: std::collections::HashMap<u64, usize> =
+        walks.iter().enumerate().filter_map(|(b, w)| w.epoch.map(|e| (e, b))).collect();
+    let mut chain_end = vec![0u64; walks.len()];
+    let mut voided = Vec::new();
+    for (b, w) in walks.iter().enumerate() {
+        let Some(f) = w.first.filter(|f| f.prev_epoch != 0) else { continue };
+        let Some(&a) = by_epoch.get(&f.prev_epoch) else { continue };
+        if walks[a].stop >= f.prev_end {
+            continue;
+        }
+        let marked = mark.as_ref().and_then(|m| m.bands.iter().find(|mb| mb.band as usize == b));
+        let covered = marked.is_some_and(|mb| Some(mb.epoch) == w.epoch && mb.written != RECLAIMED && mb.written > 0);
+        if f.seq <= cap_watermark || covered {
+            chain_end[a] = chain_end[a].max(f.prev_end);
+        } else {
+            voided.push(b as u32);
+        }
     }
     let mut torn_headers = Vec::new();
     // Per band, how far its segments are known durable (and so damaged,
@@ -380,12 +612,7 @@ pub(super) fn scan(
         if marked.is_some_and(|mb| mb.written == RECLAIMED) {
             continue;
         }
-        let mut must = marked.map_or(0, |mb| mb.written as u64);
-        // (No rule "a band its stream went on from is complete once the
-        // next band's first segment is durable": it refused healthy engines
-        // in the crash simulation, where a segment write failed while the
-        // next band's first succeeded and a later flush seemed to cover the
-        // hole.)
+        let mut must = (marked.map_or(0, |mb| mb.written as u64)).max(chain_end[band]);
         // A damaged header with a durable segment of the same band after it.
         if w.garbage {
             let mut p = (w.stop / unit + 1) * unit;
@@ -398,6 +625,14 @@ pub(super) fn scan(
                 }
                 p += unit;
             }
+        }
+        // Block 0 of a band only ever holds a segment header, and a 4 KiB
+        // write lands whole or not at all: anything there but a header
+        // (of this band's generation or an older one) or zeros is damage,
+        // never a torn write. (At a later block, leftovers of an older
+        // generation's data are.)
+        if w.stop == 0 && w.garbage {
+            must = must.max(1);
         }
         durable_end[band] = must;
         if w.stop + 1 >= usable {
@@ -412,20 +647,78 @@ pub(super) fn scan(
         }
     }
 
+    // Step 3 for segments: each segment's header read again, its entries
+    // offered; the data of those written after the last flush verified.
+    let mut res = Resolver {
+        vols: std::mem::take(&mut inner.vols),
+        bpc,
+        bpb,
+        chunk_pos: vec![Vec::new(); chunk_count as usize],
+        chunk_seq: vec![Vec::new(); chunk_count as usize],
+        band_pos,
+        band_seq,
+        flags: std::collections::HashMap::new(),
+        seq_max: 0,
+    };
+    let mut torn: Vec<(u32, u64, u64)> = Vec::new();
+    for (band, &durable) in durable_end.iter().enumerate() {
+        for i in 0..res.band_pos[band].len() {
+            let pos = res.band_pos[band][i] as u64;
+            // It checked in step 1: a device that now reads otherwise is failing (EIO).
+            let Ok(h) = segment_at(band as u64, pos)? else {
+                return Err(EngineError::Device(DeviceError::Io { errno: 5 }));
+            };
+            res.seq_max = res.seq_max.max(h.seq).max(h.epoch);
+            let first = band as u64 * bpb + pos;
+            let n = h.data_blocks();
+            // After the watermark a segment may be torn, unless a mark or
+            // the next band of its stream says it was durable: then it is
+            // trusted as those before the watermark are, and a damaged block
+            // in it fails its reads (EIO) instead of quietly reverting to an
+            // older copy.
+            let verify = h.seq > cap_watermark && pos + 1 + n as u64 > durable && n > 0;
+            let body = if verify { Some(read_at(capacity, (first + 1) * BS, n * BLOCK_BYTES)?) } else { None };
+            let mut data_i = 0usize;
+            for e in &h.entries {
+                if e.tombstone {
+                    res.offer(h.volume, e.lba, h.seq, Loc::capacity(first), 0, 0);
+                    continue;
+                }
+                let intact =
+                    body.as_ref().is_none_or(|b| crc32c(&b[data_i * BLOCK_BYTES..(data_i + 1) * BLOCK_BYTES]) == e.crc);
+                if intact {
+                    res.offer(h.volume, e.lba, h.seq, Loc::capacity(first + 1 + data_i as u64), e.crc, 0);
+                } else {
+                    torn.push((h.volume, e.lba, h.seq));
+                }
+                data_i += 1;
+            }
+            let b = &mut inner.bands[band];
+            b.state = State::Full;
+            b.closed_seq = b.closed_seq.max(h.seq);
+            b.tombstones = b.tombstones.saturating_add(h.entries.iter().filter(|e| e.tombstone).count() as u32);
+        }
+    }
+
     // Step 2: the log, chunk by chunk. Workers each read a chunk (the
     // device is shared: every thread reaps its own reads), walk it and
     // CRC-check it, so reading and checking the whole cache spread over
-    // every core.
+    // every core; then, under the resolver's lock, its intact entries are
+    // offered at once (the head is the capacity mark's; should the records
+    // show a later one, the scan runs again with it) and only the rest is
+    // kept for step 3, which needs every chunk's watermark.
+    let guess = head_guess.unwrap_or_else(|| mark.as_ref().map_or(0, |m| m.head_lsn));
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
     let next = std::sync::atomic::AtomicU64::new(1);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let found: Mutex<(Vec<ChunkScan>, Option<DeviceError>)> = Mutex::new((Vec::new(), None));
+    let shared = Mutex::new((res, Vec::<Offer>::new()));
     std::thread::scope(|s| {
         for _ in 0..workers {
-            let (next, stop, found, vol_blocks) = (&next, &stop, &found, &vol_blocks);
+            let (next, stop, found, vol_blocks, shared) = (&next, &stop, &found, &vol_blocks, &shared);
             s.spawn(move || {
                 use std::sync::atomic::Ordering::Relaxed;
-                let mut buf = IoBuf::zeroed((bpc * BS) as usize);
+                let mut buf = IoBuf::zeroed((WINDOW_BLOCKS.min(bpc) * BS) as usize);
                 let mut mine = Vec::new();
                 let mut err = None;
                 loop {
@@ -433,22 +726,33 @@ pub(super) fn scan(
                     if c >= chunk_count || stop.load(Relaxed) {
                         break;
                     }
-                    let req = IoRequest {
-                        op: IoOp::Read,
-                        offset: c * bpc * BS,
-                        len: bpc * BS,
-                        buf,
-                        fua: false,
-                        user_data: 0,
+                    let mut w = ChunkWindow::new(cache, c as u32, bpc, buf);
+                    let walked = walk_chunk(c as u32, &mut w, vol_blocks, tag);
+                    buf = w.into_buf();
+                    let mut cs = match walked {
+                        Ok(cs) => cs,
+                        Err(e) => {
+                            stop.store(true, Relaxed);
+                            err = Some(e);
+                            break;
+                        }
                     };
-                    let done = sync_io(cache, req);
-                    buf = done.buf;
-                    if let Err(e) = done.result {
-                        stop.store(true, Relaxed);
-                        err = Some(e);
-                        break;
+                    let mut sh = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let (res, deferred) = &mut *sh;
+                    res.chunk_pos[c as usize] = cs.records.iter().map(|r| r.pos as u32).collect();
+                    res.chunk_seq[c as usize] = cs.records.iter().map(|r| r.seq).collect();
+                    for o in cs.offers.drain(..).filter(|o| o.lsn >= guess) {
+                        if o.intact {
+                            let flags = if o.past_gap { PAST_GAP } else { 0 };
+                            res.offer(o.vol, o.lba, o.seq, o.loc, o.crc, flags);
+                        } else {
+                            deferred.push(o);
+                        }
                     }
-                    mine.push(walk_chunk(c as u32, bpc, &buf, vol_blocks, tag));
+                    drop(sh);
+                    cs.offers = Vec::new();
+                    cs.fold_records();
+                    mine.push(cs);
                 }
                 let mut f = found.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 f.0.append(&mut mine);
@@ -459,6 +763,7 @@ pub(super) fn scan(
         }
     });
     let (mut scans, read_error) = found.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (mut res, deferred) = shared.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
     // Chunk order as before (epochs are sorted below; keep it deterministic).
     scans.sort_by_key(|cs| cs.chunk);
     if let Some(e) = read_error {
@@ -466,11 +771,14 @@ pub(super) fn scan(
     }
     // Step 3 for the log: the head, the watermark, and every LSN between.
     let head = scans.iter().map(|cs| cs.head_lsn).chain(mark.as_ref().map(|m: &Mark| m.head_lsn)).max().unwrap_or(0);
+    if head > guess {
+        // Records in [guess, head) were offered, and may have won: again.
+        return Ok(Err(head));
+    }
     let flushed = scans.iter().map(|cs| cs.flushed_lsn).max().unwrap_or(0);
-    let lsn_max = scans.iter().flat_map(|cs| cs.records.iter().map(|r| r.lsn)).max().unwrap_or(0);
-    let mut lsns: Vec<(u64, u32, u64)> =
-        scans.iter().flat_map(|cs| cs.records.iter().map(move |r| (r.lsn, cs.chunk, r.pos))).collect();
-    lsns.sort_unstable();
+    let mut runs: Vec<&LsnRun> = scans.iter().flat_map(|cs| cs.runs.iter()).collect();
+    runs.sort_unstable_by_key(|r| (r.first, r.chunk));
+    let lsn_max = runs.iter().map(|r| r.first + r.count - 1).max().unwrap_or(0);
     // Missing ranges [from, to] from the head to the newest record found
     // (or the watermark), less what earlier recoveries accepted as torn:
     // at or below the watermark they are damage, above it torn writes, which
@@ -479,13 +787,17 @@ pub(super) fn scan(
     accepted.sort_unstable();
     let mut missing: Vec<(u64, u64, u32, u64)> = Vec::new();
     let mut expect = head.max(1);
-    for &(lsn, chunk, pos) in lsns.iter().filter(|&&(l, ..)| l >= head) {
-        if expect < lsn {
-            missing.push((expect, lsn - 1, chunk, pos));
+    for run in runs.iter().filter(|r| r.first + r.count > head) {
+        // (A run reaching below the head starts, for this purpose, at it;
+        // `expect` is then the head, so nothing before it is missing.)
+        let start = run.first.max(head);
+        if expect < start {
+            missing.push((expect, start - 1, run.chunk, run.first_pos));
         }
-        expect = expect.max(lsn + 1);
+        expect = expect.max(run.first + run.count);
     }
-    let (last_chunk, last_pos) = lsns.last().map_or((0, 0), |&(_, c, p)| (c, p));
+    let newest = runs.iter().max_by_key(|r| r.first + r.count);
+    let (last_chunk, last_pos) = newest.map_or((0, 0), |r| (r.chunk, r.last_pos));
     if expect <= flushed.max(lsn_max) {
         missing.push((expect, flushed.max(lsn_max), last_chunk, last_pos));
     }
@@ -515,110 +827,87 @@ pub(super) fn scan(
     inner.mark_gen = mark.as_ref().map_or(0, |m| m.gen);
     let mut chunk_epochs: Vec<(u64, u32)> = Vec::new();
     for cs in scans {
-        scan.seq_max = scan.seq_max.max(cs.records.iter().map(|r| r.seq).max().unwrap_or(0));
+        res.seq_max = res.seq_max.max(cs.seq_max);
         // A chunk whose records are all below the head was compacted and
         // freed: nothing in it is needed.
-        let Some(first) = cs.records.iter().find(|r| r.lsn >= head) else { continue };
+        let Some(first) = cs.runs.iter().find(|r| r.first + r.count > head).map(|r| r.first.max(head)) else {
+            continue;
+        };
         let ch = &mut inner.chunks[cs.chunk as usize];
         ch.state = State::Full;
         ch.epoch = cs.epoch.expect("records have an epoch");
-        ch.first_lsn = first.lsn;
+        ch.first_lsn = first;
         chunk_epochs.push((ch.epoch, cs.chunk));
-        for o in cs.offers.into_iter().filter(|o| o.lsn >= head) {
-            // A bad block after the watermark is a torn write: ignored, and
-            // its record logged as accepted (a later flush covers its LSN,
-            // and the next recovery must not take it for damage), as are
-            // those an earlier recovery accepted. At or below the watermark
-            // the copy is damaged; if it wins, step 5 says so.
-            let was_accepted = accepted.iter().any(|&(a, b)| a <= o.lsn && o.lsn <= b);
-            let past_gap = if o.past_gap { PAST_GAP } else { 0 };
-            if o.intact {
-                scan.offer(o.vol, o.lba, o.seq, o.loc, o.crc, past_gap);
-            } else if o.lsn <= flushed && !was_accepted {
-                scan.offer(o.vol, o.lba, o.seq, o.loc, o.crc, DAMAGED | past_gap);
-            } else if !was_accepted {
-                new_gaps.push((o.lsn, o.lsn));
-            }
+    }
+    for o in deferred {
+        // A bad block after the watermark is a torn write: ignored, and its
+        // record logged as accepted (a later flush covers its LSN, and the
+        // next recovery must not take it for damage), as are those an
+        // earlier recovery accepted. At or below the watermark the copy is
+        // damaged; if it wins, step 5 says so.
+        let was_accepted = accepted.iter().any(|&(a, b)| a <= o.lsn && o.lsn <= b);
+        let past_gap = if o.past_gap { PAST_GAP } else { 0 };
+        if o.lsn <= flushed && !was_accepted {
+            res.offer(o.vol, o.lba, o.seq, o.loc, o.crc, DAMAGED | past_gap);
+        } else if !was_accepted {
+            new_gaps.push((o.lsn, o.lsn));
         }
     }
 
-    // Step 3 for segments: verify data written after the last flush.
-    let mut torn: Vec<(u32, u64, u64)> = Vec::new();
-    for s in &segments {
-        let h = &s.header;
-        scan.seq_max = scan.seq_max.max(h.seq).max(h.epoch);
-        let first = s.band as u64 * bpb + s.pos;
-        let n = h.data_blocks();
-        // After the watermark a segment may be torn, unless a mark or the
-        // next band of its stream says it was durable: then it is trusted
-        // as those before the watermark are, and a damaged block in it fails
-        // its reads (EIO) instead of quietly reverting to an older copy.
-        let verify = h.seq > cap_watermark && s.pos + 1 + n as u64 > durable_end[s.band as usize] && n > 0;
-        let body = if verify { Some(read_at(capacity, (first + 1) * BS, n * BLOCK_BYTES)?) } else { None };
-        let mut data_i = 0usize;
-        for e in &h.entries {
-            if e.tombstone {
-                scan.offer(h.volume, e.lba, h.seq, Loc::NONE, 0, 0);
+    // A torn segment copy that lost keeps a sequence above the winner's:
+    // written again (below), or a later recovery would trust it.
+    let superseded_torn: Vec<(u32, u64)> = torn
+        .iter()
+        .filter(|&&(v, lba, seq)| res.seq_at(res.vols[v as usize].l2p.get(lba as usize)).0 < seq)
+        .map(|&(v, lba, _)| (v, lba))
+        .collect();
+    // Step 5: winning tombstones unmapped (their bands hold something
+    // current: the tombstone), the P2Ls and valid counts from the rest.
+    let mut past_gap: Vec<(u32, u64)> = Vec::new();
+    let mut live: Vec<bool> = vec![false; band_count as usize];
+    for vi in 0..res.vols.len() {
+        for lba in 0..res.vols[vi].l2p.len() {
+            let loc = res.vols[vi].l2p.get(lba);
+            if loc.is_none() {
                 continue;
             }
-            let intact =
-                body.as_ref().is_none_or(|b| crc32c(&b[data_i * BLOCK_BYTES..(data_i + 1) * BLOCK_BYTES]) == e.crc);
-            if intact {
-                scan.offer(h.volume, e.lba, h.seq, Loc::capacity(first + 1 + data_i as u64), e.crc, 0);
-            } else {
-                torn.push((h.volume, e.lba, h.seq));
-            }
-            data_i += 1;
-        }
-        let b = &mut inner.bands[s.band as usize];
-        b.state = State::Full;
-        b.closed_seq = b.closed_seq.max(h.seq);
-        b.tombstones = b.tombstones.saturating_add(h.entries.iter().filter(|e| e.tombstone).count() as u32);
-    }
-
-    // Steps 4 and 5: winners into the L2P and the P2Ls; states and lists.
-    let mut past_gap: Vec<(u32, u64)> = Vec::new();
-    for (vi, best) in scan.best.iter().enumerate() {
-        for (lba, b) in best.iter().enumerate() {
-            inner.vols[vi].l2p[lba] = b.loc;
-            inner.vols[vi].crcs[lba] = b.crc;
             let owner = (vi as u32, lba as u64);
-            if b.seq_flags & PAST_GAP != 0 {
+            let flags = res.flags_of(owner.0, owner.1);
+            // Past a gap, tombstones too: the compactor stops at the gap.
+            if flags & PAST_GAP != 0 {
                 past_gap.push(owner);
             }
-            if let Some(cb) = b.loc.cache_block() {
-                if b.seq_flags & DAMAGED != 0 {
+            let (_, tombstone) = res.seq_at(loc);
+            if tombstone {
+                if let Some(pb) = loc.capacity_block() {
+                    live[(pb / bpb) as usize] = true;
+                }
+                res.vols[vi].l2p.set(lba, Loc::NONE, 0);
+                continue;
+            }
+            if let Some(cb) = loc.cache_block() {
+                if flags & DAMAGED != 0 {
                     let (chunk, block) = ((cb / bpc) as u32, cb % bpc);
-                    damage.push(Damage::LogBlock {
-                        volume: inner.vols[vi].name.clone(),
-                        lba: lba as u64,
-                        chunk,
-                        block,
-                    });
+                    damage.push(Damage::LogBlock { volume: res.vols[vi].name.clone(), lba: lba as u64, chunk, block });
                 }
                 let ch = &mut inner.chunks[(cb / bpc) as usize];
                 ch.p2l[(cb % bpc) as usize] = owner;
                 ch.valid += 1;
-            } else if let Some(pb) = b.loc.capacity_block() {
+            } else if let Some(pb) = loc.capacity_block() {
                 inner.bands[(pb / bpb) as usize].valid += 1;
+                live[(pb / bpb) as usize] = true;
             }
         }
     }
+    let seq_max = res.seq_max;
+    inner.vols = std::mem::take(&mut res.vols);
+    drop(res);
     // A band none of whose entries won holds nothing current: everything in
     // it lost to a newer entry on the media (a band GC reclaimed whose
     // discard was not yet durable, or one wholly superseded). It is free, as
     // before the crash. Kept Full, its dead tombstones (their LBAs are
     // unmapped) would have GC copy them into a GC band, taking the free band
     // it frees: with every free band brought back that way, none is left.
-    let mut live: Vec<bool> = inner.bands.iter().map(|b| b.valid > 0).collect();
-    for s in &segments {
-        let h = &s.header;
-        let best = &scan.best[h.volume as usize];
-        live[s.band as usize] |= h.entries.iter().any(|e| {
-            let w = best[e.lba as usize];
-            e.tombstone && w.seq() == h.seq && w.loc.is_none()
-        });
-    }
     for (b, band) in inner.bands.iter_mut().enumerate() {
         if !live[b] {
             band.state = State::Free;
@@ -639,12 +928,41 @@ pub(super) fn scan(
         b.tombstones = 0;
     }
     inner.free_bands = (0..band_count as u32).filter(|&b| inner.bands[b as usize].state == State::Free).collect();
-    inner.seq = scan.seq_max + 1;
+    // Each stream's newest full band is the one its next band names.
+    for (b, w) in walks.iter().enumerate() {
+        let (Some(e), Some(f)) = (w.epoch, w.first) else { continue };
+        if inner.bands[b].state != State::Full || voided.contains(&(b as u32)) {
+            continue;
+        }
+        let slot = if f.stream == STREAM_GC {
+            &mut inner.gc_last_band
+        } else if let Some(v) = inner.vols.get_mut(f.stream as usize) {
+            &mut v.last_band
+        } else {
+            continue;
+        };
+        if slot.is_none_or(|(_, le)| le < e) {
+            *slot = Some((b as u32, e));
+        }
+    }
+    // Far above everything seen: a torn write recovery could not see (a
+    // record behind a torn one, a segment behind a lost first one) may
+    // carry any sequence issued before the crash, and a chunk or band
+    // reopened with that same number as its epoch would take the leftover
+    // for one of its own records.
+    // Above the previous recovery's restart too, recorded in the superblock
+    // before anything was written with it: a recovery that finds nothing
+    // newer than the last one (what was written since was lost) must not
+    // hand out the same numbers again.
+    inner.seq = seq_max.max(inner.sb.seq_floor) + SEQ_RESTART_GAP;
+    inner.sb.seq_floor = inner.seq;
     inner.cache_flushed_seq = inner.seq;
     // Segments written from now on claim what is known durable; with torn
     // ones on the media, never as far as the first torn one (see
     // `Inner::cap_flushed_ceiling`).
-    let torn_min = torn.iter().map(|&(_, _, seq)| seq).min();
+    // Voided bands likewise, until they are discarded.
+    let voided_min = voided.iter().filter_map(|&b| walks[b as usize].first.map(|f| f.seq));
+    let torn_min = torn.iter().map(|&(_, _, seq)| seq).chain(voided_min).min();
     inner.cap_flushed_ceiling = torn_min.map(|s| s - 1);
     inner.cap_flushed_seq = cap_watermark.min(inner.cap_flushed_ceiling.unwrap_or(u64::MAX));
     inner.cache_flushed_lsn = inner.lsn;
@@ -652,17 +970,12 @@ pub(super) fn scan(
     // A torn segment stays on the media with a sequence above the copy that
     // won instead; once later headers' watermarks pass it, a later recovery
     // would trust it unverified. Such blocks are written again (`relog`).
-    let mut superseded: Vec<(u32, u64)> = torn
-        .into_iter()
-        .filter(|&(v, lba, seq)| scan.best[v as usize][lba as usize].seq() < seq)
-        .map(|(v, lba, _)| (v, lba))
-        .chain(past_gap)
-        .collect();
+    let mut superseded: Vec<(u32, u64)> = superseded_torn.into_iter().chain(past_gap).collect();
     superseded.sort_unstable();
     superseded.dedup();
     new_gaps.sort_unstable();
     new_gaps.dedup();
-    Ok(Recovered { inner, superseded, damage, gaps: new_gaps, torn_headers, stale_bands, mark })
+    Ok(Ok(Recovered { inner, superseded, damage, gaps: new_gaps, torn_headers, stale_bands, voided, mark }))
 }
 
 impl Engine {
@@ -692,25 +1005,37 @@ impl Engine {
                 }
             }
         }
+        self.empty_bands(&mut inner, &bands)?;
+        self.flush_cache(&mut inner)
+    }
+
+    /// Empty each of `bands` (in quarantine: nothing opens or collects
+    /// them) — every block still in it written again to the log, trimmed
+    /// if it does not check — and discard it; then a fresh mark (none of
+    /// them is open). For salvaged damage, and for bands recovery voided.
+    pub(super) fn empty_bands(&self, inner: &mut Inner, bands: &[u32]) -> Result<(), VolumeError> {
         let bpb = inner.blocks_per_band();
-        for &b in &bands {
+        for &b in bands {
+            if !inner.quarantine.contains(&b) {
+                continue; // emptied already (damaged and voided both)
+            }
             let mut held = Vec::new();
             for (v, vol) in inner.vols.iter().enumerate() {
                 for (lba, loc) in vol.l2p.iter().enumerate() {
                     if loc.capacity_block().is_some_and(|pb| pb / bpb == b as u64) {
-                        held.push((v as u32, lba as u64, *loc, vol.crcs[lba]));
+                        held.push((v as u32, lba as u64, loc, vol.l2p.crc(lba)));
                     }
                 }
             }
             for (v, lba, loc, crc) in held {
                 let mut data = vec![0u8; BLOCK_BYTES];
                 match self.read_blocks(&[loc], &[crc], lba * BS, &mut data) {
-                    Ok(()) => self.append(&mut inner, v, &[(lba, &data)], &[crc], false)?,
-                    Err(VolumeError::Corrupt { .. }) => self.trim_logged(&mut inner, v, lba..lba + 1)?,
+                    Ok(()) => self.append(inner, v, &[(lba, &data)], &[crc], false)?,
+                    Err(VolumeError::Corrupt { .. }) => self.trim_logged(inner, v, lba..lba + 1)?,
                     Err(e) => return Err(e),
                 }
             }
-            self.flush_cache(&mut inner)?;
+            self.flush_cache(inner)?;
             assert_eq!(inner.bands[b as usize].valid, 0, "every block of a salvaged band moved");
             inner.bands[b as usize].gen += 1;
             let len = inner.cfg.band_bytes;
@@ -720,11 +1045,11 @@ impl Engine {
             band.state = State::Free;
             inner.free_bands.push_back(b);
         }
-        inner.quarantine.clear();
+        inner.quarantine.retain(|q| !bands.contains(q));
         if !bands.is_empty() {
-            self.write_mark(&mut inner, None, None)?;
+            self.write_mark(inner, None, None)?;
         }
-        self.flush_cache(&mut inner)
+        Ok(())
     }
 }
 
@@ -769,6 +1094,28 @@ mod tests {
             Err(e) => panic!("expected damage, got {e}"),
             Ok(_) => panic!("expected damage, the engine opened"),
         }
+    }
+
+    /// Found by the crash simulation (held-out seed 1000007): writes after
+    /// a recovery were lost in a second crash, so the second recovery found
+    /// the same newest sequence as the first, restarted at the same number,
+    /// and reopened a chunk with the epoch a torn leftover of the lost
+    /// writes carried — which then read back as one of its records. A
+    /// recovery restarts above the previous one's restart (kept in the
+    /// superblock), so numbers are never handed out twice.
+    #[test]
+    fn a_recovery_that_finds_nothing_newer_never_reissues_sequence_numbers() {
+        let (cache, capacity, _) = logged();
+        let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
+        let first = e.lock().seq;
+        // Lost: written after the recovery, never flushed, gone in the crash.
+        drop(e);
+        let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
+        let second = e.lock().seq;
+        assert!(second >= first + SEQ_RESTART_GAP, "restarted at {second}, the previous recovery at {first}");
+        drop(e);
+        let e = Engine::open(cache, capacity).unwrap();
+        assert!(e.lock().seq >= second + SEQ_RESTART_GAP);
     }
 
     #[test]
@@ -867,7 +1214,7 @@ mod tests {
         assert!(clean.clean && clean.damage.is_empty() && clean.blocks_checked == 256, "{}", clean.text());
         // A data block on the capacity device: read every block to find one.
         let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
-        let loc = e.lock().vols[0].l2p[10];
+        let loc = e.lock().vols[0].l2p.get(10);
         e.shutdown().unwrap();
         drop(e);
         let pb = loc.capacity_block().expect("block 10 was compacted");

@@ -147,9 +147,9 @@ impl Inner {
         let bpb = self.blocks_per_band();
         let mut dropped = 0;
         for &(vol, lba, from, to) in remaps {
-            if self.vols[vol as usize].l2p[lba as usize] == from {
+            if self.vols[vol as usize].l2p.get(lba as usize) == from {
                 self.invalidate(from);
-                self.vols[vol as usize].l2p[lba as usize] = to;
+                self.vols[vol as usize].l2p.relocate(lba as usize, to);
                 let pb = to.capacity_block().expect("a remap goes to the capacity device");
                 self.bands[(pb / bpb) as usize].valid += 1;
             } else {

@@ -289,8 +289,7 @@ impl Volume for EngineVolume {
             inner.stats.user_read_bytes += buf.len() as u64;
             let Some(_permit) = permit else {
                 // No room for another request outside the lock: read under it.
-                let v = &inner.vols[vol];
-                let r = e.read_blocks(&v.l2p[lba0..lba0 + n], &v.crcs[lba0..lba0 + n], offset, buf);
+                let r = e.read_mapped(&inner.vols[vol].l2p, lba0..lba0 + n, offset, buf);
                 return self.report_corruption(r);
             };
             // Under the lock: where the blocks are, their CRCs, and the
@@ -303,8 +302,8 @@ impl Volume for EngineVolume {
             snap.locs.clear();
             snap.crcs.clear();
             snap.gens.clear();
-            snap.locs.extend_from_slice(&inner.vols[vol].l2p[lba0..lba0 + n]);
-            snap.crcs.extend_from_slice(&inner.vols[vol].crcs[lba0..lba0 + n]);
+            inner.vols[vol].l2p.locs_into(lba0..lba0 + n, &mut snap.locs);
+            snap.crcs.extend_from_slice(inner.vols[vol].l2p.crcs(lba0..lba0 + n));
             snap.gens.extend(snap.locs.iter().map(|&l| inner.generation(l)));
             drop(inner);
             let unlocked = e.read_blocks(&snap.locs, &snap.crcs, offset, buf);
@@ -319,8 +318,7 @@ impl Volume for EngineVolume {
             let reused = snap.locs.iter().zip(&snap.gens).any(|(&l, &g)| inner.generation(l) != g);
             SNAPSHOT.with(|s| s.replace(snap));
             if reused {
-                let v = &inner.vols[vol];
-                let r = e.read_blocks(&v.l2p[lba0..lba0 + n], &v.crcs[lba0..lba0 + n], offset, buf);
+                let r = e.read_mapped(&inner.vols[vol].l2p, lba0..lba0 + n, offset, buf);
                 return self.report_corruption(r);
             }
             self.report_corruption(unlocked)
@@ -420,7 +418,7 @@ impl Volume for EngineVolume {
         let l2p = &inner.vols[self.id as usize].l2p;
         let mut out: Vec<Extent> = Vec::new();
         for lba in offset / BS..(offset + len) / BS {
-            let allocated = !l2p[lba as usize].is_none();
+            let allocated = !l2p.get(lba as usize).is_none();
             match out.last_mut() {
                 Some(e) if e.allocated == allocated => e.len += BS,
                 _ => out.push(Extent { len: BS, allocated }),
@@ -431,6 +429,23 @@ impl Volume for EngineVolume {
 }
 
 impl Engine {
+    /// `read_blocks` of the entries `range` of `l2p` (under the lock), their
+    /// places decoded into the thread's own vector.
+    fn read_mapped(
+        &self,
+        l2p: &L2p,
+        range: std::ops::Range<usize>,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), VolumeError> {
+        let mut snap = SNAPSHOT.with(|s| s.take());
+        snap.locs.clear();
+        l2p.locs_into(range.clone(), &mut snap.locs);
+        let r = self.read_blocks(&snap.locs, l2p.crcs(range), offset, out);
+        SNAPSHOT.with(|s| s.replace(snap));
+        r
+    }
+
     /// Read the blocks at `locs` into `out` (one block each), one device read
     /// per run of blocks stored back to back on the same device: a 64 KiB
     /// read of data written or compacted together is one request, not 16.
@@ -652,7 +667,7 @@ mod tests {
         v.flush().unwrap();
         // Flip one bit of block `lba` where it lives; returns the device.
         let flip = |lba: u64| -> &'static str {
-            let loc = e.lock().vols[0].l2p[lba as usize];
+            let loc = e.lock().vols[0].l2p.get(lba as usize);
             let (dev, at, name) = match (loc.cache_block(), loc.capacity_block()) {
                 (Some(b), _) => (&cache, b * BS, "cache"),
                 (_, Some(b)) => (&capacity, b * BS, "capacity"),
@@ -665,8 +680,8 @@ mod tests {
         };
         // The last blocks written are still in the log, the first ones
         // were compacted to the capacity device.
-        let cached = (0..256).rev().find(|&l| e.lock().vols[0].l2p[l as usize].cache_block().is_some()).unwrap();
-        let moved = (0..256).find(|&l| e.lock().vols[0].l2p[l as usize].capacity_block().is_some()).unwrap();
+        let cached = (0..256).rev().find(|&l| e.lock().vols[0].l2p.get(l as usize).cache_block().is_some()).unwrap();
+        let moved = (0..256).find(|&l| e.lock().vols[0].l2p.get(l as usize).capacity_block().is_some()).unwrap();
         let mut buf = vec![0u8; 2 * BLOCK_BYTES];
         for (lba, want) in [(cached, "cache"), (moved, "capacity")] {
             assert_eq!(flip(lba), want);
