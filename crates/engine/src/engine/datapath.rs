@@ -235,7 +235,18 @@ impl Engine {
         if let Some(d) = deferred.as_mut() {
             self.settle_deferred(inner, d)?;
         }
-        assert_eq!(inner.chunks[c as usize].valid, 0, "every current block moved");
+        // Blocks still current that no record header led to: a header
+        // damaged at rest since the engine opened (a clean open reads the
+        // checkpoint, not the log). Damage, not a bug: changes stop, and
+        // the next open's recovery refuses it for `sluice check`.
+        let left = inner.chunks[c as usize].valid;
+        if left != 0 {
+            return Err(VolumeError::Damaged {
+                device: "cache",
+                offset: base * BS,
+                what: format!("log chunk {c}: {left} current blocks follow no readable record header"),
+            });
+        }
         // Rule 3: the copies, and whatever superseded the chunk's dropped
         // entries, are durable before the chunk can be reused.
         if inner.cap_dirty {
