@@ -175,7 +175,11 @@ pub fn run(opts: &EngineBenchOpts) -> Result<EngineBenchReport, EngineBenchError
         done += n as u64;
     }
     let (t1, d1) = (cpu_seconds(), dev_s());
-    let mut buf = vec![0u8; 4096];
+    // Page-aligned, as a server's receive buffers are: a heap vector's
+    // start (16 bytes past a page boundary, say) makes the copy into it
+    // alias the 4 KiB-aligned read buffer and run at half speed, which
+    // varied with the allocator's state from build to build.
+    let mut buf = sluice_media::IoBuf::zeroed(4096);
     for _ in 0..opts.ios {
         vol.read(next() * 4096, &mut buf)?;
     }
