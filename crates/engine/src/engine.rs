@@ -16,7 +16,8 @@
 //!   separate GC band (cold data stays with cold data) and discarded.
 //!
 //! States move Free → Open → Full → Free for chunks and bands, asserted.
-//! The L2P is 4 bytes per block (`Loc`); chunk P2L lives in memory for the
+//! The L2P (`l2p.rs`) is 4 bytes per block up to 2^32 device blocks (8
+//! beyond), plus each block's CRC; chunk P2L lives in memory for the
 //! small cache tier. Invariants (checked by `check_invariants` in tests): every
 //! mapped L2P entry points at a cache or capacity block whose P2L names it
 //! back, and valid counts equal the number of such blocks.
