@@ -240,9 +240,9 @@ pub struct RecoveryReport {
 }
 
 impl RecoveryReport {
-    /// Recovery's peak over the steady state.
-    pub fn recovery_heap_ratio(&self) -> f64 {
-        self.recovery_peak_heap_bytes as f64 / self.steady_heap_bytes.max(1) as f64
+    /// `bytes` over the steady state.
+    pub fn over_steady(&self, bytes: u64) -> f64 {
+        bytes as f64 / self.steady_heap_bytes.max(1) as f64
     }
 }
 
@@ -262,22 +262,17 @@ pub fn recovery(opts: &RecoveryBenchOpts) -> Result<RecoveryReport, EngineBenchE
     let stats = engine.stats();
     drop(vol);
     drop(engine);
-    // Heap measured from what the devices (and the rest) hold without an engine.
-    let base = heap::live();
-    heap::reset_peak();
+    // Heap measured above what the devices (and the rest) hold without an engine.
     let t = std::time::Instant::now();
-    let engine = Engine::open(cache.clone(), capacity.clone())?;
+    let (engine, recovery) = heap::measure(|| Engine::open(cache.clone(), capacity.clone()));
+    let engine = engine?;
     let crash_reopen_s = t.elapsed().as_secs_f64();
-    let recovery_peak = heap::peak().saturating_sub(base);
-    let steady = heap::live().saturating_sub(base);
     engine.shutdown()?;
     drop(engine);
-    let base = heap::live();
-    heap::reset_peak();
     let t = std::time::Instant::now();
-    let engine = Engine::open(cache, capacity)?;
+    let (engine, clean) = heap::measure(|| Engine::open(cache, capacity));
+    let engine = engine?;
     let clean_reopen_s = t.elapsed().as_secs_f64();
-    let clean_peak = heap::peak().saturating_sub(base);
     engine.shutdown()?;
     Ok(RecoveryReport {
         cache_bytes: opts.cache_bytes,
@@ -287,9 +282,9 @@ pub fn recovery(opts: &RecoveryBenchOpts) -> Result<RecoveryReport, EngineBenchE
         chunks_compacted: stats.chunks_compacted,
         crash_reopen_s,
         clean_reopen_s,
-        steady_heap_bytes: steady as u64,
-        recovery_peak_heap_bytes: recovery_peak as u64,
-        clean_open_peak_heap_bytes: clean_peak as u64,
+        steady_heap_bytes: recovery.left as u64,
+        recovery_peak_heap_bytes: recovery.peak as u64,
+        clean_open_peak_heap_bytes: clean.peak as u64,
     })
 }
 

@@ -4,7 +4,7 @@
 //! at its worst against what stays allocated after it.
 //!
 //! Installed as the global allocator by the `sluice` binary; elsewhere
-//! (unit tests) `installed()` is false and the counters stay at zero. Two
+//! (unit tests) the counters stay at zero. Two
 //! relaxed atomic operations per allocation: the serving path allocates
 //! little (its buffers are pooled), so the cost does not show there.
 
@@ -61,25 +61,23 @@ fn grew(bytes: usize) {
 }
 
 /// Bytes allocated and not yet freed.
-pub fn live() -> usize {
+fn live() -> usize {
     LIVE.load(Relaxed)
 }
 
-/// The most bytes live at once since the last `reset_peak`.
-pub fn peak() -> usize {
-    PEAK.load(Relaxed)
+/// Run `f`; with what it left allocated, and the most it held at once
+/// (both above what was live before it).
+pub fn measure<T>(f: impl FnOnce() -> T) -> (T, Usage) {
+    let base = live();
+    PEAK.store(base, Relaxed);
+    let out = f();
+    let usage = Usage { peak: PEAK.load(Relaxed).saturating_sub(base), left: live().saturating_sub(base) };
+    (out, usage)
 }
 
-/// Start a new peak from what is live now.
-pub fn reset_peak() {
-    PEAK.store(LIVE.load(Relaxed), Relaxed);
-}
-
-/// Whether `Counting` is the global allocator (an allocation moves `live`).
-pub fn installed() -> bool {
-    let before = live();
-    let probe = std::hint::black_box(vec![0u8; 1 << 16]);
-    let moved = live() >= before + probe.len();
-    drop(probe);
-    moved
+/// What `measure` saw, in bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    pub peak: usize,
+    pub left: usize,
 }

@@ -360,6 +360,21 @@ impl Sim {
         }
     }
 
+    /// Arm `plan` on one of the two devices, drawn from the seed.
+    fn arm_either(&mut self, plan: FaultPlan) {
+        if self.rng.coin() {
+            self.cache.inject(plan)
+        } else {
+            self.capacity.inject(plan)
+        }
+    }
+
+    /// No fault armed on either device.
+    fn disarm(&self) {
+        self.cache.inject(FaultPlan::none());
+        self.capacity.inject(FaultPlan::none());
+    }
+
     /// A clean shutdown, interrupted half the time by a failing write (the
     /// capacity device's first is the checkpoint, or a segment the last
     /// compaction step left to finish; the cache device's first two, the
@@ -370,15 +385,10 @@ impl Sim {
         let interrupted = self.rng.coin();
         if interrupted {
             let plan = FaultPlan::nth_write(1 + self.rng.below(2));
-            if self.rng.coin() {
-                self.cache.inject(plan)
-            } else {
-                self.capacity.inject(plan)
-            }
+            self.arm_either(plan);
         }
         let r = self.world.engine.shutdown();
-        self.cache.inject(FaultPlan::none());
-        self.capacity.inject(FaultPlan::none());
+        self.disarm();
         match r {
             Ok(()) => {
                 self.report.clean_shutdowns += 1;
@@ -423,8 +433,7 @@ impl Sim {
         // block, nor leave the devices in a state the next one refuses.
         if self.rng.below(3) == 0 && self.opts.reopen_faults {
             let plan = FaultPlan::nth_write(1 + self.rng.below(6));
-            let dev = if self.rng.coin() { &self.cache } else { &self.capacity };
-            dev.inject(plan);
+            self.arm_either(plan);
             match Engine::open(cache, capacity) {
                 Ok(e) => drop(e),
                 Err(e) if injected(&e) => self.report.crashes_in_recovery += 1,
@@ -432,8 +441,7 @@ impl Sim {
                 Err(crate::EngineError::Damaged(_)) if self.latent_flip => {}
                 Err(e) => return Err(self.fail(op, format!("interrupted reopen: {e}"))),
             }
-            self.cache.inject(FaultPlan::none());
-            self.capacity.inject(FaultPlan::none());
+            self.disarm();
             self.check_zones(op)?;
             (cache, capacity) = self.power_loss();
         }
@@ -633,11 +641,7 @@ fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Re
                 // stops changes like a write error).
                 let n = 1 + sim.rng.below(12);
                 let plan = if sim.rng.below(4) == 0 { FaultPlan::nth_read(n) } else { FaultPlan::nth_write(n) };
-                if sim.rng.coin() {
-                    sim.cache.inject(plan)
-                } else {
-                    sim.capacity.inject(plan)
-                }
+                sim.arm_either(plan);
                 armed = Some(op);
             } else {
                 // A quarter of these after a clean shutdown (or one that a

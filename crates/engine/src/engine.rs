@@ -689,21 +689,10 @@ impl Engine {
                 // as stale ones.)
                 voided = std::mem::take(&mut r.voided);
                 voided.retain(|&b| r.inner.bands[b as usize].state != State::Free);
-                // Each stream's last band, as recovered, is named (by the
-                // next band and in marks) only once the repairs below are
-                // done: until `relog` has superseded its torn copies, a
-                // claim on it would have a later recovery trust them.
-                lasts = Some((
-                    r.inner.vols.iter_mut().map(|v| v.last_band.take()).collect::<Vec<_>>(),
-                    r.inner.gc_last_band.take(),
-                ));
+                lasts = Some(r.last_bands);
                 // Damaged bands out of reach before anything is written.
                 let inner = &mut r.inner;
-                inner.quarantine = r
-                    .damage
-                    .iter()
-                    .filter_map(|d| if let Damage::Segments { band, .. } = d { Some(*band) } else { None })
-                    .collect();
+                inner.quarantine = Damage::bands(&r.damage);
                 inner.quarantine.extend(&voided);
                 inner.free_bands.retain(|b| !inner.quarantine.contains(b));
                 // Before changing any band: a fresh mark (no band is open
@@ -750,9 +739,8 @@ impl Engine {
         // left: watermarks may pass them, and claims name them.
         let mut inner = engine.lock();
         inner.cap_flushed_ceiling = None;
-        if let Some((vols, gc)) = lasts {
-            inner.vols.iter_mut().zip(vols).for_each(|(v, l)| v.last_band = l);
-            inner.gc_last_band = gc;
+        if let Some(l) = lasts {
+            l.apply(&mut inner);
         }
         drop(inner);
         Ok(engine)

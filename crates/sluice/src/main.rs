@@ -613,9 +613,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
                      {:.1} MiB ({:.2}x)",
                     r.steady_heap_bytes as f64 / (1u64 << 20) as f64,
                     r.recovery_peak_heap_bytes as f64 / (1u64 << 20) as f64,
-                    r.recovery_heap_ratio(),
+                    r.over_steady(r.recovery_peak_heap_bytes),
                     r.clean_open_peak_heap_bytes as f64 / (1u64 << 20) as f64,
-                    r.clean_open_peak_heap_bytes as f64 / r.steady_heap_bytes.max(1) as f64
+                    r.over_steady(r.clean_open_peak_heap_bytes)
                 );
                 write_json(&json, &r)
             }

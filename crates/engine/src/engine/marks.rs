@@ -141,9 +141,13 @@ pub(super) fn write_mark_now(
             m.bands.push(MarkedBand { written, ..*mb });
         }
     }
-    let slot = MARK_SLOTS[(m.gen % 2) as usize];
-    write_at(cache, slot * BS, &m.encode(inner.tag))?;
+    put_mark(cache, &m, inner.tag)?;
     flush(cache)
+}
+
+/// Write `m` into its slot (generations alternate between the two).
+fn put_mark(cache: &dyn BlockDevice, m: &Mark, tag: u32) -> Result<(), DeviceError> {
+    write_at(cache, MARK_SLOTS[(m.gen % 2) as usize] * BS, &m.encode(tag))
 }
 
 impl Inner {
@@ -205,9 +209,7 @@ impl Engine {
     ) -> Result<(), VolumeError> {
         debug_assert!(!inner.cap_dirty, "a mark describes flushed capacity state");
         let m = inner.next_mark(freeing, reclaiming);
-        let slot = MARK_SLOTS[(m.gen % 2) as usize];
-        write_at(&*self.cache, slot * BS, &m.encode(inner.tag))?;
-        Ok(())
+        Ok(put_mark(&*self.cache, &m, inner.tag)?)
     }
 }
 

@@ -88,6 +88,19 @@ pub enum Damage {
     CheckpointUnreadable,
 }
 
+impl Damage {
+    /// The bands `damage` finds damaged, each once, ascending.
+    pub(super) fn bands(damage: &[Damage]) -> Vec<u32> {
+        let mut bands: Vec<u32> = damage
+            .iter()
+            .filter_map(|d| if let Damage::Segments { band, .. } = d { Some(*band) } else { None })
+            .collect();
+        bands.sort_unstable();
+        bands.dedup();
+        bands
+    }
+}
+
 impl std::fmt::Display for Damage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -279,7 +292,6 @@ fn fits(vol_blocks: &[usize], h: &Header) -> bool {
     vol_blocks.get(h.volume as usize).is_some_and(|&n| h.entries.iter().all(|e| (e.lba as usize) < n))
 }
 
-/// Walk the records of chunk `c`, read whole into `data` (see step 2).
 /// Blocks a recovery worker reads of a chunk at once (2 MiB): more than
 /// the largest record, so a record is read in at most two reads, and far
 /// less than a chunk (16 MiB by default), which recovery never holds whole.
@@ -457,6 +469,23 @@ struct FirstSegment {
     prev_end: u64,
 }
 
+/// Each stream's newest full band after a recovery (`Vol::last_band`,
+/// `Inner::gc_last_band`). Named — by the next band each stream opens and in
+/// marks — only once the reopen's repairs are done: until `relog` has
+/// superseded their torn copies, a claim on them would have a later
+/// recovery trust what is torn.
+pub(super) struct LastBands {
+    vols: Vec<Option<(u32, u64)>>,
+    gc: Option<(u32, u64)>,
+}
+
+impl LastBands {
+    pub(super) fn apply(self, inner: &mut Inner) {
+        inner.vols.iter_mut().zip(self.vols).for_each(|(v, l)| v.last_band = l);
+        inner.gc_last_band = self.gc;
+    }
+}
+
 /// The result of a recovery scan (nothing written yet).
 pub(super) struct Recovered {
     pub inner: Inner,
@@ -478,6 +507,9 @@ pub(super) struct Recovered {
     /// discarded (`Engine::empty_bands`) so that no later flush makes its
     /// claim look durable.
     pub voided: Vec<u32>,
+    /// Each stream's newest full band, for `LastBands::apply` once the
+    /// repairs are done.
+    pub last_bands: LastBands,
     /// The last capacity mark found (`marks::write_mark_now` carries it on).
     pub mark: Option<Mark>,
     pub damage: Vec<Damage>,
@@ -585,6 +617,8 @@ fn scan_with(
     // covers it — a flush came after every write of the named band, so the
     // named band must read back that far: short of it is damage. Otherwise
     // a short predecessor is a torn tail, and the naming band is voided.
+    // The last mark's entry for a band, if it lists it.
+    let marked_band = |band: usize| mark.as_ref().and_then(|m| m.bands.iter().find(|mb| mb.band as usize == band));
     let by_epoch: std::collections::HashMap<u64, usize> =
         walks.iter().enumerate().filter_map(|(b, w)| w.epoch.map(|e| (e, b))).collect();
     let mut chain_end = vec![0u64; walks.len()];
@@ -595,7 +629,7 @@ fn scan_with(
         if walks[a].stop >= f.prev_end {
             continue;
         }
-        let marked = mark.as_ref().and_then(|m| m.bands.iter().find(|mb| mb.band as usize == b));
+        let marked = marked_band(b);
         let covered = marked.is_some_and(|mb| Some(mb.epoch) == w.epoch && mb.written != RECLAIMED && mb.written > 0);
         if f.seq <= cap_watermark || covered {
             chain_end[a] = chain_end[a].max(f.prev_end);
@@ -609,8 +643,7 @@ fn scan_with(
     let mut durable_end = vec![0u64; walks.len()];
     for (band, w) in walks.iter().enumerate() {
         // How far the band must read back: the last mark's pointer for it.
-        let marked = mark.as_ref().and_then(|m| m.bands.iter().find(|mb| mb.band as usize == band));
-        let marked = marked.filter(|mb| w.epoch.is_none_or(|e| e == mb.epoch));
+        let marked = marked_band(band).filter(|mb| w.epoch.is_none_or(|e| e == mb.epoch));
         // GC reclaimed this generation of the band just before the last
         // mark: everything in it was relocated; its discard, and whatever
         // was written into it since, may be lost in any part.
@@ -937,15 +970,16 @@ fn scan_with(
     }
     inner.free_bands = (0..band_count as u32).filter(|&b| inner.bands[b as usize].state == State::Free).collect();
     // Each stream's newest full band is the one its next band names.
+    let mut last_bands = LastBands { vols: vec![None; inner.vols.len()], gc: None };
     for (b, w) in walks.iter().enumerate() {
         let (Some(e), Some(f)) = (w.epoch, w.first) else { continue };
         if inner.bands[b].state != State::Full || voided.contains(&(b as u32)) {
             continue;
         }
         let slot = if f.stream == STREAM_GC {
-            &mut inner.gc_last_band
-        } else if let Some(v) = inner.vols.get_mut(f.stream as usize) {
-            &mut v.last_band
+            &mut last_bands.gc
+        } else if let Some(v) = last_bands.vols.get_mut(f.stream as usize) {
+            v
         } else {
             continue;
         };
@@ -953,15 +987,11 @@ fn scan_with(
             *slot = Some((b as u32, e));
         }
     }
-    // Far above everything seen: a torn write recovery could not see (a
-    // record behind a torn one, a segment behind a lost first one) may
-    // carry any sequence issued before the crash, and a chunk or band
-    // reopened with that same number as its epoch would take the leftover
-    // for one of its own records.
-    // Above the previous recovery's restart too, recorded in the superblock
-    // before anything was written with it: a recovery that finds nothing
-    // newer than the last one (what was written since was lost) must not
-    // hand out the same numbers again.
+    // Far above everything seen (`SEQ_RESTART_GAP`), and above the previous
+    // recovery's restart, recorded in the superblock before anything was
+    // written with it: a recovery that finds nothing newer than the last
+    // one (what was written since was lost) must not hand out the same
+    // numbers again.
     inner.seq = seq_max.max(inner.sb.seq_floor) + SEQ_RESTART_GAP;
     inner.sb.seq_floor = inner.seq;
     inner.cache_flushed_seq = inner.seq;
@@ -983,7 +1013,7 @@ fn scan_with(
     superseded.dedup();
     new_gaps.sort_unstable();
     new_gaps.dedup();
-    Ok(Ok(Recovered { inner, superseded, damage, gaps: new_gaps, torn_headers, stale_bands, voided, mark }))
+    Ok(Ok(Recovered { inner, superseded, damage, gaps: new_gaps, torn_headers, stale_bands, voided, last_bands, mark }))
 }
 
 impl Engine {
@@ -995,12 +1025,7 @@ impl Engine {
     /// same damage again; then a fresh mark (none of them is open).
     pub(super) fn salvage_repair(&self, damage: &[Damage]) -> Result<(), VolumeError> {
         let mut inner = self.lock();
-        let mut bands: Vec<u32> = damage
-            .iter()
-            .filter_map(|d| if let Damage::Segments { band, .. } = d { Some(*band) } else { None })
-            .collect();
-        bands.sort_unstable();
-        bands.dedup();
+        let bands = Damage::bands(damage);
         // Out of reach (`Engine::open_with` put them in quarantine before
         // anything was written): what is written below may compact, and
         // must neither open nor collect one of these.
@@ -1116,7 +1141,8 @@ mod tests {
         let (cache, capacity, _) = logged();
         let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
         let first = e.lock().seq;
-        // Lost: written after the recovery, never flushed, gone in the crash.
+        // Dropped with nothing written since: the next recovery finds
+        // nothing newer, as if what was written had been lost.
         drop(e);
         let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
         let second = e.lock().seq;

@@ -299,11 +299,8 @@ impl Volume for EngineVolume {
             // The snapshot goes into the thread's own vectors, kept between
             // reads: no allocation per read.
             let mut snap = SNAPSHOT.with(|s| s.take());
-            snap.locs.clear();
-            snap.crcs.clear();
+            snap.load(&inner.vols[vol].l2p, lba0..lba0 + n);
             snap.gens.clear();
-            inner.vols[vol].l2p.locs_into(lba0..lba0 + n, &mut snap.locs);
-            snap.crcs.extend_from_slice(inner.vols[vol].l2p.crcs(lba0..lba0 + n));
             snap.gens.extend(snap.locs.iter().map(|&l| inner.generation(l)));
             drop(inner);
             let unlocked = e.read_blocks(&snap.locs, &snap.crcs, offset, buf);
@@ -439,9 +436,8 @@ impl Engine {
         out: &mut [u8],
     ) -> Result<(), VolumeError> {
         let mut snap = SNAPSHOT.with(|s| s.take());
-        snap.locs.clear();
-        l2p.locs_into(range.clone(), &mut snap.locs);
-        let r = self.read_blocks(&snap.locs, l2p.crcs(range), offset, out);
+        snap.load(l2p, range);
+        let r = self.read_blocks(&snap.locs, &snap.crcs, offset, out);
         SNAPSHOT.with(|s| s.replace(snap));
         r
     }
@@ -499,6 +495,16 @@ struct ReadSnapshot {
     locs: Vec<Loc>,
     crcs: Vec<u32>,
     gens: Vec<u64>,
+}
+
+impl ReadSnapshot {
+    /// The places and CRCs of the entries `range` of `l2p`.
+    fn load(&mut self, l2p: &L2p, range: std::ops::Range<usize>) {
+        self.locs.clear();
+        l2p.locs_into(range.clone(), &mut self.locs);
+        self.crcs.clear();
+        self.crcs.extend_from_slice(l2p.crcs(range));
+    }
 }
 
 thread_local! {
