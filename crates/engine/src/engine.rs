@@ -41,40 +41,48 @@ use sluice_media::{BlockDevice, DeviceError, DeviceStats, IoBuf, IoOp, IoRequest
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+mod bands;
 mod check;
 mod checkpoint;
-mod compactor;
-mod datapath;
+mod compaction;
+mod gc;
+mod handle;
 mod identity;
 mod l2p;
 mod log;
 mod marks;
 mod placement;
 mod pool;
+mod read;
 mod recover;
 mod salvage;
-mod unlocked;
-mod volume_handle;
+mod segments;
+mod step_io;
+mod throttle;
+mod worker;
 mod zoned;
 
+use bands::{Band, Bands};
 pub use check::CheckReport;
-pub use compactor::{Compactor, CompactorConfig, CompactorSnapshot, Throttle};
+use compaction::CompactCursor;
+use gc::GcCursor;
+pub use handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
 use identity::write_label;
 pub use identity::{label_offset, label_present, superblock_present, wipe_labels};
 pub use l2p::CAPACITY_BYTES_MAX;
 use l2p::{L2p, Loc, Width};
+use log::{Chunk, Log};
 pub use placement::BandPlacement;
 use pool::BufPool;
 pub use recover::Damage;
-pub use volume_handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
+use segments::{CapWrites, CAP_QUEUE_DEPTH};
+pub use throttle::Throttle;
+pub use worker::{Compactor, CompactorConfig, CompactorSnapshot};
 
 use checkpoint::{checkpoint_bytes_max, decode_checkpoint, encode_checkpoint};
 use zoned::CapGeometry;
 
 const BS: u64 = BLOCK_BYTES as u64;
-
-/// Most capacity segment writes compaction and GC keep in flight.
-const CAP_QUEUE_DEPTH: usize = 16;
 
 /// Engine configuration.
 #[derive(Clone, Debug, Serialize)]
@@ -192,66 +200,6 @@ enum State {
     Full = 2,
 }
 
-struct Chunk {
-    state: State,
-    /// Sequence number when the chunk was last opened; every record written
-    /// into it carries it, so replay stops at a previous generation's records.
-    epoch: u64,
-    /// (volume, lba) per cache block of the chunk; u32::MAX volume = header/pad.
-    p2l: Vec<(u32, u64)>,
-    valid: u32,
-    /// LSN of the first record written into the chunk since it was opened.
-    first_lsn: u64,
-}
-
-/// A band keeps no P2L in memory: its segments are self-describing, and GC
-/// reads them (headers and data) from the band itself. That keeps the
-/// engine's DRAM at the L2P's 4 bytes per volume block plus the small cache
-/// tier's P2L.
-struct Band {
-    state: State,
-    valid: u32,
-    /// Blocks written so far (write pointer, relative).
-    written: u64,
-    /// Engine write sequence when the band was closed (for age).
-    closed_seq: u64,
-    /// Tombstone entries written into the band since it was last free;
-    /// `TOMBSTONES_UNKNOWN` after a clean open (the checkpoint does not keep
-    /// it). With `valid` 0 and none, GC has nothing to look at in the band.
-    tombstones: u32,
-    /// Bumped (in memory) before the band's blocks are discarded, so a read
-    /// that looked a block up before GC moved it and read it after can tell
-    /// its data may be gone (`Inner::generation`).
-    gen: u64,
-    /// Sequence when the band was last opened: every segment in it carries
-    /// it, so recovery tells this generation's segments from a previous one's.
-    epoch: u64,
-    /// The band filled just before this one by its stream: (its epoch, the
-    /// blocks it held), (0, 0) if none; in every segment header
-    /// (`Header::prev_epoch`, `prev_end`), so recovery can tell that band's
-    /// damaged tail from a torn one.
-    prev: (u64, u64),
-}
-
-/// `Band::tombstones` when not known: GC walks the band to find out.
-const TOMBSTONES_UNKNOWN: u32 = u32::MAX;
-
-/// Where a bounded GC step stopped in its victim.
-#[derive(Clone, Copy, Debug)]
-struct GcCursor {
-    victim: u32,
-    /// Blocks of the victim walked so far.
-    pos: u64,
-}
-
-/// Where a bounded compaction step stopped in the oldest full chunk.
-#[derive(Clone, Copy, Debug)]
-struct CompactCursor {
-    chunk: u32,
-    /// Block of the chunk where the next record starts.
-    pos: u64,
-}
-
 struct Vol {
     name: String,
     /// Each block's place and the CRC32C of its data as logged (the value
@@ -334,29 +282,29 @@ impl EngineStats {
     }
 }
 
+/// The engine's state, behind its one lock: each part owned by the module
+/// named after it.
 struct Inner {
     cfg: EngineConfig,
     /// The capacity device's band geometry (zones on a zoned device).
     geo: CapGeometry,
     vols: Vec<Vol>,
-    chunks: Vec<Chunk>,
-    free_chunks: VecDeque<u32>,
-    full_chunks: VecDeque<u32>,
-    open_chunk: Option<(u32, u64)>,
-    bands: Vec<Band>,
-    free_bands: VecDeque<u32>,
-    gc_band: Option<u32>,
-    /// The band GC filled last (as `Vol::last_band`).
-    gc_last_band: Option<(u32, u64)>,
+    /// The write log on the cache device (log.rs).
+    log: Log,
+    /// The capacity device's bands (bands.rs).
+    bands: Bands,
+    /// Segment writes to the capacity device and its flush state (segments.rs).
+    cap: CapWrites,
     /// The GC victim a bounded step left half done (`Engine::gc_step`);
     /// not persisted: after a reopen GC simply chooses again.
     gc_cursor: Option<GcCursor>,
     /// The background compactor's last step: segment writes in flight and
     /// the remaps that wait for them (`Engine::settle`). Not persisted.
-    pending: Option<unlocked::Pending>,
+    pending: Option<step_io::Pending>,
     /// Where a bounded compaction step stopped in the oldest full chunk
     /// (`Engine::compact_step`); not persisted, like `gc_cursor`.
     compact_cursor: Option<CompactCursor>,
+    /// The engine's write sequence: every record and segment takes the next.
     seq: u64,
     stats: EngineStats,
     /// Reusable I/O buffers (pool.rs).
@@ -372,41 +320,14 @@ struct Inner {
     /// ahead of or behind the media, so nothing more is written; reads still
     /// work. Reopening recovers from the media.
     failed: bool,
-    /// Highest sequence made durable on each device by a completed flush.
+    /// Highest sequence made durable on the cache device by a completed flush.
     cache_flushed_seq: u64,
-    /// The last log record's number (LSN), and the highest one made durable
-    /// by a completed cache flush.
-    lsn: u64,
-    cache_flushed_lsn: u64,
     /// Generation of the last capacity mark written (`marks.rs`).
     mark_gen: u64,
-    /// Bands closed since the last capacity mark: the next mark lists their
-    /// final pointers too, or a segment written after one mark into a band
-    /// closed before the next would be in no mark at all.
-    closed_since_mark: Vec<u32>,
-    /// Bands a salvaging open found damaged: never opened nor chosen by GC
-    /// until `salvage_repair` has emptied and discarded them.
-    quarantine: Vec<u32>,
-    cap_flushed_seq: u64,
-    /// After a recovery that found torn segments: segment headers claim no
-    /// watermark at or above the first of them until `relog` has written
-    /// their blocks again, or a later recovery would trust what is torn.
-    cap_flushed_ceiling: Option<u64>,
     /// Set in virtual-time simulation only (`Engine::attach_sim_clock`).
     sim: Option<SimGate>,
     /// Where compaction puts each volume's blocks (`Engine::set_band_placement`).
     placement: BandPlacement,
-    /// Capacity writes in flight: compaction and GC submit their segments
-    /// with queue depth and reap them all before flushing, so a device with
-    /// internal parallelism (NAND dies) works on many at once. Zero outside
-    /// `compact_oldest` and `collect_one`.
-    cap_inflight: usize,
-    /// Segments were written to the capacity device since its last flush:
-    /// freeing a chunk or discarding a GC victim flushes it first (rule 3).
-    /// Kept here rather than per compaction or GC pass, so a pass that
-    /// failed halfway (NoSpace) and is resumed later still flushes what it
-    /// wrote before the error.
-    cap_dirty: bool,
 }
 
 /// Causality for simulating this synchronous engine as many concurrent
@@ -446,7 +367,7 @@ pub struct Engine {
     /// Request metrics, one per volume (shared by every handle to it).
     metrics: Vec<Arc<VolumeMetrics>>,
     /// Background compaction and the write throttle (`start_compactor`).
-    bg: compactor::Background,
+    bg: worker::Background,
     /// Time origin of the throttle's schedule.
     epoch: std::time::Instant,
     /// Tell servers to run reads in parallel (`set_parallel_reads`).
@@ -472,7 +393,7 @@ impl Engine {
             recovered_in,
             salvaged: Vec::new(),
             metrics,
-            bg: compactor::Background::new(),
+            bg: worker::Background::new(),
             parallel_reads: std::sync::atomic::AtomicBool::new(false),
             epoch: std::time::Instant::now(),
         })
@@ -596,7 +517,7 @@ impl Engine {
     /// freed (`SimGate`). Without this the engine ignores time entirely.
     pub fn attach_sim_clock(&self, clock: sluice_media::ClockRef) {
         let mut inner = self.lock();
-        let (chunks, bands) = (inner.chunks.len(), inner.bands.len());
+        let (chunks, bands) = (inner.log.chunks.len(), inner.bands.len());
         inner.sim = Some(SimGate { clock, chunk_free_at_ns: vec![0; chunks], band_free_at_ns: vec![0; bands] });
     }
 
@@ -650,9 +571,9 @@ impl Engine {
                 lasts = Some(r.last_bands);
                 // Damaged bands out of reach before anything is written.
                 let inner = &mut r.inner;
-                inner.quarantine = Damage::bands(&r.damage);
-                inner.quarantine.extend(&voided);
-                inner.free_bands.retain(|b| !inner.quarantine.contains(b));
+                inner.bands.quarantine = Damage::bands(&r.damage);
+                inner.bands.quarantine.extend(&voided);
+                inner.bands.free.retain(|b| !inner.bands.quarantine.contains(b));
                 // Before changing any band: a fresh mark (no band is open
                 // now), durable, so that a crash in what follows never
                 // leaves the last mark expecting segments of a band reset,
@@ -696,7 +617,7 @@ impl Engine {
         // Every torn copy now loses to a newer one, and no voided band is
         // left: watermarks may pass them, and claims name them.
         let mut inner = engine.lock();
-        inner.cap_flushed_ceiling = None;
+        inner.cap.flushed_ceiling = None;
         if let Some(l) = lasts {
             l.apply(&mut inner);
         }
@@ -783,7 +704,7 @@ impl Engine {
         let inner = self.lock();
         let blocks: usize = inner.vols.iter().map(|v| v.l2p.len()).sum();
         let l2p: usize = inner.vols.iter().map(|v| v.l2p.bytes()).sum();
-        let chunks: usize = inner.chunks.iter().map(|c| std::mem::size_of::<Chunk>() + c.p2l.len() * 16).sum();
+        let chunks: usize = inner.log.chunks.iter().map(|c| std::mem::size_of::<Chunk>() + c.p2l.len() * 16).sum();
         let bands = inner.bands.len() * std::mem::size_of::<Band>();
         (l2p + chunks + bands) as f64 / blocks.max(1) as f64
     }
@@ -880,34 +801,9 @@ impl Inner {
                     moved: Moves::default(),
                 })
                 .collect(),
-            chunks: (0..chunk_count)
-                .map(|_| Chunk {
-                    state: State::Free,
-                    epoch: 0,
-                    p2l: vec![(u32::MAX, 0); blocks_per_chunk],
-                    valid: 0,
-                    first_lsn: 0,
-                })
-                .collect(),
-            // Chunk 0 holds the superblock.
-            free_chunks: (1..chunk_count as u32).collect(),
-            full_chunks: VecDeque::new(),
-            open_chunk: None,
-            bands: (0..band_count)
-                .map(|_| Band {
-                    state: State::Free,
-                    valid: 0,
-                    written: 0,
-                    closed_seq: 0,
-                    gen: 0,
-                    tombstones: 0,
-                    epoch: 0,
-                    prev: (0, 0),
-                })
-                .collect(),
-            free_bands: (0..band_count as u32).collect(),
-            gc_band: None,
-            gc_last_band: None,
+            log: Log::empty(chunk_count, blocks_per_chunk),
+            bands: Bands::empty(band_count),
+            cap: CapWrites::default(),
             gc_cursor: None,
             pending: None,
             compact_cursor: None,
@@ -920,71 +816,10 @@ impl Inner {
             closed: false,
             failed: false,
             cache_flushed_seq: 0,
-            lsn: 0,
-            cache_flushed_lsn: 0,
             mark_gen: 0,
-            quarantine: Vec::new(),
-            closed_since_mark: Vec::new(),
-            cap_flushed_seq: 0,
-            cap_flushed_ceiling: None,
             cfg,
             geo,
             sim: None,
-            cap_inflight: 0,
-            cap_dirty: false,
-        }
-    }
-
-    /// A buffer of exactly `len` bytes from the pool (contents undefined).
-    fn take_buf(&mut self, len: usize) -> IoBuf {
-        self.pool.take(len)
-    }
-
-    /// Return a buffer to the pool, which keeps at most four of the largest
-    /// reads' worth (a chunk or a GC window, rounded up as it allocates).
-    fn give_buf(&mut self, b: IoBuf) {
-        let bytes_max = 4 * ((self.gc_window_blocks() * BS) as usize).next_power_of_two();
-        self.pool.give(b, bytes_max);
-    }
-
-    fn blocks_per_chunk(&self) -> u64 {
-        self.cfg.chunk_bytes / BS
-    }
-    /// Address stride of a band, in blocks (capacity block = band × stride + i).
-    fn blocks_per_band(&self) -> u64 {
-        self.cfg.band_bytes / BS
-    }
-
-    /// Blocks GC reads at once from a victim: at least a chunk and at least
-    /// the largest segment.
-    fn gc_window_blocks(&self) -> u64 {
-        self.blocks_per_chunk().max(self.segment_blocks_max())
-    }
-
-    /// Blocks of the largest capacity segment (header + data, padded).
-    fn segment_blocks_max(&self) -> u64 {
-        datapath::segment_blocks(RECORD_BLOCKS_MAX as u64, self.cfg.write_unit_bytes / BS)
-    }
-
-    /// Blocks a band can hold (≤ the stride; less on a zoned device).
-    fn band_usable(&self) -> u64 {
-        self.geo.usable_blocks
-    }
-
-    /// Band `b`, the open band of `vol` (or of GC), is full: close it.
-    fn close_band(&mut self, b: u32, vol: u32, gc: bool) {
-        let band = &mut self.bands[b as usize];
-        band.state = State::Full;
-        band.closed_seq = self.seq;
-        self.closed_since_mark.push(b);
-        let last = Some((b, band.epoch));
-        if gc {
-            self.gc_band = None;
-            self.gc_last_band = last;
-        } else {
-            let s = self.stream(vol);
-            self.vols[s].open_band = None;
-            self.vols[s].last_band = last;
         }
     }
 
@@ -1009,9 +844,9 @@ impl Inner {
     fn invalidate(&mut self, loc: Loc) {
         if let Some(cb) = loc.cache_block() {
             let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
-            debug_assert_ne!(self.chunks[c].p2l[i].0, u32::MAX);
-            self.chunks[c].p2l[i].0 = u32::MAX;
-            self.chunks[c].valid -= 1;
+            debug_assert_ne!(self.log.chunks[c].p2l[i].0, u32::MAX);
+            self.log.chunks[c].p2l[i].0 = u32::MAX;
+            self.log.chunks[c].valid -= 1;
         } else if let Some(pb) = loc.capacity_block() {
             let b = (pb / self.blocks_per_band()) as usize;
             self.bands[b].valid -= 1;
@@ -1019,14 +854,14 @@ impl Inner {
     }
 
     fn check_invariants(&self) {
-        let mut chunk_valid = vec![0u32; self.chunks.len()];
+        let mut chunk_valid = vec![0u32; self.log.chunks.len()];
         let mut band_valid = vec![0u32; self.bands.len()];
         for (vi, v) in self.vols.iter().enumerate() {
             for (lba, loc) in v.l2p.iter().enumerate() {
                 if let Some(cb) = loc.cache_block() {
                     let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
-                    assert_eq!(self.chunks[c].p2l[i], (vi as u32, lba as u64), "chunk P2L names the block");
-                    assert_ne!(self.chunks[c].state, State::Free);
+                    assert_eq!(self.log.chunks[c].p2l[i], (vi as u32, lba as u64), "chunk P2L names the block");
+                    assert_ne!(self.log.chunks[c].state, State::Free);
                     chunk_valid[c] += 1;
                 } else if let Some(pb) = loc.capacity_block() {
                     let (b, i) = ((pb / self.blocks_per_band()) as usize, pb % self.blocks_per_band());
@@ -1039,14 +874,14 @@ impl Inner {
                 }
             }
         }
-        for (c, ch) in self.chunks.iter().enumerate() {
+        for (c, ch) in self.log.chunks.iter().enumerate() {
             assert_eq!(ch.valid, chunk_valid[c], "chunk {c} valid count");
         }
         for (b, band) in self.bands.iter().enumerate() {
             assert_eq!(band.valid, band_valid[b], "band {b} valid count");
         }
         // Every open band is exactly one stream's: none is stranded.
-        let mut owned: Vec<u32> = self.vols.iter().map(|v| v.open_band).chain([self.gc_band]).flatten().collect();
+        let mut owned: Vec<u32> = self.vols.iter().map(|v| v.open_band).chain([self.bands.gc_open]).flatten().collect();
         owned.sort_unstable();
         let open: Vec<u32> =
             (0..self.bands.len() as u32).filter(|&b| self.bands[b as usize].state == State::Open).collect();

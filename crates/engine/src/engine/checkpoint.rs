@@ -2,6 +2,7 @@
 //! (docs/format.md). Written only by `Engine::shutdown`; read by `Engine::open`
 //! when the superblock says clean.
 
+use super::bands::TOMBSTONES_UNKNOWN;
 use super::*;
 
 /// Upper bound of the checkpoint's size for this geometry.
@@ -16,13 +17,13 @@ pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, 
 pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     let mut w = Writer::default();
     w.u64(inner.seq);
-    w.u64(inner.lsn);
+    w.u64(inner.log.lsn);
     w.u64(inner.mark_gen);
     inner.stats.words().iter().for_each(|&x| w.u64(x));
-    w.opt_u32(inner.open_chunk.map(|(c, _)| c));
-    w.u64(inner.open_chunk.map_or(0, |(_, o)| o));
-    w.opt_u32(inner.gc_band);
-    put_last(&mut w, inner.gc_last_band);
+    w.opt_u32(inner.log.open.map(|(c, _)| c));
+    w.u64(inner.log.open.map_or(0, |(_, o)| o));
+    w.opt_u32(inner.bands.gc_open);
+    put_last(&mut w, inner.bands.gc_last);
     w.u32(inner.vols.len() as u32);
     for v in &inner.vols {
         w.opt_u32(v.open_band);
@@ -38,20 +39,20 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
             w.u32(v.l2p.crc(lba));
         }
     }
-    w.u32(inner.chunks.len() as u32);
-    for c in &inner.chunks {
+    w.u32(inner.log.chunks.len() as u32);
+    for c in &inner.log.chunks {
         w.u8(c.state as u8);
         w.u64(c.epoch);
         w.u32(c.valid);
         w.u64(c.first_lsn);
         put_p2l(&mut w, &c.p2l);
     }
-    for list in [&inner.full_chunks, &inner.free_chunks] {
+    for list in [&inner.log.full, &inner.log.free] {
         w.u32(list.len() as u32);
         list.iter().for_each(|&c| w.u32(c));
     }
     w.u32(inner.bands.len() as u32);
-    for b in &inner.bands {
+    for b in inner.bands.iter() {
         w.u8(b.state as u8);
         w.u32(b.valid);
         w.u64(b.written);
@@ -60,8 +61,8 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u64(b.prev.0);
         w.u64(b.prev.1);
     }
-    w.u32(inner.free_bands.len() as u32);
-    inner.free_bands.iter().for_each(|&b| w.u32(b));
+    w.u32(inner.bands.free.len() as u32);
+    inner.bands.free.iter().for_each(|&b| w.u32(b));
     w.0
 }
 
@@ -184,14 +185,23 @@ pub(super) fn decode_checkpoint(
     let inner = Inner {
         cfg,
         vols,
-        chunks,
-        free_chunks,
-        full_chunks,
-        open_chunk: open_c.map(|c| (c, open_off)),
-        bands,
-        free_bands,
-        gc_band,
-        gc_last_band,
+        log: Log {
+            chunks,
+            free: free_chunks,
+            full: full_chunks,
+            open: open_c.map(|c| (c, open_off)),
+            lsn,
+            flushed_lsn: lsn,
+        },
+        bands: Bands {
+            list: bands,
+            free: free_bands,
+            gc_open: gc_band,
+            gc_last: gc_last_band,
+            quarantine: Vec::new(),
+            closed_since_mark: Vec::new(),
+        },
+        cap: CapWrites { flushed_seq: seq, ..CapWrites::default() },
         gc_cursor: None,
         pending: None,
         compact_cursor: None,
@@ -203,18 +213,10 @@ pub(super) fn decode_checkpoint(
         closed: false,
         failed: false,
         cache_flushed_seq: seq,
-        lsn,
-        cache_flushed_lsn: lsn,
         mark_gen,
-        quarantine: Vec::new(),
-        closed_since_mark: Vec::new(),
-        cap_flushed_seq: seq,
-        cap_flushed_ceiling: None,
         geo,
         sim: None,
         placement: BandPlacement::PerVolume,
-        cap_inflight: 0,
-        cap_dirty: false,
     };
     inner.check_invariants();
     Ok(inner)

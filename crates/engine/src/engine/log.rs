@@ -18,8 +18,8 @@ impl Inner {
     /// The first log record still needed: the oldest full chunk's first,
     /// else the open chunk's, else the next one to be written.
     pub(super) fn head_lsn(&self) -> u64 {
-        let oldest = self.full_chunks.front().copied().or(self.open_chunk.map(|(c, _)| c));
-        oldest.map_or(self.lsn + 1, |c| self.chunks[c as usize].first_lsn)
+        let oldest = self.log.full.front().copied().or(self.log.open.map(|(c, _)| c));
+        oldest.map_or(self.log.lsn + 1, |c| self.log.chunks[c as usize].first_lsn)
     }
 
     /// Most data blocks one write record holds: what a header lists, and
@@ -73,7 +73,7 @@ impl Engine {
 
     /// One write record of `blocks` (LBA, data) for `vol`, then the maps.
     /// `crcs` are the blocks' CRC32Cs, computed before the lock was taken.
-    fn append_record(
+    pub(super) fn append_record(
         &self,
         inner: &mut Inner,
         vol: u32,
@@ -117,14 +117,14 @@ impl Engine {
     }
 
     /// Point the maps at a record's blocks (LBA, CRC), which follow its header block.
-    fn map_record(inner: &mut Inner, vol: u32, header_block: u64, blocks: impl Iterator<Item = (u64, u32)>) {
+    pub(super) fn map_record(inner: &mut Inner, vol: u32, header_block: u64, blocks: impl Iterator<Item = (u64, u32)>) {
         let bpc = inner.blocks_per_chunk();
         let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
         for (i, (lba, crc)) in blocks.enumerate() {
             let old = inner.vols[vol as usize].l2p.get(lba as usize);
             inner.invalidate(old);
             inner.vols[vol as usize].l2p.set(lba as usize, Loc::cache(header_block + 1 + i as u64), crc);
-            let ch = &mut inner.chunks[chunk];
+            let ch = &mut inner.log.chunks[chunk];
             ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
             ch.valid += 1;
         }
@@ -176,7 +176,7 @@ impl Engine {
 
     /// `log_record` of data already in `rec` after its first block, where
     /// the header goes. Gives `rec` back, whatever happened.
-    fn log_record_in(
+    pub(super) fn log_record_in(
         &self,
         inner: &mut Inner,
         vol: u32,
@@ -194,13 +194,13 @@ impl Engine {
             kind,
             seq: inner.seq,
             volume: vol,
-            epoch: inner.chunks[chunk as usize].epoch,
+            epoch: inner.log.chunks[chunk as usize].epoch,
             flushed_seq: inner.cache_flushed_seq,
             engine: inner.tag,
             stream: 0,
-            lsn: inner.lsn + 1,
+            lsn: inner.log.lsn + 1,
             head_lsn: inner.head_lsn(),
-            flushed_lsn: inner.cache_flushed_lsn,
+            flushed_lsn: inner.log.flushed_lsn,
             prev_epoch: 0,
             prev_end: 0,
             entries,
@@ -208,7 +208,7 @@ impl Engine {
         encode_header(&mut rec[..BLOCK_BYTES], &h);
         // Numbered whether or not the write succeeds: a failed write stops
         // the engine, and its number is above anything a flush made durable.
-        inner.lsn += 1;
+        inner.log.lsn += 1;
         let header_block = chunk as u64 * inner.blocks_per_chunk() + off;
         inner.sim_wait(Some(chunk), None);
         let c = sync_io(&*self.cache, IoRequest::write(header_block * BS, rec, 0));
@@ -217,36 +217,142 @@ impl Engine {
         }
         inner.stats.cache_write_bytes += need * BS;
         inner.stats.cache_header_bytes += BS;
-        inner.open_chunk = Some((chunk, off + need));
+        inner.log.open = Some((chunk, off + need));
         (Ok(header_block), c.buf)
     }
 
     /// A place for `need` blocks in the log: the open chunk, or a fresh one
     /// (compacting the oldest chunks when free chunks run low).
-    fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(u32, u64), VolumeError> {
-        if let Some((c, off)) = inner.open_chunk {
+    pub(super) fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(u32, u64), VolumeError> {
+        if let Some((c, off)) = inner.log.open {
             if off + need <= inner.blocks_per_chunk() {
                 return Ok((c, off));
             }
-            assert_eq!(inner.chunks[c as usize].state, State::Open);
-            inner.chunks[c as usize].state = State::Full;
-            inner.full_chunks.push_back(c);
-            inner.open_chunk = None;
+            assert_eq!(inner.log.chunks[c as usize].state, State::Open);
+            inner.log.chunks[c as usize].state = State::Full;
+            inner.log.full.push_back(c);
+            inner.log.open = None;
         }
-        while inner.free_chunks.len() <= inner.cfg.log_free_chunks_min {
+        while inner.log.free.len() <= inner.cfg.log_free_chunks_min {
             self.compact_oldest(inner)?;
         }
-        let c = inner.free_chunks.pop_front().expect("compaction keeps free chunks");
-        assert_eq!(inner.chunks[c as usize].state, State::Free);
-        assert_eq!(inner.chunks[c as usize].valid, 0);
+        let c = inner.log.free.pop_front().expect("compaction keeps free chunks");
+        assert_eq!(inner.log.chunks[c as usize].state, State::Free);
+        assert_eq!(inner.log.chunks[c as usize].valid, 0);
         inner.seq += 1;
-        let ch = &mut inner.chunks[c as usize];
+        let ch = &mut inner.log.chunks[c as usize];
         ch.state = State::Open;
         ch.epoch = inner.seq;
         // The record about to be written into it is its first.
-        ch.first_lsn = inner.lsn + 1;
+        ch.first_lsn = inner.log.lsn + 1;
         ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
-        inner.open_chunk = Some((c, 0));
+        inner.log.open = Some((c, 0));
         Ok((c, 0))
+    }
+}
+
+/// The log's state: every chunk, which are free (oldest freed first), which
+/// are full (oldest first: compaction's queue), the open one, and the LSNs.
+pub(super) struct Log {
+    pub(super) chunks: Vec<Chunk>,
+    pub(super) free: VecDeque<u32>,
+    pub(super) full: VecDeque<u32>,
+    /// The chunk records are appended to, and the next block in it.
+    pub(super) open: Option<(u32, u64)>,
+    /// The last log record's number (LSN), and the highest one made durable
+    /// by a completed cache flush.
+    pub(super) lsn: u64,
+    pub(super) flushed_lsn: u64,
+}
+
+impl Log {
+    /// Every chunk free but chunk 0, which holds the superblock and the
+    /// capacity marks.
+    pub(super) fn empty(chunk_count: u64, blocks_per_chunk: usize) -> Log {
+        let chunk = |_| Chunk {
+            state: State::Free,
+            epoch: 0,
+            p2l: vec![(u32::MAX, 0); blocks_per_chunk],
+            valid: 0,
+            first_lsn: 0,
+        };
+        Log {
+            chunks: (0..chunk_count).map(chunk).collect(),
+            free: (1..chunk_count as u32).collect(),
+            full: VecDeque::new(),
+            open: None,
+            lsn: 0,
+            flushed_lsn: 0,
+        }
+    }
+}
+
+pub(super) struct Chunk {
+    pub(super) state: State,
+    /// Sequence number when the chunk was last opened; every record written
+    /// into it carries it, so replay stops at a previous generation's records.
+    pub(super) epoch: u64,
+    /// (volume, lba) per cache block of the chunk; u32::MAX volume = header/pad.
+    pub(super) p2l: Vec<(u32, u64)>,
+    pub(super) valid: u32,
+    /// LSN of the first record written into the chunk since it was opened.
+    pub(super) first_lsn: u64,
+}
+
+impl Inner {
+    pub(super) fn blocks_per_chunk(&self) -> u64 {
+        self.cfg.chunk_bytes / BS
+    }
+}
+
+impl Engine {
+    /// After recovery: log the LSN ranges it accepted as missing (a gap
+    /// record), flushed before anything else is written, so that later
+    /// recoveries count them neither as missing nor as damage.
+    pub(super) fn log_gaps(&self, gaps: &[(u64, u64)]) -> Result<(), VolumeError> {
+        let mut inner = self.lock();
+        let mut entries: Vec<Entry> = Vec::new();
+        for &(from, to) in gaps {
+            let mut at = from;
+            while at <= to {
+                let more = (to - at).min(u32::MAX as u64);
+                entries.push(Entry { lba: at, crc: more as u32, tombstone: true });
+                at += more + 1;
+            }
+        }
+        for part in entries.chunks(RECORD_BLOCKS_MAX) {
+            self.log_record(&mut inner, 0, RecordKind::Gap, part.to_vec(), &[])?;
+        }
+        self.flush_cache(&mut inner)
+    }
+
+    /// After recovery: write the current content of `blocks` (volume, LBA)
+    /// again under fresh sequence numbers — data as a write record, an
+    /// unmapped block as a tombstone — and flush, so a torn segment left on
+    /// the media with a higher sequence can never win a later recovery.
+    pub(super) fn relog(&self, blocks: &[(u32, u64)]) -> Result<(), VolumeError> {
+        let mut inner = self.lock();
+        for &(vol, lba) in blocks {
+            let l2p = &inner.vols[vol as usize].l2p;
+            let (loc, crc) = (l2p.get(lba as usize), l2p.crc(lba as usize));
+            if loc.is_none() {
+                let e = Entry { lba, crc: 0, tombstone: true };
+                self.log_record(&mut inner, vol, RecordKind::Trim, vec![e], &[])?;
+            } else {
+                let mut b = vec![0u8; BLOCK_BYTES];
+                self.read_blocks(&[loc], &[crc], lba * BS, &mut b)?;
+                self.append(&mut inner, vol, &[(lba, &b)], &[crc], false)?;
+            }
+        }
+        self.flush_cache(&mut inner)
+    }
+
+    /// Flush the cache device; every record written so far is durable.
+    pub(super) fn flush_cache(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        let (seq, lsn) = (inner.seq, inner.log.lsn);
+        flush(&*self.cache)?;
+        inner.cache_flushed_seq = seq;
+        inner.log.flushed_lsn = lsn;
+        Ok(())
     }
 }

@@ -153,16 +153,16 @@ fn put_mark(cache: &dyn BlockDevice, m: &Mark, tag: u32) -> Result<(), DeviceErr
 impl Inner {
     /// The next mark (see `Engine::write_mark`); takes its generation.
     fn next_mark(&mut self, freeing: Option<u32>, reclaiming: Option<u32>) -> Mark {
-        let closed = std::mem::take(&mut self.closed_since_mark);
+        let closed = std::mem::take(&mut self.bands.closed_since_mark);
         // Open bands are the volumes' (or their streams') and GC's: listing
         // them costs the volume count, not the band count (a million bands
         // on a 64 TiB device).
-        let mut listed: Vec<u32> = self.vols.iter().filter_map(|v| v.open_band).chain(self.gc_band).collect();
+        let mut listed: Vec<u32> = self.vols.iter().filter_map(|v| v.open_band).chain(self.bands.gc_open).collect();
         listed.extend(closed.iter().copied().filter(|&b| self.bands[b as usize].state == State::Full));
         // Each stream's last full band too: the band its stream opens next
         // names it, but until that one's first segment is known durable
         // (`recover.rs`, chains), only the mark says how far it must read.
-        let last = self.vols.iter().filter_map(|v| v.last_band).chain(self.gc_last_band);
+        let last = self.vols.iter().filter_map(|v| v.last_band).chain(self.bands.gc_last);
         listed.extend(
             last.filter(|&(b, e)| self.bands[b as usize].state == State::Full && self.bands[b as usize].epoch == e)
                 .map(|(b, _)| b),
@@ -185,8 +185,8 @@ impl Inner {
         bands.truncate(MARK_BANDS_MAX);
         let head_lsn = match freeing {
             Some(c) => {
-                let next = self.full_chunks.iter().copied().find(|&x| x != c).or(self.open_chunk.map(|(o, _)| o));
-                next.map_or(self.lsn + 1, |n| self.chunks[n as usize].first_lsn)
+                let next = self.log.full.iter().copied().find(|&x| x != c).or(self.log.open.map(|(o, _)| o));
+                next.map_or(self.log.lsn + 1, |n| self.log.chunks[n as usize].first_lsn)
             }
             None => self.head_lsn(),
         };
@@ -207,7 +207,7 @@ impl Engine {
         freeing: Option<u32>,
         reclaiming: Option<u32>,
     ) -> Result<(), VolumeError> {
-        debug_assert!(!inner.cap_dirty, "a mark describes flushed capacity state");
+        debug_assert!(!inner.cap.dirty, "a mark describes flushed capacity state");
         let m = inner.next_mark(freeing, reclaiming);
         Ok(put_mark(&*self.cache, &m, inner.tag)?)
     }

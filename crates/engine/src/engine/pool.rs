@@ -14,7 +14,10 @@
 //! two and a request takes the smallest pooled buffer of 1–2× its size, so a
 //! small record never takes the buffer the next chunk read needs.
 
-use sluice_media::IoBuf;
+use super::{Inner, BS};
+use crate::volume::VolumeError;
+use sluice_media::device::sync_io;
+use sluice_media::{BlockDevice, IoBuf, IoOp, IoRequest};
 
 /// Most buffers kept: a full capacity queue twice over.
 const BUFS_MAX: usize = 2 * super::CAP_QUEUE_DEPTH;
@@ -53,5 +56,37 @@ impl BufPool {
         if self.bufs.len() < BUFS_MAX && held + b.capacity() <= bytes_max {
             self.bufs.push(b);
         }
+    }
+}
+
+/// Read `len` bytes at `offset` into a pooled buffer.
+pub(super) fn read_pooled(
+    dev: &dyn BlockDevice,
+    inner: &mut Inner,
+    offset: u64,
+    len: usize,
+) -> Result<IoBuf, VolumeError> {
+    let buf = inner.take_buf(len);
+    let c = sync_io(dev, IoRequest { op: IoOp::Read, offset, len: len as u64, buf, fua: false, user_data: 0 });
+    match c.result {
+        Ok(_) => Ok(c.buf),
+        Err(e) => {
+            inner.give_buf(c.buf);
+            Err(e.into())
+        }
+    }
+}
+
+impl Inner {
+    /// A buffer of exactly `len` bytes from the pool (contents undefined).
+    pub(super) fn take_buf(&mut self, len: usize) -> IoBuf {
+        self.pool.take(len)
+    }
+
+    /// Return a buffer to the pool, which keeps at most four of the largest
+    /// reads' worth (a chunk or a GC window, rounded up as it allocates).
+    pub(super) fn give_buf(&mut self, b: IoBuf) {
+        let bytes_max = 4 * ((self.gc_window_blocks() * BS) as usize).next_power_of_two();
+        self.pool.give(b, bytes_max);
     }
 }

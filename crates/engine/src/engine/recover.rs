@@ -57,8 +57,8 @@
 //! Counters restart at zero after a crash (they are saved only by a clean
 //! shutdown).
 
-use super::datapath::segment_blocks;
 use super::marks::{read_mark, Mark, RECLAIMED};
+use super::segments::segment_blocks;
 use super::*;
 use crate::layout::{decode_header, record_at, Header, HeaderError, RecordKind, STREAM_GC};
 
@@ -482,7 +482,7 @@ pub(super) struct LastBands {
 impl LastBands {
     pub(super) fn apply(self, inner: &mut Inner) {
         inner.vols.iter_mut().zip(self.vols).for_each(|(v, l)| v.last_band = l);
-        inner.gc_last_band = self.gc;
+        inner.bands.gc_last = self.gc;
     }
 }
 
@@ -864,7 +864,7 @@ fn scan_with(
             }
         }
     }
-    inner.lsn = lsn_max.max(head.saturating_sub(1));
+    inner.log.lsn = lsn_max.max(head.saturating_sub(1));
     inner.mark_gen = mark.as_ref().map_or(0, |m| m.gen);
     let mut chunk_epochs: Vec<(u64, u32)> = Vec::new();
     for cs in scans {
@@ -874,7 +874,7 @@ fn scan_with(
         let Some(first) = cs.runs.iter().find(|r| r.first + r.count > head).map(|r| r.first.max(head)) else {
             continue;
         };
-        let ch = &mut inner.chunks[cs.chunk as usize];
+        let ch = &mut inner.log.chunks[cs.chunk as usize];
         ch.state = State::Full;
         ch.epoch = cs.epoch.expect("records have an epoch");
         ch.first_lsn = first;
@@ -931,7 +931,7 @@ fn scan_with(
                     let (chunk, block) = ((cb / bpc) as u32, cb % bpc);
                     damage.push(Damage::LogBlock { volume: res.vols[vi].name.clone(), lba: lba as u64, chunk, block });
                 }
-                let ch = &mut inner.chunks[(cb / bpc) as usize];
+                let ch = &mut inner.log.chunks[(cb / bpc) as usize];
                 ch.p2l[(cb % bpc) as usize] = owner;
                 ch.valid += 1;
             } else if let Some(pb) = loc.capacity_block() {
@@ -955,8 +955,8 @@ fn scan_with(
         }
     }
     chunk_epochs.sort_unstable();
-    inner.full_chunks = chunk_epochs.iter().map(|&(_, c)| c).collect();
-    inner.free_chunks = (1..chunk_count as u32).filter(|&c| inner.chunks[c as usize].state == State::Free).collect();
+    inner.log.full = chunk_epochs.iter().map(|&(_, c)| c).collect();
+    inner.log.free = (1..chunk_count as u32).filter(|&c| inner.log.chunks[c as usize].state == State::Free).collect();
     // Free bands that still hold segments (dead ones, or a previous
     // generation whose discard was lost) are discarded before reuse: a new
     // generation's torn first segments must never leave an older one's
@@ -968,7 +968,7 @@ fn scan_with(
         b.written = 0;
         b.tombstones = 0;
     }
-    inner.free_bands = (0..band_count as u32).filter(|&b| inner.bands[b as usize].state == State::Free).collect();
+    inner.bands.free = (0..band_count as u32).filter(|&b| inner.bands[b as usize].state == State::Free).collect();
     // Each stream's newest full band is the one its next band names.
     let mut last_bands = LastBands { vols: vec![None; inner.vols.len()], gc: None };
     for (b, w) in walks.iter().enumerate() {
@@ -1001,9 +1001,9 @@ fn scan_with(
     // Voided bands likewise, until they are discarded.
     let voided_min = voided.iter().filter_map(|&b| walks[b as usize].first.map(|f| f.seq));
     let torn_min = torn.iter().map(|&(_, _, seq)| seq).chain(voided_min).min();
-    inner.cap_flushed_ceiling = torn_min.map(|s| s - 1);
-    inner.cap_flushed_seq = cap_watermark.min(inner.cap_flushed_ceiling.unwrap_or(u64::MAX));
-    inner.cache_flushed_lsn = inner.lsn;
+    inner.cap.flushed_ceiling = torn_min.map(|s| s - 1);
+    inner.cap.flushed_seq = cap_watermark.min(inner.cap.flushed_ceiling.unwrap_or(u64::MAX));
+    inner.log.flushed_lsn = inner.log.lsn;
     inner.check_invariants();
     // A torn segment stays on the media with a sequence above the copy that
     // won instead; once later headers' watermarks pass it, a later recovery

@@ -23,7 +23,7 @@ impl Engine {
         // Out of reach (`Engine::open_with` put them in quarantine before
         // anything was written): what is written below may compact, and
         // must neither open nor collect one of these.
-        debug_assert!(bands.iter().all(|b| inner.quarantine.contains(b) && !inner.free_bands.contains(b)));
+        debug_assert!(bands.iter().all(|b| inner.bands.quarantine.contains(b) && !inner.bands.free.contains(b)));
         let vol_id = |inner: &Inner, name: &str| inner.vols.iter().position(|v| v.name == name).map(|i| i as u32);
         for d in damage {
             if let Damage::LogBlock { volume, lba, .. } = d {
@@ -43,7 +43,7 @@ impl Engine {
     pub(super) fn empty_bands(&self, inner: &mut Inner, bands: &[u32]) -> Result<(), VolumeError> {
         let bpb = inner.blocks_per_band();
         for &b in bands {
-            if !inner.quarantine.contains(&b) {
+            if !inner.bands.quarantine.contains(&b) {
                 continue; // emptied already (damaged and voided both)
             }
             let mut held = Vec::new();
@@ -70,9 +70,9 @@ impl Engine {
             let band = &mut inner.bands[b as usize];
             (band.written, band.tombstones, band.epoch) = (0, 0, 0);
             band.state = State::Free;
-            inner.free_bands.push_back(b);
+            inner.bands.free.push_back(b);
         }
-        inner.quarantine.retain(|q| !bands.contains(q));
+        inner.bands.quarantine.retain(|q| !bands.contains(q));
         if !bands.is_empty() {
             self.write_mark(inner, None, None)?;
         }

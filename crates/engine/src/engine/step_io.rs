@@ -13,7 +13,7 @@
 //! checkpoint settles a pending step first; a step's own deferred writes
 //! stay in one band per stream and under `CAP_QUEUE_DEPTH`.
 
-use super::datapath::read_pooled;
+use super::pool::read_pooled;
 use super::*;
 
 /// The next read a compaction or GC step will make: `len` bytes at
@@ -92,14 +92,14 @@ impl PendingIo {
     }
 
     /// On the submitting thread: submit what the step queued, in order.
-    fn submit_queued(&self, dev: &dyn BlockDevice) {
+    pub(super) fn submit_queued(&self, dev: &dyn BlockDevice) {
         let queued = std::mem::take(&mut *self.queued.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         queued.into_iter().for_each(|r| dev.submit(r));
     }
 
     /// The published completions, reaping them first if this thread
     /// submitted them and has not, else waiting for the submitter.
-    fn take(&self, dev: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
+    pub(super) fn take(&self, dev: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
         let mut done = self.done.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if done.is_none() && std::thread::current().id() == self.owner {
             self.submit_queued(dev);
@@ -143,7 +143,7 @@ impl Inner {
     /// stays as it is (its copy is garbage in the band).
     /// Applies each remap whose block is still where it was copied from;
     /// returns how many were dropped (their copies are garbage).
-    fn apply_remaps(&mut self, remaps: &[Remap]) -> u64 {
+    pub(super) fn apply_remaps(&mut self, remaps: &[Remap]) -> u64 {
         let bpb = self.blocks_per_band();
         let mut dropped = 0;
         for &(vol, lba, from, to) in remaps {
@@ -181,7 +181,7 @@ impl Engine {
     /// Completed segment writes (their buffers, the first error): buffers
     /// back to the pool, then, if all succeeded, the remaps that waited for
     /// them; those dropped (the block moved on) are counted as superseded.
-    fn finish_writes(
+    pub(super) fn finish_writes(
         &self,
         inner: &mut Inner,
         (bufs, err): (Vec<IoBuf>, Option<DeviceError>),
@@ -212,30 +212,6 @@ impl PreRead {
 impl Pending {
     pub(super) fn io(&self) -> Arc<PendingIo> {
         self.io.clone()
-    }
-}
-
-impl Inner {
-    /// The window the next `compact_step(blocks_max)` reads first, if any.
-    pub(super) fn compact_window(&self, blocks_max: u64) -> Option<Window> {
-        let CompactCursor { chunk: c, pos } = self.compact_next()?;
-        let len = self.compact_read_blocks(pos, blocks_max);
-        let offset = (c as u64 * self.blocks_per_chunk() + pos) * BS;
-        let gen = self.chunks[c as usize].epoch;
-        (len > 0).then_some(Window { cache: true, offset, len: (len * BS) as usize, gen })
-    }
-
-    /// The window the next `gc_step(blocks_max)` reads first, if any.
-    pub(super) fn gc_window(&self, blocks_max: u64) -> Option<Window> {
-        let GcCursor { victim: v, pos } = self.gc_next()?;
-        if self.gc_skips_reading(v) {
-            return None;
-        }
-        let written = self.bands[v as usize].written;
-        let len = self.gc_read_blocks(pos, blocks_max, written);
-        let offset = (v as u64 * self.blocks_per_band() + pos) * BS;
-        let gen = self.bands[v as usize].gen;
-        (len > 0).then_some(Window { cache: false, offset, len: (len * BS) as usize, gen })
     }
 }
 
@@ -294,7 +270,7 @@ mod tests {
     /// of 0xAB is taken when it matches and refused (the device read again)
     /// when the generation moved on.
     #[test]
-    fn a_window_read_outside_the_lock_is_used_only_for_the_same_generation() {
+    pub(super) fn a_window_read_outside_the_lock_is_used_only_for_the_same_generation() {
         let w = small_world(&[256]);
         for lba in 0..256 {
             w.volumes[0].write(lba * 4096, &pattern(0, lba, 1), false).unwrap();
@@ -320,7 +296,7 @@ mod tests {
     /// Bounded compaction and GC steps, as the simulations take them, read
     /// their windows outside the lock, and every block still reads back.
     #[test]
-    fn compaction_and_gc_steps_read_their_windows_outside_the_lock() {
+    pub(super) fn compaction_and_gc_steps_read_their_windows_outside_the_lock() {
         let w = small_world(&[200, 200]);
         let mut rng = Rng(7);
         let mut model = vec![vec![0u64; 200]; 2];
@@ -344,7 +320,7 @@ mod tests {
     /// settle are dropped, counted as superseded, and every block reads its
     /// latest version (the rewrite's, or zeros after the trim).
     #[test]
-    fn copies_overtaken_before_settling_are_counted_and_not_remapped() {
+    pub(super) fn copies_overtaken_before_settling_are_counted_and_not_remapped() {
         let w = small_world(&[256]);
         let mut model = vec![vec![0u64; 256]];
         // Two of the log's seven chunks (a single write is a header and a
@@ -375,7 +351,7 @@ mod tests {
     /// request settling it under the engine lock gets an error instead of
     /// waiting forever.
     #[test]
-    fn a_pending_step_whose_reap_panics_is_published_as_failed() {
+    pub(super) fn a_pending_step_whose_reap_panics_is_published_as_failed() {
         use sluice_media::MemoryDevice;
         struct PanicsOnReap(MemoryDevice);
         impl BlockDevice for PanicsOnReap {
@@ -414,7 +390,7 @@ mod tests {
     /// copies the data at submission), while inline compaction, which runs
     /// inside a request, writes under it.
     #[test]
-    fn background_steps_submit_their_segment_writes_without_the_lock() {
+    pub(super) fn background_steps_submit_their_segment_writes_without_the_lock() {
         use crate::sim::{small_device_bytes, small_world_on};
         use sluice_media::MemoryDevice;
         use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};

@@ -10,51 +10,9 @@
 
 use super::*;
 
-/// A read's claim on a place outside the lock (`Engine::unlocked_reads`).
-pub(super) struct ReadPermit<'a>(&'a Engine);
-
-impl Drop for ReadPermit<'_> {
-    fn drop(&mut self) {
-        self.0.unlocked_reads.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-impl Inner {
-    /// The generation of the chunk or band holding `l`: a read done outside
-    /// the lock is good if the generation is the same after it, because a
-    /// chunk's blocks are overwritten only after it is reopened (new epoch)
-    /// and a band's only after it is discarded (new `gen`).
-    fn generation(&self, l: Loc) -> u64 {
-        if let Some(cb) = l.cache_block() {
-            self.chunks[(cb / self.blocks_per_chunk()) as usize].epoch
-        } else if let Some(pb) = l.capacity_block() {
-            self.bands[(pb / self.blocks_per_band()) as usize].gen
-        } else {
-            0
-        }
-    }
-}
+impl Inner {}
 
 impl Engine {
-    /// Whether servers should run this engine's reads in parallel: reads
-    /// do their device I/O outside the engine lock, which pays on devices
-    /// with latency (emulated or real media) and not on memory, where the
-    /// hand-off to another thread costs more than the read. Off by default.
-    pub fn set_parallel_reads(&self, on: bool) {
-        self.parallel_reads.store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Room for one more read outside the lock, if there is any.
-    pub(super) fn unlocked_read_permit(&self) -> Option<ReadPermit<'_>> {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.unlocked_reads.fetch_add(1, Relaxed) < self.unlocked_reads_max {
-            Some(ReadPermit(self))
-        } else {
-            self.unlocked_reads.fetch_sub(1, Relaxed);
-            None
-        }
-    }
-
     /// A handle to a volume by name.
     pub fn volume(self: &Arc<Engine>, name: &str) -> Result<EngineVolume, EngineError> {
         let inner = self.lock();
@@ -74,8 +32,8 @@ impl Engine {
     /// and band occupancy, both devices' counters, per-volume requests.
     pub fn snapshot(&self) -> EngineSnapshot {
         let inner = self.lock();
-        let chunks = inner.chunks.len() as u64 - 1; // chunk 0: superblock
-        let cache_valid: u64 = inner.chunks.iter().map(|c| c.valid as u64).sum();
+        let chunks = inner.log.chunks.len() as u64 - 1; // chunk 0: superblock
+        let cache_valid: u64 = inner.log.chunks.iter().map(|c| c.valid as u64).sum();
         let volumes = inner
             .vols
             .iter()
@@ -93,11 +51,11 @@ impl Engine {
             stats: inner.stats,
             host_waf: inner.stats.host_waf(),
             log_chunks: chunks,
-            log_chunks_free: inner.free_chunks.len() as u64,
+            log_chunks_free: inner.log.free.len() as u64,
             log_chunk_bytes: inner.cfg.chunk_bytes,
             cache_valid_bytes: cache_valid * BS,
             bands: inner.bands.len() as u64,
-            bands_free: inner.free_bands.len() as u64,
+            bands_free: inner.bands.free.len() as u64,
             band_bytes: inner.cfg.band_bytes,
             failed: inner.failed,
             cache_device: self.cache.stats(),
@@ -287,38 +245,8 @@ impl Volume for EngineVolume {
             let permit = e.unlocked_read_permit();
             let mut inner = self.live()?;
             inner.stats.user_read_bytes += buf.len() as u64;
-            let Some(_permit) = permit else {
-                // No room for another request outside the lock: read under it.
-                let r = e.read_mapped(&inner.vols[vol].l2p, lba0..lba0 + n, offset, buf);
-                return self.report_corruption(r);
-            };
-            // Under the lock: where the blocks are, their CRCs, and the
-            // generation of each place. Then the device reads without the
-            // lock, so reads of slow media overlap with each other and with
-            // writes.
-            // The snapshot goes into the thread's own vectors, kept between
-            // reads: no allocation per read.
-            let mut snap = SNAPSHOT.with(|s| s.take());
-            snap.load(&inner.vols[vol].l2p, lba0..lba0 + n);
-            snap.gens.clear();
-            snap.gens.extend(snap.locs.iter().map(|&l| inner.generation(l)));
-            drop(inner);
-            let unlocked = e.read_blocks(&snap.locs, &snap.crcs, offset, buf);
-            // A place reused meanwhile (its chunk reopened, its band
-            // discarded) may have handed back someone else's data or an
-            // error: read again under the lock. A block merely rewritten or
-            // moved meanwhile read its previous version, which is as good
-            // an answer as the new one to a read that raced the write; an
-            // error from a place that was not reused is the device's.
-            // The plain lock: data read before a shutdown is still good.
-            let inner = e.lock();
-            let reused = snap.locs.iter().zip(&snap.gens).any(|(&l, &g)| inner.generation(l) != g);
-            SNAPSHOT.with(|s| s.replace(snap));
-            if reused {
-                let r = e.read_mapped(&inner.vols[vol].l2p, lba0..lba0 + n, offset, buf);
-                return self.report_corruption(r);
-            }
-            self.report_corruption(unlocked)
+            let r = e.read_volume(inner, permit, vol, lba0..lba0 + n, offset, buf);
+            self.report_corruption(r)
         })
     }
 
@@ -423,120 +351,6 @@ impl Volume for EngineVolume {
         }
         Ok(out)
     }
-}
-
-impl Engine {
-    /// `read_blocks` of the entries `range` of `l2p` (under the lock), their
-    /// places decoded into the thread's own vector.
-    fn read_mapped(
-        &self,
-        l2p: &L2p,
-        range: std::ops::Range<usize>,
-        offset: u64,
-        out: &mut [u8],
-    ) -> Result<(), VolumeError> {
-        let mut snap = SNAPSHOT.with(|s| s.take());
-        snap.load(l2p, range);
-        let r = self.read_blocks(&snap.locs, &snap.crcs, offset, out);
-        SNAPSHOT.with(|s| s.replace(snap));
-        r
-    }
-
-    /// Read the blocks at `locs` into `out` (one block each), one device read
-    /// per run of blocks stored back to back on the same device: a 64 KiB
-    /// read of data written or compacted together is one request, not 16.
-    ///
-    /// Every block read is checked against `crcs` (its CRC32C as logged): a
-    /// mismatch is `VolumeError::Corrupt` naming the first bad block (its
-    /// byte in the volume, from `offset`, and where it is stored), and the
-    /// bad bytes stay in `out` only for the caller to discard.
-    pub(super) fn read_blocks(
-        &self,
-        locs: &[Loc],
-        crcs: &[u32],
-        offset: u64,
-        out: &mut [u8],
-    ) -> Result<(), VolumeError> {
-        let place = |l: Loc| -> Option<(bool, u64)> {
-            l.cache_block().map(|b| (true, b)).or_else(|| l.capacity_block().map(|b| (false, b)))
-        };
-        let mut i = 0;
-        while i < locs.len() {
-            let Some((in_cache, first)) = place(locs[i]) else {
-                out[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].fill(0);
-                i += 1;
-                continue;
-            };
-            let mut n = 1;
-            while i + n < locs.len() && place(locs[i + n]) == Some((in_cache, first + n as u64)) {
-                n += 1;
-            }
-            let dev = if in_cache { &self.cache } else { &self.capacity };
-            read_into(&**dev, first * BS, &mut out[i * BLOCK_BYTES..(i + n) * BLOCK_BYTES])?;
-            for k in i..i + n {
-                if crc32c(&out[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES]) != crcs[k] {
-                    return Err(VolumeError::Corrupt {
-                        offset: offset + k as u64 * BS,
-                        device: if in_cache { "cache" } else { "capacity" },
-                        device_offset: (first + (k - i) as u64) * BS,
-                    });
-                }
-            }
-            i += n;
-        }
-        Ok(())
-    }
-}
-
-/// What a read outside the lock took from the maps: where each block is,
-/// its CRC, and the generation of its place.
-#[derive(Default)]
-struct ReadSnapshot {
-    locs: Vec<Loc>,
-    crcs: Vec<u32>,
-    gens: Vec<u64>,
-}
-
-impl ReadSnapshot {
-    /// The places and CRCs of the entries `range` of `l2p`.
-    fn load(&mut self, l2p: &L2p, range: std::ops::Range<usize>) {
-        self.locs.clear();
-        l2p.locs_into(range.clone(), &mut self.locs);
-        self.crcs.clear();
-        self.crcs.extend_from_slice(l2p.crcs(range));
-    }
-}
-
-thread_local! {
-    static SNAPSHOT: std::cell::RefCell<ReadSnapshot> = std::cell::RefCell::new(ReadSnapshot::default());
-}
-
-thread_local! {
-    /// Each thread's buffer for user reads, kept between reads: reads run
-    /// outside the engine lock (so not from its pool), and a fresh aligned,
-    /// zeroed buffer per 4 KiB read cost more than the read's own memcpy.
-    static READ_BUF: std::cell::RefCell<IoBuf> = std::cell::RefCell::new(IoBuf::empty());
-}
-
-/// Read `out.len()` bytes at `offset` into `out`, through the thread's buffer.
-fn read_into(dev: &dyn BlockDevice, offset: u64, out: &mut [u8]) -> Result<(), VolumeError> {
-    READ_BUF.with(|cell| {
-        let mut buf = cell.take();
-        if buf.capacity() < out.len() {
-            buf = IoBuf::zeroed(out.len().next_power_of_two());
-        }
-        buf.set_len(out.len());
-        let c =
-            sync_io(dev, IoRequest { op: IoOp::Read, offset, len: out.len() as u64, buf, fua: false, user_data: 0 });
-        if c.result.is_ok() {
-            out.copy_from_slice(&c.buf);
-        }
-        // Large one-off reads do not stay resident.
-        if c.buf.capacity() <= 1 << 20 {
-            cell.replace(c.buf);
-        }
-        c.result.map(|_| ()).map_err(Into::into)
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,199 @@
+//! Bands: the capacity device's space, cut into equal bands (zones on a
+//! zoned device, zoned.rs), each written strictly sequentially by one
+//! stream (a volume, or GC) from Free → Open → Full, and back to Free when
+//! GC discards it.
+//!
+//! A band keeps no P2L in memory: its segments are self-describing, and GC
+//! reads them (headers and data) from the band itself. That keeps the
+//! engine's DRAM at the L2P's 4 bytes per volume block plus the small cache
+//! tier's P2L. Owns: per-band state (valid count, write pointer, epoch, the
+//! band its stream filled before it), the free list, opening a band for a
+//! stream (running GC first when free bands are short) and closing it.
+
+use super::*;
+
+/// The capacity device's bands and the streams' places in them.
+pub(super) struct Bands {
+    pub(super) list: Vec<Band>,
+    /// Free bands, oldest freed first.
+    pub(super) free: VecDeque<u32>,
+    /// The band GC writes into, and the band GC filled last (as `Vol::last_band`).
+    pub(super) gc_open: Option<u32>,
+    pub(super) gc_last: Option<(u32, u64)>,
+    /// Bands a salvaging open found damaged: never opened nor chosen by GC
+    /// until `salvage_repair` has emptied and discarded them.
+    pub(super) quarantine: Vec<u32>,
+    /// Bands closed since the last capacity mark: the next mark lists their
+    /// final pointers too, or a segment written after one mark into a band
+    /// closed before the next would be in no mark at all.
+    pub(super) closed_since_mark: Vec<u32>,
+}
+
+impl Bands {
+    /// Every band free.
+    pub(super) fn empty(band_count: u64) -> Bands {
+        let band = |_| Band {
+            state: State::Free,
+            valid: 0,
+            written: 0,
+            closed_seq: 0,
+            gen: 0,
+            tombstones: 0,
+            epoch: 0,
+            prev: (0, 0),
+        };
+        Bands {
+            list: (0..band_count).map(band).collect(),
+            free: (0..band_count as u32).collect(),
+            gc_open: None,
+            gc_last: None,
+            quarantine: Vec::new(),
+            closed_since_mark: Vec::new(),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.list.len()
+    }
+    pub(super) fn iter(&self) -> std::slice::Iter<'_, Band> {
+        self.list.iter()
+    }
+    pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Band> {
+        self.list.iter_mut()
+    }
+}
+
+impl std::ops::Index<usize> for Bands {
+    type Output = Band;
+    fn index(&self, b: usize) -> &Band {
+        &self.list[b]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Bands {
+    fn index_mut(&mut self, b: usize) -> &mut Band {
+        &mut self.list[b]
+    }
+}
+
+/// A band keeps no P2L in memory: its segments are self-describing, and GC
+/// reads them (headers and data) from the band itself. That keeps the
+/// engine's DRAM at the L2P's 4 bytes per volume block plus the small cache
+/// tier's P2L.
+pub(super) struct Band {
+    pub(super) state: State,
+    pub(super) valid: u32,
+    /// Blocks written so far (write pointer, relative).
+    pub(super) written: u64,
+    /// Engine write sequence when the band was closed (for age).
+    pub(super) closed_seq: u64,
+    /// Tombstone entries written into the band since it was last free;
+    /// `TOMBSTONES_UNKNOWN` after a clean open (the checkpoint does not keep
+    /// it). With `valid` 0 and none, GC has nothing to look at in the band.
+    pub(super) tombstones: u32,
+    /// Bumped (in memory) before the band's blocks are discarded, so a read
+    /// that looked a block up before GC moved it and read it after can tell
+    /// its data may be gone (`Inner::generation`).
+    pub(super) gen: u64,
+    /// Sequence when the band was last opened: every segment in it carries
+    /// it, so recovery tells this generation's segments from a previous one's.
+    pub(super) epoch: u64,
+    /// The band filled just before this one by its stream: (its epoch, the
+    /// blocks it held), (0, 0) if none; in every segment header
+    /// (`Header::prev_epoch`, `prev_end`), so recovery can tell that band's
+    /// damaged tail from a torn one.
+    pub(super) prev: (u64, u64),
+}
+
+/// `Band::tombstones` when not known: GC walks the band to find out.
+pub(super) const TOMBSTONES_UNKNOWN: u32 = u32::MAX;
+
+/// Whether the stream's open band (or the GC band) has room for a segment:
+/// a band with room for less than a header and one block is closed.
+pub(super) fn band_has_room(inner: &Inner, vol: u32, gc: bool) -> bool {
+    let cur = if gc { inner.bands.gc_open } else { inner.vols[inner.stream(vol)].open_band };
+    cur.is_some_and(|b| inner.band_usable() - inner.bands[b as usize].written >= 2)
+}
+
+impl Inner {
+    /// Address stride of a band, in blocks (capacity block = band × stride + i).
+    pub(super) fn blocks_per_band(&self) -> u64 {
+        self.cfg.band_bytes / BS
+    }
+
+    /// Blocks a band can hold (≤ the stride; less on a zoned device).
+    pub(super) fn band_usable(&self) -> u64 {
+        self.geo.usable_blocks
+    }
+
+    /// Band `b`, the open band of `vol` (or of GC), is full: close it.
+    pub(super) fn close_band(&mut self, b: u32, vol: u32, gc: bool) {
+        let band = &mut self.bands[b as usize];
+        band.state = State::Full;
+        band.closed_seq = self.seq;
+        let last = Some((b, band.epoch));
+        self.bands.closed_since_mark.push(b);
+        if gc {
+            self.bands.gc_open = None;
+            self.bands.gc_last = last;
+        } else {
+            let s = self.stream(vol);
+            self.vols[s].open_band = None;
+            self.vols[s].last_band = last;
+        }
+    }
+}
+
+impl Engine {
+    /// The open band of a stream, opening a free one (after GC if short).
+    pub(super) fn open_band(&self, inner: &mut Inner, vol: u32, gc: bool) -> Result<u32, VolumeError> {
+        let stream = inner.stream(vol);
+        let cur = if gc { inner.bands.gc_open } else { inner.vols[stream].open_band };
+        if let (Some(b), true) = (cur, band_has_room(inner, vol, gc)) {
+            return Ok(b);
+        }
+        // Zone finish and GC are synchronous on the capacity device.
+        self.drain_capacity(inner)?;
+        if let Some(b) = cur {
+            let start = b as u64 * inner.cfg.band_bytes;
+            zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
+            inner.close_band(b, vol, gc);
+        }
+        if !gc {
+            // Bounded: a victim that frees no more than its relocation takes
+            // cannot spin here; past the bound the caller sees NoSpace.
+            let mut rounds = inner.bands.len();
+            while inner.bands.free.len() <= inner.cfg.gc_free_bands_min && rounds > 0 {
+                if !self.collect_one(inner)? {
+                    break;
+                }
+                rounds -= 1;
+            }
+        }
+        let b = inner.bands.free.pop_front().ok_or(VolumeError::NoSpace)?;
+        let band = &mut inner.bands[b as usize];
+        assert_eq!(band.state, State::Free);
+        assert_eq!(band.valid, 0);
+        band.state = State::Open;
+        band.written = 0;
+        band.tombstones = 0;
+        inner.seq += 1;
+        // The band this stream filled before, if it still holds what it
+        // held then (GC may have reclaimed it since): it must read back as
+        // far as it reaches now once this band's first segment is durable.
+        let last = if gc { inner.bands.gc_last } else { inner.vols[stream].last_band };
+        let prev = last
+            .map(|(p, epoch)| (&inner.bands[p as usize], epoch))
+            .filter(|(p, epoch)| p.state == State::Full && p.epoch == *epoch)
+            .map_or((0, 0), |(p, epoch)| (epoch, p.written));
+        let band = &mut inner.bands[b as usize];
+        band.epoch = inner.seq;
+        band.prev = prev;
+        if gc {
+            inner.bands.gc_open = Some(b);
+        } else {
+            inner.vols[stream].open_band = Some(b);
+        }
+        Ok(b)
+    }
+}

@@ -1,0 +1,209 @@
+//! Compaction: the log's oldest full chunk emptied into the capacity
+//! device, its current blocks grouped by volume into each volume's open band.
+//!
+//! Owns the compaction cursor (where a bounded step stopped in the oldest
+//! full chunk). A step reads a window of the chunk (at least one whole
+//! record), moves the blocks the L2P still points at and the tombstones
+//! still live, and remaps them, all under the lock, so a block rewritten or
+//! trimmed between steps is simply not moved. The chunk is freed only by
+//! its last step, after both devices flushed (segments.rs, rule 3), and
+//! stays first in the log's full queue (and in a checkpoint) until then.
+//! The step's device I/O may happen outside the lock (step_io.rs).
+
+use super::segments::Moved;
+use super::step_io::{Deferred, PreRead, Window};
+use super::*;
+use crate::layout::{record_at, RecordKind};
+
+/// Where a bounded compaction step stopped in the oldest full chunk.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CompactCursor {
+    pub(super) chunk: u32,
+    /// Block of the chunk where the next record starts.
+    pub(super) pos: u64,
+}
+
+/// What one bounded compaction step did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CompactStep {
+    /// No full chunk.
+    Idle,
+    /// Part of the oldest chunk moved; the next step continues it.
+    Progress,
+    /// The chunk is free.
+    Freed,
+}
+
+impl Inner {
+    /// Where the next compaction step starts: the oldest full chunk, at the
+    /// cursor a bounded step left in it (else its start).
+    pub(super) fn compact_next(&self) -> Option<CompactCursor> {
+        let &chunk = self.log.full.front()?;
+        let pos = self.compact_cursor.filter(|k| k.chunk == chunk).map_or(0, |k| k.pos);
+        Some(CompactCursor { chunk, pos })
+    }
+
+    /// Blocks a compaction step reads first from `pos` of its chunk.
+    pub(super) fn compact_read_blocks(&self, pos: u64, blocks_max: u64) -> u64 {
+        blocks_max.max(1).min(self.blocks_per_chunk() - pos)
+    }
+
+    /// The window the next `compact_step(blocks_max)` reads first, if any.
+    pub(super) fn compact_window(&self, blocks_max: u64) -> Option<Window> {
+        let CompactCursor { chunk: c, pos } = self.compact_next()?;
+        let len = self.compact_read_blocks(pos, blocks_max);
+        let offset = (c as u64 * self.blocks_per_chunk() + pos) * BS;
+        let gen = self.log.chunks[c as usize].epoch;
+        (len > 0).then_some(Window { cache: true, offset, len: (len * BS) as usize, gen })
+    }
+}
+
+impl Engine {
+    /// Move the oldest full chunk's current blocks and live tombstones to the
+    /// capacity device, flush it, free the chunk (finishing the chunk a
+    /// bounded step left half done, if any).
+    pub(super) fn compact_oldest(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        assert!(!inner.log.full.is_empty(), "a full chunk exists when the log is short of space");
+        while self.compact_step(inner, u64::MAX, &mut None, false)? != CompactStep::Freed {}
+        Ok(())
+    }
+
+    /// Compact the oldest full chunk from where the last step stopped:
+    /// read at most `blocks_max` of it (at least one whole record; the
+    /// chunk itself when unbounded), move the current blocks and live
+    /// tombstones of the whole records in it to their volumes' bands, and
+    /// remap them — all in this call, so a block rewritten or trimmed
+    /// between steps is simply not moved. The chunk stays first in
+    /// `full_chunks` (and in a checkpoint) until its last step frees it,
+    /// after both devices flushed (rule 3).
+    pub(super) fn compact_step(
+        &self,
+        inner: &mut Inner,
+        blocks_max: u64,
+        pre: &mut Option<PreRead>,
+        defer: bool,
+    ) -> Result<CompactStep, VolumeError> {
+        self.settle(inner)?;
+        let Some(CompactCursor { chunk: c, mut pos }) = inner.compact_next() else { return Ok(CompactStep::Idle) };
+        // `defer`: the step's segment writes are left in flight with their
+        // remaps (`Pending`), for the caller to finish without the lock.
+        let mut deferred = defer.then(Deferred::default);
+        assert_eq!(inner.log.chunks[c as usize].state, State::Full);
+        let bpc = inner.blocks_per_chunk();
+        let base = c as u64 * bpc;
+        let epoch = inner.log.chunks[c as usize].epoch;
+        // The window: `blocks_max` blocks, or the first record whole if it is
+        // larger (read again at its size).
+        let mut len = inner.compact_read_blocks(pos, blocks_max);
+        let mut end_of_chunk = len == 0;
+        while !end_of_chunk {
+            let win = Window { cache: true, offset: (base + pos) * BS, len: (len * BS) as usize, gen: epoch };
+            let data = self.read_window(inner, pre, win)?;
+            // Per volume: current data blocks (lba, crc, offset in window) and live tombstones.
+            let mut blocks: Vec<Vec<(u64, u32, usize)>> = vec![Vec::new(); inner.vols.len()];
+            let mut tombs: Vec<Vec<u64>> = vec![Vec::new(); inner.vols.len()];
+            let mut at = 0u64;
+            let mut first_needs = None;
+            while at < len {
+                let block = &data[(at * BS) as usize..((at + 1) * BS) as usize];
+                // Never written, torn, or a previous generation: the chunk's
+                // end — unless blocks of it are still current past this
+                // point (a recovery kept records past a torn or damaged
+                // one): then the next block is looked at.
+                let h = record_at(block, pos + at, bpc, inner.tag).filter(|h| h.epoch == epoch);
+                let Some(h) = h.filter(|h| (h.volume as usize) < inner.vols.len()) else {
+                    let collected: usize = blocks.iter().map(|b| b.len()).sum();
+                    if inner.log.chunks[c as usize].valid as usize <= collected {
+                        end_of_chunk = true;
+                        break;
+                    }
+                    at += 1;
+                    continue;
+                };
+                let n = h.data_blocks() as u64;
+                if at + 1 + n > len {
+                    // The next step's window starts with this record.
+                    first_needs = (at == 0).then_some(1 + n);
+                    break;
+                }
+                let vol = h.volume as usize;
+                if h.kind == RecordKind::Gap {
+                    // Nothing to move: it names LSNs, not blocks.
+                } else if h.kind == RecordKind::Write {
+                    for (i, e) in h.entries.iter().enumerate() {
+                        let cb = base + pos + at + 1 + i as u64;
+                        if inner.vols[vol].l2p.try_get(e.lba) == Some(Loc::cache(cb)) {
+                            blocks[vol].push((e.lba, e.crc, ((at + 1 + i as u64) * BS) as usize));
+                        }
+                    }
+                } else {
+                    for e in &h.entries {
+                        if inner.vols[vol].l2p.try_get(e.lba) == Some(Loc::NONE) {
+                            tombs[vol].push(e.lba);
+                        }
+                    }
+                }
+                at += 1 + n;
+            }
+            if let Some(need) = first_needs {
+                inner.give_buf(data);
+                len = need;
+                continue;
+            }
+            for vol in 0..inner.vols.len() {
+                if blocks[vol].is_empty() && tombs[vol].is_empty() {
+                    continue;
+                }
+                let payload: Vec<Moved<'_>> =
+                    blocks[vol].iter().map(|&(lba, crc, off)| (lba, crc, &data[off..off + BLOCK_BYTES])).collect();
+                let moved = self.write_segments(inner, vol as u32, false, &payload, &tombs[vol], deferred.as_mut())?;
+                inner.stats.compaction_bytes += moved * BS;
+            }
+            inner.give_buf(data);
+            pos += at;
+            end_of_chunk |= pos >= bpc;
+            break;
+        }
+        // Nothing stays in flight between steps: requests in between use
+        // the capacity device synchronously.
+        self.drain_capacity(inner)?;
+        if !end_of_chunk {
+            inner.compact_cursor = Some(CompactCursor { chunk: c, pos });
+            inner.defer_pending(deferred);
+            return Ok(CompactStep::Progress);
+        }
+        // The chunk is freed below: its moved blocks must live at their
+        // copies first.
+        if let Some(d) = deferred.as_mut() {
+            self.settle_deferred(inner, d)?;
+        }
+        // Blocks still current that no record header led to: a header
+        // damaged at rest since the engine opened (a clean open reads the
+        // checkpoint, not the log). Damage, not a bug: changes stop, and
+        // the next open's recovery refuses it for `sluice check`.
+        let left = inner.log.chunks[c as usize].valid;
+        if left != 0 {
+            return Err(VolumeError::Damaged {
+                device: "cache",
+                offset: base * BS,
+                what: format!("log chunk {c}: {left} current blocks follow no readable record header"),
+            });
+        }
+        // Rule 3: the copies, and whatever superseded the chunk's dropped
+        // entries, are durable before the chunk can be reused.
+        if inner.cap.dirty {
+            self.flush_capacity(inner)?;
+        }
+        // What the capacity device now holds durably, for recovery to tell
+        // damage from a torn write (marks.rs); durable with the chunk's flush.
+        self.write_mark(inner, Some(c), None)?;
+        self.flush_cache(inner)?;
+        assert_eq!(inner.log.full.pop_front(), Some(c));
+        inner.compact_cursor = None;
+        inner.log.chunks[c as usize].state = State::Free;
+        inner.sim_freed(Some(c), None);
+        inner.log.free.push_back(c);
+        inner.stats.chunks_compacted += 1;
+        Ok(CompactStep::Freed)
+    }
+}

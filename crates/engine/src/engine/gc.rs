@@ -1,0 +1,273 @@
+//! GC: choosing a victim band on the capacity device and relocating what is
+//! still current in it to the GC band, then discarding it.
+//!
+//! Owns the GC cursor (the victim a bounded step left half done) and the
+//! victim choice: cost-benefit ((1 − u) · age / (1 + u)), with a band that
+//! holds nothing valid always first. Relocated data goes to a separate GC
+//! band (its own stream), so data that survived a GC stays with data that
+//! did. A victim is discarded only after both devices flushed
+//! (segments.rs, rule 3) and after its generation was bumped, so a read
+//! outside the lock that looked a block up before the move sees that its
+//! data may be gone.
+
+use super::segments::{segment_blocks, Moved};
+use super::step_io::{Deferred, PreRead, Window};
+use super::*;
+use crate::layout::decode_header;
+
+/// Where a bounded GC step stopped in its victim.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GcCursor {
+    pub(super) victim: u32,
+    /// Blocks of the victim walked so far.
+    pub(super) pos: u64,
+}
+
+/// What one bounded GC step did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GcStep {
+    /// Nothing to reclaim.
+    Idle,
+    /// Part of the victim moved; the next step continues it.
+    Progress,
+    /// The victim is free.
+    Reclaimed,
+}
+
+impl Inner {
+    /// Where the next GC step walks: the victim in progress, else the one
+    /// `gc_victim` chooses, from its start.
+    pub(super) fn gc_next(&self) -> Option<GcCursor> {
+        self.gc_cursor.or_else(|| Engine::gc_victim(self).map(|victim| GcCursor { victim, pos: 0 }))
+    }
+
+    /// Whether GC reclaims victim `v` without reading it: nothing valid and
+    /// no tombstone is left in it (`Band::tombstones`).
+    pub(super) fn gc_skips_reading(&self, v: u32) -> bool {
+        let b = &self.bands[v as usize];
+        b.valid == 0 && b.tombstones == 0
+    }
+
+    /// Blocks a GC step reads at `pos` of a victim `written` blocks long: a
+    /// step bounded below a window reads only what it may walk (but always
+    /// enough for the largest segment).
+    pub(super) fn gc_read_blocks(&self, pos: u64, blocks_max: u64, written: u64) -> u64 {
+        self.gc_window_blocks().min(blocks_max.max(1).max(self.segment_blocks_max())).min(written - pos)
+    }
+
+    /// Blocks GC reads at once from a victim: at least a chunk and at least
+    /// the largest segment.
+    pub(super) fn gc_window_blocks(&self) -> u64 {
+        self.blocks_per_chunk().max(self.segment_blocks_max())
+    }
+
+    /// The window the next `gc_step(blocks_max)` reads first, if any.
+    pub(super) fn gc_window(&self, blocks_max: u64) -> Option<Window> {
+        let GcCursor { victim: v, pos } = self.gc_next()?;
+        if self.gc_skips_reading(v) {
+            return None;
+        }
+        let written = self.bands[v as usize].written;
+        let len = self.gc_read_blocks(pos, blocks_max, written);
+        let offset = (v as u64 * self.blocks_per_band() + pos) * BS;
+        let gen = self.bands[v as usize].gen;
+        (len > 0).then_some(Window { cache: false, offset, len: (len * BS) as usize, gen })
+    }
+}
+
+impl Engine {
+    /// Reclaim one band (finishing the one a bounded step left half done,
+    /// if any); false if nothing is reclaimable.
+    pub(super) fn collect_one(&self, inner: &mut Inner) -> Result<bool, VolumeError> {
+        loop {
+            match self.gc_step(inner, u64::MAX, &mut None, false)? {
+                GcStep::Idle => return Ok(false),
+                GcStep::Reclaimed => return Ok(true),
+                GcStep::Progress => {}
+            }
+        }
+    }
+
+    /// The band GC should take next, by cost-benefit. A band with nothing
+    /// valid left costs no copies and is always taken first (plain
+    /// cost-benefit would prefer an older half-full band to a younger empty
+    /// one: a sequentially rewritten tenant's zones die whole, a moment
+    /// after they are old enough to be chosen).
+    pub(super) fn gc_victim(inner: &Inner) -> Option<u32> {
+        let usable = inner.band_usable();
+        let now = inner.seq;
+        inner
+            .bands
+            .iter()
+            .enumerate()
+            .filter(|&(i, b)| {
+                b.state == State::Full && (b.valid as u64) < usable && !inner.bands.quarantine.contains(&(i as u32))
+            })
+            .map(|(i, b)| {
+                let u = b.valid as f64 / usable as f64;
+                let age = (now - b.closed_seq) as f64 + 1.0;
+                (i, if b.valid == 0 { f64::INFINITY } else { (1.0 - u) * age / (1.0 + u) })
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i as u32)
+    }
+
+    /// GC the victim in progress (choosing one if none is) for at least one
+    /// segment and until `blocks_max` of its blocks were walked (or the
+    /// victim ends; `gc_window_blocks` is one full read): its current blocks and live
+    /// tombstones go to the GC band under fresh sequence numbers. Between
+    /// steps the victim stays Full and readable and the engine lock is free,
+    /// so the background compactor collects a band a window at a time; every
+    /// window re-checks the map, so blocks rewritten or trimmed meanwhile are
+    /// simply not moved. The victim is discarded (after both devices flush,
+    /// rule 3) when its last window is done.
+    pub(super) fn gc_step(
+        &self,
+        inner: &mut Inner,
+        blocks_max: u64,
+        pre: &mut Option<PreRead>,
+        defer: bool,
+    ) -> Result<GcStep, VolumeError> {
+        // Every remap applied before valid counts choose or walk a victim.
+        self.settle(inner)?;
+        // `defer`: as in `compact_step`, relocations stay in flight with
+        // their remaps for the caller to finish without the lock.
+        let mut deferred = defer.then(Deferred::default);
+        let blocks_max = blocks_max.max(1);
+        let Some(cursor) = inner.gc_next() else { return Ok(GcStep::Idle) };
+        inner.gc_cursor = Some(cursor);
+        let GcCursor { victim: v, mut pos } = cursor;
+        let bpb = inner.blocks_per_band();
+        let unit = inner.cfg.write_unit_bytes / BS;
+        let first = v as u64 * bpb;
+        let written = inner.bands[v as usize].written;
+        // A victim with no valid block and no tombstone holds nothing to
+        // move: reclaim it without reading it.
+        if inner.gc_skips_reading(v) {
+            pos = written;
+            if let Some(p) = pre.take() {
+                inner.give_buf(p.into_buf());
+            }
+            self.bg.victims_unread.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        // Reads are whole windows of the band (≥ a chunk, ≥ the largest
+        // segment), not a header and then data per segment: a NAND device
+        // serves one large read from all its dies at once.
+        let window_blocks = inner.gc_window_blocks();
+        // Walk the victim segment by segment, gathering current blocks and
+        // live tombstones per volume; every window's worth of them (and what
+        // is left at the end of the step) goes to the GC band as segments.
+        let nv = inner.vols.len();
+        // Per volume: current blocks (lba, crc), their data, live tombstones.
+        type Gathered = (Vec<(u64, u32)>, Vec<u8>, Vec<u64>);
+        let mut gathered: Vec<Gathered> = vec![(Vec::new(), Vec::new(), Vec::new()); nv];
+        let mut held = 0u64;
+        let mut walked = 0u64;
+        while pos < written && walked < blocks_max {
+            self.drain_capacity(inner)?;
+            // This thread is about to read the capacity device, whose
+            // completions for it would include the deferred writes'.
+            if let Some(d) = deferred.as_mut().filter(|d| !d.queued.is_empty()) {
+                self.settle_deferred(inner, d)?;
+            }
+            let len = inner.gc_read_blocks(pos, blocks_max, written);
+            let gen = inner.bands[v as usize].gen;
+            let win = self.read_window(
+                inner,
+                pre,
+                Window { cache: false, offset: (first + pos) * BS, len: (len * BS) as usize, gen },
+            )?;
+            // Segments whose data lies wholly in the window; `at` ends at the
+            // first that does not (the next window starts there).
+            let mut at = 0u64;
+            while at < len && walked + at < blocks_max {
+                let h = decode_header(&win[(at * BS) as usize..((at + 1) * BS) as usize], inner.tag);
+                let damaged =
+                    |what: String| VolumeError::Damaged { device: "capacity", offset: (first + pos + at) * BS, what };
+                let h = h.map_err(|e| damaged(format!("band {v} segment header: {e}")))?;
+                let n = h.data_blocks() as u64;
+                if at + 1 + n > len {
+                    break;
+                }
+                let vol = h.volume as usize;
+                if vol >= nv {
+                    let msg = format!("band {v} segment at block {}: volume {vol} unknown", pos + at);
+                    return Err(damaged(msg));
+                }
+                let seg = first + pos + at;
+                let l2p = &inner.vols[vol].l2p;
+                let g = &mut gathered[vol];
+                for (i, e) in h.entries.iter().filter(|e| !e.tombstone).enumerate() {
+                    if l2p.try_get(e.lba) == Some(Loc::capacity(seg + 1 + i as u64)) {
+                        let d = ((at + 1 + i as u64) * BS) as usize;
+                        g.0.push((e.lba, e.crc));
+                        g.1.extend_from_slice(&win[d..d + BLOCK_BYTES]);
+                        held += 1;
+                    }
+                }
+                let tombs = h.entries.iter().filter(|e| e.tombstone && l2p.try_get(e.lba) == Some(Loc::NONE));
+                g.2.extend(tombs.map(|e| e.lba));
+                at += segment_blocks(n, unit);
+            }
+            inner.give_buf(win);
+            if at == 0 {
+                return Err(VolumeError::Damaged {
+                    device: "capacity",
+                    offset: (first + pos) * BS,
+                    what: format!("band {v} segment larger than a GC window"),
+                });
+            }
+            pos += at;
+            walked += at;
+            if held >= window_blocks || pos >= written || walked >= blocks_max {
+                for (vol, g) in gathered.iter_mut().enumerate() {
+                    if g.0.is_empty() && g.2.is_empty() {
+                        continue;
+                    }
+                    let payload: Vec<Moved<'_>> =
+                        g.0.iter().zip(g.1.chunks(BLOCK_BYTES)).map(|(&(lba, crc), d)| (lba, crc, d)).collect();
+                    let moved = self.write_segments(inner, vol as u32, true, &payload, &g.2, deferred.as_mut())?;
+                    inner.stats.gc_bytes += moved * BS;
+                    g.0.clear();
+                    g.1.clear();
+                    g.2.clear();
+                }
+                held = 0;
+            }
+        }
+        // Nothing stays in flight between steps: requests in between use
+        // the capacity device synchronously.
+        self.drain_capacity(inner)?;
+        if pos < written {
+            inner.gc_cursor = Some(GcCursor { victim: v, pos });
+            inner.defer_pending(deferred);
+            return Ok(GcStep::Progress);
+        }
+        // The victim is discarded below: its blocks must live at their
+        // copies first.
+        if let Some(d) = deferred.as_mut() {
+            self.settle_deferred(inner, d)?;
+        }
+        assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
+        // Rule 3: relocations, and whatever made the victim's dropped entries
+        // stale, are durable before the victim is discarded.
+        if inner.cap.dirty {
+            self.flush_capacity(inner)?;
+        }
+        self.write_mark(inner, None, Some(v))?;
+        self.flush_cache(inner)?;
+        // Reads outside the lock that still hold a location in the victim
+        // must see that its data may be gone.
+        inner.bands[v as usize].gen += 1;
+        zoned::reclaim_band(&*self.capacity, inner.geo.zoned, first * BS, inner.cfg.band_bytes)?;
+        // The discard is durable only after the next capacity flush, which
+        // the next mark must follow (until then the reclaim mark stands).
+        inner.cap.dirty = true;
+        inner.gc_cursor = None;
+        inner.bands[v as usize].state = State::Free;
+        inner.sim_freed(None, Some(v));
+        inner.bands.free.push_back(v);
+        inner.stats.bands_reclaimed += 1;
+        Ok(GcStep::Reclaimed)
+    }
+}

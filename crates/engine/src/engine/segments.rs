@@ -1,0 +1,237 @@
+//! Segments: how compaction and GC write to the capacity device, and the
+//! rules that make it crash safe.
+//!
+//! A segment is a header block and up to `RECORD_BLOCKS_MAX` data blocks,
+//! padded to the write unit (the capacity SSD's IU), written at the write
+//! pointer of a stream's open band (bands.rs). Owns the capacity writes in
+//! flight (at most `CAP_QUEUE_DEPTH`), whether the device holds unflushed
+//! segments, and the flushed-sequence watermark segment headers carry.
+//!
+//! Crash safety rests on three rules (docs/engine.md):
+//! 1. Every record and segment is self-describing (LBAs, CRCs, a sequence
+//!    number); for each LBA the entry with the highest sequence wins.
+//! 2. Compaction and GC stamp what they write with a *fresh* sequence: they
+//!    only move current blocks, so the copy is newer than every stale one.
+//!    Trims are records too, and their tombstones are carried forward by
+//!    compaction and GC (read back from the media) while the LBA stays
+//!    unmapped, so a stale copy can never win after a crash.
+//! 3. A compacted chunk is freed, and a GC victim discarded, only after both
+//!    devices have flushed: the copies on the capacity device, and on the
+//!    cache every record that superseded an entry being dropped (a rewrite
+//!    that made a tombstone dead). So whenever an entry disappears from the
+//!    media, whatever made it stale is durable, and an older entry that a
+//!    crash brings back (a lost write into a reused chunk uncovers the
+//!    previous generation) always loses to a durable newer one.
+//!
+//! A trim of blocks already unmapped writes nothing: their tombstone (or the
+//! absence of any copy) is already on the media, and skipping keeps the
+//! number of tombstones bounded by the number of unmapped blocks.
+
+use super::bands::band_has_room;
+use super::step_io::Deferred;
+use super::*;
+use crate::layout::{Entry, Header, RecordKind, STREAM_GC};
+
+/// Most capacity segment writes compaction and GC keep in flight.
+pub(super) const CAP_QUEUE_DEPTH: usize = 16;
+
+/// The capacity device's segment writes and flush state.
+#[derive(Default)]
+pub(super) struct CapWrites {
+    /// Writes in flight: compaction and GC submit their segments with queue
+    /// depth and reap them all before flushing, so a device with internal
+    /// parallelism (NAND dies) works on many at once. Zero outside a
+    /// compaction or GC pass.
+    pub(super) inflight: usize,
+    /// Segments were written since the device's last flush: freeing a chunk
+    /// or discarding a GC victim flushes it first (rule 3). Kept here rather
+    /// than per pass, so a pass that failed halfway (NoSpace) and is resumed
+    /// later still flushes what it wrote before the error.
+    pub(super) dirty: bool,
+    /// Highest sequence made durable on the capacity device by a completed flush.
+    pub(super) flushed_seq: u64,
+    /// After a recovery that found torn segments: segment headers claim no
+    /// watermark at or above the first of them until `relog` has written
+    /// their blocks again, or a later recovery would trust what is torn.
+    pub(super) flushed_ceiling: Option<u64>,
+}
+
+/// A block moved to the capacity device: its LBA, the CRC it was logged
+/// with, and its data.
+pub(super) type Moved<'a> = (u64, u32, &'a [u8]);
+
+/// Blocks a record or segment occupies: header + data, for segments padded to the unit.
+pub(super) fn segment_blocks(data_blocks: u64, unit_blocks: u64) -> u64 {
+    (1 + data_blocks).div_ceil(unit_blocks) * unit_blocks
+}
+
+impl Inner {
+    /// Blocks of the largest capacity segment (header + data, padded).
+    pub(super) fn segment_blocks_max(&self) -> u64 {
+        segment_blocks(RECORD_BLOCKS_MAX as u64, self.cfg.write_unit_bytes / BS)
+    }
+}
+
+impl Engine {
+    /// Write `blocks` (lba, crc, data) and `tombs` of `vol` as segments into
+    /// its open band (or the GC band), each padded to the write unit, under
+    /// fresh sequence numbers; remap the blocks. Returns blocks moved. The
+    /// CRC is the one the block was first logged with, carried along rather
+    /// than recomputed: it costs nothing, and a block damaged while it sat
+    /// on a device keeps a CRC that says so.
+    pub(super) fn write_segments(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        gc: bool,
+        blocks: &[Moved<'_>],
+        tombs: &[u64],
+        mut deferred: Option<&mut Deferred>,
+    ) -> Result<u64, VolumeError> {
+        let unit = inner.cfg.write_unit_bytes / BS;
+        let (bpb, usable) = (inner.blocks_per_band(), inner.band_usable());
+        let (mut rest, mut rest_t) = (blocks, tombs);
+        let mut moved = 0;
+        while !rest.is_empty() || !rest_t.is_empty() {
+            // Deferred writes stay within the band they went to and the
+            // queue depth: a new band (possibly after GC, which must see
+            // every remap) is opened only once they are settled.
+            if let Some(d) = deferred.as_deref_mut() {
+                let writes = d.queued.len();
+                if writes > 0 && (writes >= CAP_QUEUE_DEPTH || !band_has_room(inner, vol, gc)) {
+                    self.settle_deferred(inner, d)?;
+                }
+            }
+            let band = self.open_band(inner, vol, gc)?;
+            let wp = inner.bands[band as usize].written;
+            let room = usable - wp;
+            let n = (rest.len() as u64).min(room - 1).min(RECORD_BLOCKS_MAX as u64) as usize;
+            let t = rest_t.len().min(RECORD_BLOCKS_MAX - n);
+            let padded = segment_blocks(n as u64, unit).min(room);
+            inner.seq += 1;
+            let mut entries: Vec<Entry> =
+                rest[..n].iter().map(|&(lba, crc, _)| Entry { lba, crc, tombstone: false }).collect();
+            entries.extend(rest_t[..t].iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }));
+            let mut buf = inner.take_buf((padded * BS) as usize);
+            let h = Header {
+                kind: RecordKind::Segment,
+                seq: inner.seq,
+                volume: vol,
+                epoch: inner.bands[band as usize].epoch,
+                flushed_seq: inner.cap.flushed_seq,
+                engine: inner.tag,
+                stream: if gc { STREAM_GC } else { inner.stream(vol) as u32 },
+                lsn: 0,
+                head_lsn: 0,
+                flushed_lsn: 0,
+                prev_epoch: inner.bands[band as usize].prev.0,
+                prev_end: inner.bands[band as usize].prev.1,
+                entries,
+            };
+            encode_header(&mut buf[..BLOCK_BYTES], &h);
+            let b = &mut inner.bands[band as usize];
+            b.tombstones = b.tombstones.saturating_add(t as u32);
+            for (i, (_, _, d)) in rest[..n].iter().enumerate() {
+                buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(d);
+            }
+            buf[(n + 1) * BLOCK_BYTES..].fill(0);
+            let first = band as u64 * bpb + wp;
+            inner.sim_wait(None, Some(band));
+            match deferred.as_deref_mut() {
+                Some(d) => {
+                    d.queued.push(IoRequest::write(first * BS, buf, 0));
+                    inner.cap.dirty = true;
+                }
+                None => self.submit_capacity(inner, first * BS, buf)?,
+            }
+            inner.stats.capacity_write_bytes += padded * BS;
+            inner.stats.compaction_pad_bytes += (padded - n as u64) * BS;
+            for (i, &(lba, _, _)) in rest[..n].iter().enumerate() {
+                let loc = inner.vols[vol as usize].l2p.get(lba as usize);
+                let to = Loc::capacity(first + 1 + i as u64);
+                match deferred.as_deref_mut() {
+                    Some(d) => d.remaps.push((vol, lba, loc, to)),
+                    None => {
+                        inner.invalidate(loc);
+                        inner.vols[vol as usize].l2p.relocate(lba as usize, to);
+                        inner.bands[band as usize].valid += 1;
+                    }
+                }
+                moved += 1;
+            }
+            inner.bands[band as usize].written += padded;
+            if inner.bands[band as usize].written == usable {
+                inner.close_band(band, vol, gc);
+            }
+            rest = &rest[n..];
+            rest_t = &rest_t[t..];
+        }
+        let m = &mut inner.vols[vol as usize].moved;
+        if gc {
+            m.gc_bytes += moved * BS;
+        } else {
+            m.compaction_bytes += moved * BS;
+        }
+        Ok(moved)
+    }
+
+    /// Submit a segment write to the capacity device without waiting (at most
+    /// `CAP_QUEUE_DEPTH` in flight); `drain_capacity` reaps them.
+    pub(super) fn submit_capacity(&self, inner: &mut Inner, offset: u64, buf: IoBuf) -> Result<(), VolumeError> {
+        if inner.cap.inflight >= CAP_QUEUE_DEPTH {
+            self.reap_capacity(inner, 1)?;
+        }
+        self.capacity.submit(IoRequest::write(offset, buf, 0));
+        inner.cap.inflight += 1;
+        inner.cap.dirty = true;
+        Ok(())
+    }
+
+    /// Reap at least `min` in-flight capacity writes; the first error fails the call.
+    pub(super) fn reap_capacity(&self, inner: &mut Inner, min: usize) -> Result<(), VolumeError> {
+        let mut out = Vec::with_capacity(inner.cap.inflight);
+        let mut got = 0;
+        while got < min {
+            got += self.capacity.reap(min - got, &mut out);
+        }
+        inner.cap.inflight -= got;
+        let mut first_err = None;
+        if out.iter().any(|c| c.result.is_err()) && inner.cap.inflight > 0 {
+            // Failing: leave nothing in flight behind the error.
+            let rest = inner.cap.inflight;
+            let mut n = 0;
+            while n < rest {
+                n += self.capacity.reap(rest - n, &mut out);
+            }
+            inner.cap.inflight = 0;
+        }
+        for c in out {
+            if let Err(e) = c.result {
+                first_err.get_or_insert(e);
+            }
+            inner.give_buf(c.buf);
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Wait for every capacity write in flight.
+    pub(super) fn drain_capacity(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        self.settle(inner)?;
+        let n = inner.cap.inflight;
+        if n == 0 {
+            return Ok(());
+        }
+        self.reap_capacity(inner, n)
+    }
+
+    /// Flush the capacity device; every segment written so far is durable.
+    pub(super) fn flush_capacity(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        // The flushed watermark covers every segment written so far.
+        self.drain_capacity(inner)?;
+        let seq = inner.seq;
+        flush(&*self.capacity)?;
+        inner.cap.flushed_seq = inner.cap.flushed_ceiling.map_or(seq, |c| seq.min(c));
+        inner.cap.dirty = false;
+        Ok(())
+    }
+}
