@@ -54,7 +54,7 @@ mod marks;
 mod placement;
 mod pool;
 mod read;
-mod recover;
+mod recovery;
 mod salvage;
 mod segments;
 mod step_io;
@@ -74,7 +74,7 @@ use l2p::{L2p, Loc, Width};
 use log::{Chunk, Log};
 pub use placement::BandPlacement;
 use pool::BufPool;
-pub use recover::Damage;
+pub use recovery::Damage;
 use segments::{CapWrites, CAP_QUEUE_DEPTH};
 pub use throttle::Throttle;
 pub use worker::{Compactor, CompactorConfig, CompactorSnapshot};
@@ -559,7 +559,7 @@ impl Engine {
             Some(Err(e)) if !opts.salvage => return Err(e),
             _ => {
                 let t = std::time::Instant::now();
-                let mut r = recover::scan(&*cache, &*capacity, cfg, geo, sb)?;
+                let mut r = recovery::scan(&*cache, &*capacity, cfg, geo, sb)?;
                 if !r.damage.is_empty() && !opts.salvage {
                     return Err(EngineError::Damaged(r.damage));
                 }

@@ -9,7 +9,7 @@
 //! the media give. The report is what an operator needs to decide between
 //! restoring from elsewhere and `sluice check --salvage`.
 
-use super::recover::{scan, Damage};
+use super::recovery::{scan, Damage};
 use super::*;
 
 /// What `Engine::check` found.
