@@ -62,7 +62,7 @@ mod throttle;
 mod worker;
 mod zoned;
 
-use bands::{Band, Bands};
+use bands::{Band, BandState, Bands};
 pub use check::CheckReport;
 use compaction::CompactCursor;
 use gc::GcCursor;
@@ -71,7 +71,7 @@ use identity::write_label;
 pub use identity::{label_offset, label_present, superblock_present, wipe_labels};
 pub use l2p::CAPACITY_BYTES_MAX;
 use l2p::{L2p, Loc, Width};
-use log::{Chunk, Log};
+use log::{Chunk, ChunkState, Log};
 pub use placement::BandPlacement;
 use pool::BufPool;
 pub use recovery::Damage;
@@ -190,14 +190,6 @@ impl From<DeviceError> for VolumeError {
 pub struct VolumeSpec {
     pub name: String,
     pub size_bytes: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-enum State {
-    Free = 0,
-    Open = 1,
-    Full = 2,
 }
 
 struct Vol {
@@ -567,7 +559,7 @@ impl Engine {
                 // (Voided bands nothing won in are free already, and discarded
                 // as stale ones.)
                 voided = std::mem::take(&mut r.voided);
-                voided.retain(|&b| r.inner.bands[b as usize].state != State::Free);
+                voided.retain(|&b| r.inner.bands[b as usize].state != BandState::Free);
                 lasts = Some(r.last_bands);
                 // Damaged bands out of reach before anything is written.
                 let inner = &mut r.inner;
@@ -861,7 +853,7 @@ impl Inner {
                 if let Some(cb) = loc.cache_block() {
                     let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
                     assert_eq!(self.log.chunks[c].p2l[i], (vi as u32, lba as u64), "chunk P2L names the block");
-                    assert_ne!(self.log.chunks[c].state, State::Free);
+                    assert_ne!(self.log.chunks[c].state, ChunkState::Free);
                     chunk_valid[c] += 1;
                 } else if let Some(pb) = loc.capacity_block() {
                     let (b, i) = ((pb / self.blocks_per_band()) as usize, pb % self.blocks_per_band());
@@ -869,7 +861,7 @@ impl Inner {
                         i < self.bands[b].written,
                         "capacity block {pb} of volume {vi} LBA {lba} past its band's pointer"
                     );
-                    assert_ne!(self.bands[b].state, State::Free);
+                    assert_ne!(self.bands[b].state, BandState::Free);
                     band_valid[b] += 1;
                 }
             }
@@ -884,7 +876,7 @@ impl Inner {
         let mut owned: Vec<u32> = self.vols.iter().map(|v| v.open_band).chain([self.bands.gc_open]).flatten().collect();
         owned.sort_unstable();
         let open: Vec<u32> =
-            (0..self.bands.len() as u32).filter(|&b| self.bands[b as usize].state == State::Open).collect();
+            (0..self.bands.len() as u32).filter(|&b| self.bands[b as usize].state == BandState::Open).collect();
         assert_eq!(owned, open, "open bands are the streams' bands");
     }
 }

@@ -33,7 +33,7 @@ impl Bands {
     /// Every band free.
     pub(super) fn empty(band_count: u64) -> Bands {
         let band = |_| Band {
-            state: State::Free,
+            state: BandState::Free,
             valid: 0,
             written: 0,
             closed_seq: 0,
@@ -76,12 +76,53 @@ impl std::ops::IndexMut<usize> for Bands {
     }
 }
 
+/// Where a band is in its cycle: Free → Open (one stream writes it at its
+/// pointer) → Full → Victim (GC is relocating what is current in it) →
+/// Free. Every change names the state it leaves (`Band::to`), asserted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BandState {
+    Free,
+    Open,
+    Full,
+    Victim,
+}
+
+impl BandState {
+    /// The checkpoint's byte (docs/format.md): 0 free, 1 open, 2 full. A
+    /// victim is full there: the GC cursor is not saved.
+    pub(super) fn on_media(self) -> u8 {
+        match self {
+            BandState::Free => 0,
+            BandState::Open => 1,
+            BandState::Full | BandState::Victim => 2,
+        }
+    }
+
+    pub(super) fn from_media(x: u8) -> Option<BandState> {
+        [BandState::Free, BandState::Open, BandState::Full].get(x as usize).copied()
+    }
+
+    /// Full, or full and being collected: the band holds every segment it
+    /// was written with.
+    pub(super) fn holds_all(self) -> bool {
+        matches!(self, BandState::Full | BandState::Victim)
+    }
+}
+
+impl Band {
+    /// Move from state `from` (asserted) to `to`.
+    pub(super) fn to(&mut self, from: BandState, to: BandState) {
+        assert_eq!(self.state, from, "band state changes from the state it is in");
+        self.state = to;
+    }
+}
+
 /// A band keeps no P2L in memory: its segments are self-describing, and GC
 /// reads them (headers and data) from the band itself. That keeps the
 /// engine's DRAM at the L2P's 4 bytes per volume block plus the small cache
 /// tier's P2L.
 pub(super) struct Band {
-    pub(super) state: State,
+    pub(super) state: BandState,
     pub(super) valid: u32,
     /// Blocks written so far (write pointer, relative).
     pub(super) written: u64,
@@ -129,7 +170,7 @@ impl Inner {
     /// Band `b`, the open band of `vol` (or of GC), is full: close it.
     pub(super) fn close_band(&mut self, b: u32, vol: u32, gc: bool) {
         let band = &mut self.bands[b as usize];
-        band.state = State::Full;
+        band.to(BandState::Open, BandState::Full);
         band.closed_seq = self.seq;
         let last = Some((b, band.epoch));
         self.bands.closed_since_mark.push(b);
@@ -172,9 +213,8 @@ impl Engine {
         }
         let b = inner.bands.free.pop_front().ok_or(VolumeError::NoSpace)?;
         let band = &mut inner.bands[b as usize];
-        assert_eq!(band.state, State::Free);
         assert_eq!(band.valid, 0);
-        band.state = State::Open;
+        band.to(BandState::Free, BandState::Open);
         band.written = 0;
         band.tombstones = 0;
         inner.seq += 1;
@@ -184,7 +224,7 @@ impl Engine {
         let last = if gc { inner.bands.gc_last } else { inner.vols[stream].last_band };
         let prev = last
             .map(|(p, epoch)| (&inner.bands[p as usize], epoch))
-            .filter(|(p, epoch)| p.state == State::Full && p.epoch == *epoch)
+            .filter(|(p, epoch)| p.state.holds_all() && p.epoch == *epoch)
             .map_or((0, 0), |(p, epoch)| (epoch, p.written));
         let band = &mut inner.bands[b as usize];
         band.epoch = inner.seq;
@@ -195,5 +235,30 @@ impl Engine {
             inner.vols[stream].open_band = Some(b);
         }
         Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_band_goes_through_its_cycle_and_the_checkpoint_keeps_a_victim_full() {
+        let mut bands = Bands::empty(1);
+        let b = &mut bands[0];
+        b.to(BandState::Free, BandState::Open);
+        b.to(BandState::Open, BandState::Full);
+        b.to(BandState::Full, BandState::Victim);
+        assert!(b.state.holds_all());
+        assert_eq!(BandState::from_media(b.state.on_media()), Some(BandState::Full));
+        b.to(BandState::Victim, BandState::Free);
+        assert_eq!(BandState::from_media(3), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "band state changes from the state it is in")]
+    fn a_band_changes_only_from_the_state_it_is_in() {
+        let mut bands = Bands::empty(1);
+        bands[0].to(BandState::Full, BandState::Victim);
     }
 }

@@ -41,7 +41,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     }
     w.u32(inner.log.chunks.len() as u32);
     for c in &inner.log.chunks {
-        w.u8(c.state as u8);
+        w.u8(c.state.on_media());
         w.u64(c.epoch);
         w.u32(c.valid);
         w.u64(c.first_lsn);
@@ -53,7 +53,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     }
     w.u32(inner.bands.len() as u32);
     for b in inner.bands.iter() {
-        w.u8(b.state as u8);
+        w.u8(b.state.on_media());
         w.u32(b.valid);
         w.u64(b.written);
         w.u64(b.closed_seq);
@@ -88,15 +88,6 @@ fn put_p2l(w: &mut Writer, p2l: &[(u32, u64)]) {
 
 fn get_p2l(r: &mut Reader, blocks: usize) -> Result<Vec<(u32, u64)>, CheckpointError> {
     (0..blocks).map(|_| Ok((r.u32()?, r.u64()?))).collect()
-}
-
-fn decode_state(x: u8, at: usize) -> Result<State, CheckpointError> {
-    match x {
-        0 => Ok(State::Free),
-        1 => Ok(State::Open),
-        2 => Ok(State::Full),
-        _ => Err(CheckpointError(at)),
-    }
 }
 
 pub(super) fn decode_checkpoint(
@@ -146,7 +137,7 @@ pub(super) fn decode_checkpoint(
     let nc = r.u32()? as usize;
     let mut chunks = Vec::with_capacity(nc);
     for _ in 0..nc {
-        let state = decode_state(r.u8()?, r.at())?;
+        let state = ChunkState::from_media(r.u8()?).ok_or(CheckpointError(r.at()))?;
         let epoch = r.u64()?;
         let valid = r.u32()?;
         let first_lsn = r.u64()?;
@@ -164,7 +155,7 @@ pub(super) fn decode_checkpoint(
     let nb = r.u32()? as usize;
     let mut bands = Vec::with_capacity(nb);
     for _ in 0..nb {
-        let state = decode_state(r.u8()?, r.at())?;
+        let state = BandState::from_media(r.u8()?).ok_or(CheckpointError(r.at()))?;
         let valid = r.u32()?;
         let written = r.u64()?;
         let closed_seq = r.u64()?;

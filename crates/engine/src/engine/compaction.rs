@@ -88,7 +88,11 @@ impl Engine {
         // `defer`: the step's segment writes are left in flight with their
         // remaps (`Pending`), for the caller to finish without the lock.
         let mut deferred = defer.then(Deferred::default);
-        assert_eq!(inner.log.chunks[c as usize].state, State::Full);
+        let ch = &mut inner.log.chunks[c as usize];
+        if ch.state == ChunkState::Sealed {
+            ch.to(ChunkState::Sealed, ChunkState::Compacting);
+        }
+        assert_eq!(ch.state, ChunkState::Compacting, "compaction takes the oldest sealed chunk");
         let bpc = inner.blocks_per_chunk();
         let base = c as u64 * bpc;
         let epoch = inner.log.chunks[c as usize].epoch;
@@ -200,7 +204,7 @@ impl Engine {
         self.flush_cache(inner)?;
         assert_eq!(inner.log.full.pop_front(), Some(c));
         inner.compact_cursor = None;
-        inner.log.chunks[c as usize].state = State::Free;
+        inner.log.chunks[c as usize].to(ChunkState::Compacting, ChunkState::Free);
         inner.sim_freed(Some(c), None);
         inner.log.free.push_back(c);
         inner.stats.chunks_compacted += 1;

@@ -101,7 +101,7 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(|&(i, b)| {
-                b.state == State::Full && (b.valid as u64) < usable && !inner.bands.quarantine.contains(&(i as u32))
+                b.state == BandState::Full && (b.valid as u64) < usable && !inner.bands.quarantine.contains(&(i as u32))
             })
             .map(|(i, b)| {
                 let u = b.valid as f64 / usable as f64;
@@ -136,6 +136,11 @@ impl Engine {
         let blocks_max = blocks_max.max(1);
         let Some(cursor) = inner.gc_next() else { return Ok(GcStep::Idle) };
         inner.gc_cursor = Some(cursor);
+        let victim = &mut inner.bands[cursor.victim as usize];
+        if victim.state == BandState::Full {
+            victim.to(BandState::Full, BandState::Victim);
+        }
+        assert_eq!(victim.state, BandState::Victim, "GC walks a full band");
         let GcCursor { victim: v, mut pos } = cursor;
         let bpb = inner.blocks_per_band();
         let unit = inner.cfg.write_unit_bytes / BS;
@@ -264,7 +269,7 @@ impl Engine {
         // the next mark must follow (until then the reclaim mark stands).
         inner.cap.dirty = true;
         inner.gc_cursor = None;
-        inner.bands[v as usize].state = State::Free;
+        inner.bands[v as usize].to(BandState::Victim, BandState::Free);
         inner.sim_freed(None, Some(v));
         inner.bands.free.push_back(v);
         inner.stats.bands_reclaimed += 1;

@@ -228,8 +228,7 @@ impl Engine {
             if off + need <= inner.blocks_per_chunk() {
                 return Ok((c, off));
             }
-            assert_eq!(inner.log.chunks[c as usize].state, State::Open);
-            inner.log.chunks[c as usize].state = State::Full;
+            inner.log.chunks[c as usize].to(ChunkState::Open, ChunkState::Sealed);
             inner.log.full.push_back(c);
             inner.log.open = None;
         }
@@ -237,11 +236,10 @@ impl Engine {
             self.compact_oldest(inner)?;
         }
         let c = inner.log.free.pop_front().expect("compaction keeps free chunks");
-        assert_eq!(inner.log.chunks[c as usize].state, State::Free);
         assert_eq!(inner.log.chunks[c as usize].valid, 0);
         inner.seq += 1;
         let ch = &mut inner.log.chunks[c as usize];
-        ch.state = State::Open;
+        ch.to(ChunkState::Free, ChunkState::Open);
         ch.epoch = inner.seq;
         // The record about to be written into it is its first.
         ch.first_lsn = inner.log.lsn + 1;
@@ -270,7 +268,7 @@ impl Log {
     /// capacity marks.
     pub(super) fn empty(chunk_count: u64, blocks_per_chunk: usize) -> Log {
         let chunk = |_| Chunk {
-            state: State::Free,
+            state: ChunkState::Free,
             epoch: 0,
             p2l: vec![(u32::MAX, 0); blocks_per_chunk],
             valid: 0,
@@ -287,8 +285,45 @@ impl Log {
     }
 }
 
+/// Where a chunk is in its cycle: Free → Open (records are appended) →
+/// Sealed (full, queued for compaction) → Compacting (a bounded step has
+/// started on it) → Free. Every change names the state it leaves
+/// (`Chunk::to`), asserted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ChunkState {
+    Free,
+    Open,
+    Sealed,
+    Compacting,
+}
+
+impl ChunkState {
+    /// The checkpoint's byte (docs/format.md): 0 free, 1 open, 2 full. A
+    /// chunk being compacted is full there: the cursor is not saved, and
+    /// compaction starts it again.
+    pub(super) fn on_media(self) -> u8 {
+        match self {
+            ChunkState::Free => 0,
+            ChunkState::Open => 1,
+            ChunkState::Sealed | ChunkState::Compacting => 2,
+        }
+    }
+
+    pub(super) fn from_media(x: u8) -> Option<ChunkState> {
+        [ChunkState::Free, ChunkState::Open, ChunkState::Sealed].get(x as usize).copied()
+    }
+}
+
+impl Chunk {
+    /// Move from state `from` (asserted) to `to`.
+    pub(super) fn to(&mut self, from: ChunkState, to: ChunkState) {
+        assert_eq!(self.state, from, "chunk state changes from the state it is in");
+        self.state = to;
+    }
+}
+
 pub(super) struct Chunk {
-    pub(super) state: State,
+    pub(super) state: ChunkState,
     /// Sequence number when the chunk was last opened; every record written
     /// into it carries it, so replay stops at a previous generation's records.
     pub(super) epoch: u64,
@@ -354,5 +389,29 @@ impl Engine {
         inner.cache_flushed_seq = seq;
         inner.log.flushed_lsn = lsn;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_goes_through_its_cycle_and_the_checkpoint_keeps_a_compacting_one_sealed() {
+        let mut log = Log::empty(2, 4);
+        assert_eq!(log.free, [1], "chunk 0 holds the superblock");
+        let c = &mut log.chunks[1];
+        c.to(ChunkState::Free, ChunkState::Open);
+        c.to(ChunkState::Open, ChunkState::Sealed);
+        c.to(ChunkState::Sealed, ChunkState::Compacting);
+        assert_eq!(ChunkState::from_media(c.state.on_media()), Some(ChunkState::Sealed));
+        c.to(ChunkState::Compacting, ChunkState::Free);
+    }
+
+    #[test]
+    #[should_panic(expected = "chunk state changes from the state it is in")]
+    fn a_chunk_changes_only_from_the_state_it_is_in() {
+        let mut log = Log::empty(2, 4);
+        log.chunks[1].to(ChunkState::Sealed, ChunkState::Free);
     }
 }

@@ -136,7 +136,7 @@ pub(super) fn write_mark_now(
     let mut m = inner.next_mark(None, None);
     for mb in last.map_or(&[][..], |l| &l.bands[..]) {
         let band = &inner.bands[mb.band as usize];
-        if band.state == State::Full && band.epoch == mb.epoch && m.bands.len() < MARK_BANDS_MAX {
+        if band.state.holds_all() && band.epoch == mb.epoch && m.bands.len() < MARK_BANDS_MAX {
             let written = if mb.written == RECLAIMED { RECLAIMED } else { mb.written.min(band.written as u32) };
             m.bands.push(MarkedBand { written, ..*mb });
         }
@@ -158,20 +158,20 @@ impl Inner {
         // them costs the volume count, not the band count (a million bands
         // on a 64 TiB device).
         let mut listed: Vec<u32> = self.vols.iter().filter_map(|v| v.open_band).chain(self.bands.gc_open).collect();
-        listed.extend(closed.iter().copied().filter(|&b| self.bands[b as usize].state == State::Full));
+        listed.extend(closed.iter().copied().filter(|&b| self.bands[b as usize].state.holds_all()));
         // Each stream's last full band too: the band its stream opens next
         // names it, but until that one's first segment is known durable
         // (`recover.rs`, chains), only the mark says how far it must read.
         let last = self.vols.iter().filter_map(|v| v.last_band).chain(self.bands.gc_last);
         listed.extend(
-            last.filter(|&(b, e)| self.bands[b as usize].state == State::Full && self.bands[b as usize].epoch == e)
+            last.filter(|&(b, e)| self.bands[b as usize].state.holds_all() && self.bands[b as usize].epoch == e)
                 .map(|(b, _)| b),
         );
         listed.sort_unstable();
         listed.dedup();
         let mut bands: Vec<MarkedBand> = listed
             .into_iter()
-            .filter(|&b| self.bands[b as usize].state != State::Free)
+            .filter(|&b| self.bands[b as usize].state != BandState::Free)
             .map(|b| {
                 let band = &self.bands[b as usize];
                 MarkedBand { band: b, written: band.written as u32, epoch: band.epoch }

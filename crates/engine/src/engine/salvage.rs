@@ -69,7 +69,10 @@ impl Engine {
             zoned::reclaim_band(&*self.capacity, inner.geo.zoned, b as u64 * bpb * BS, len)?;
             let band = &mut inner.bands[b as usize];
             (band.written, band.tombstones, band.epoch) = (0, 0, 0);
-            band.state = State::Free;
+            // (Free already if nothing in it won in recovery.)
+            if band.state != BandState::Free {
+                band.to(BandState::Full, BandState::Free);
+            }
             inner.bands.free.push_back(b);
         }
         inner.bands.quarantine.retain(|q| !bands.contains(q));

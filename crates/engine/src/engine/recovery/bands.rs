@@ -9,7 +9,7 @@ use crate::engine::bands::Bands;
 use crate::engine::l2p::Loc;
 use crate::engine::marks::{Mark, RECLAIMED};
 use crate::engine::segments::segment_blocks;
-use crate::engine::State;
+use crate::engine::BandState;
 use crate::engine::{EngineError, Inner, BS};
 use crate::layout::{crc32c, decode_header, Header, HeaderError, RecordKind, BLOCK_BYTES, STREAM_GC};
 use sluice_media::device::read_at;
@@ -289,7 +289,7 @@ pub(super) fn offer_segments(
                 data_i += 1;
             }
             let b = &mut bands[band];
-            b.state = State::Full;
+            b.state = BandState::Full;
             b.closed_seq = b.closed_seq.max(h.seq);
             b.tombstones = b.tombstones.saturating_add(h.entries.iter().filter(|e| e.tombstone).count() as u32);
         }
@@ -304,7 +304,7 @@ pub(super) fn last_bands(walks: &[BandWalk], bands: &Bands, streams: usize, void
     let mut last_bands = LastBands { vols: vec![None; streams], gc: None };
     for (b, w) in walks.iter().enumerate() {
         let (Some(e), Some(f)) = (w.epoch, w.first) else { continue };
-        if bands[b].state != State::Full || voided.contains(&(b as u32)) {
+        if bands[b].state != BandState::Full || voided.contains(&(b as u32)) {
             continue;
         }
         let slot = if f.stream == STREAM_GC {

@@ -204,7 +204,7 @@ fn scan_with(
             continue;
         };
         let ch = &mut inner.log.chunks[cs.chunk as usize];
-        ch.state = State::Full;
+        ch.state = ChunkState::Sealed;
         ch.epoch = cs.epoch.expect("records have an epoch");
         ch.first_lsn = first;
         chunk_epochs.push((ch.epoch, cs.chunk));
@@ -280,24 +280,25 @@ fn scan_with(
     // it frees: with every free band brought back that way, none is left.
     for (b, band) in inner.bands.iter_mut().enumerate() {
         if !live[b] {
-            band.state = State::Free;
+            band.state = BandState::Free;
         }
     }
     chunk_epochs.sort_unstable();
     inner.log.full = chunk_epochs.iter().map(|&(_, c)| c).collect();
-    inner.log.free = (1..chunk_count as u32).filter(|&c| inner.log.chunks[c as usize].state == State::Free).collect();
+    inner.log.free =
+        (1..chunk_count as u32).filter(|&c| inner.log.chunks[c as usize].state == ChunkState::Free).collect();
     // Free bands that still hold segments (dead ones, or a previous
     // generation whose discard was lost) are discarded before reuse: a new
     // generation's torn first segments must never leave an older one's
     // durable segments to be read as this band's.
     let stale_bands: Vec<u32> = (0..band_count as u32)
-        .filter(|&b| inner.bands[b as usize].state == State::Free && found.walks[b as usize].stop > 0)
+        .filter(|&b| inner.bands[b as usize].state == BandState::Free && found.walks[b as usize].stop > 0)
         .collect();
-    for b in inner.bands.iter_mut().filter(|b| b.state == State::Free) {
+    for b in inner.bands.iter_mut().filter(|b| b.state == BandState::Free) {
         b.written = 0;
         b.tombstones = 0;
     }
-    inner.bands.free = (0..band_count as u32).filter(|&b| inner.bands[b as usize].state == State::Free).collect();
+    inner.bands.free = (0..band_count as u32).filter(|&b| inner.bands[b as usize].state == BandState::Free).collect();
     let last_bands = last_bands(&found.walks, &inner.bands, inner.vols.len(), &voided);
     // Far above everything seen (`SEQ_RESTART_GAP`), and above the previous
     // recovery's restart, recorded in the superblock before anything was
