@@ -15,21 +15,30 @@
 //!   the best cost-benefit score ((1 − u) · age / (1 + u)) is relocated into a
 //!   separate GC band (cold data stays with cold data) and discarded.
 //!
-//! States move Free → Open → Full → Free for chunks and bands, asserted.
-//! The L2P (`l2p.rs`) is 4 bytes per block up to 2^32 device blocks (8
-//! beyond), plus each block's CRC; chunk P2L lives in memory for the
-//! small cache tier. Invariants (checked by `check_invariants` in tests): every
-//! mapped L2P entry points at a cache or capacity block whose P2L names it
-//! back, and valid counts equal the number of such blocks.
+//! This file is the façade: `Engine` (create, open, shutdown, handles) and
+//! the state it composes, behind one lock (`Inner`). Each part of the
+//! engine is a module of its own, with its state and invariants:
+//! - the CSAL parts: `l2p` (the map and its entry), `log` (the write log:
+//!   chunks, records, group commit), `compaction`, `gc` (victim choice)
+//!   and `placement` (which band a volume's blocks go to);
+//! - the capacity device: `bands` (bands and their states), `segments`
+//!   (how compaction and GC write it, and the crash-safety rules), `zoned`
+//!   (ZNS zones as bands);
+//! - background work: `worker` (the compactor thread), `throttle` (the
+//!   set-point controller), `step_io` (a step's I/O outside the lock);
+//! - reads: `read` (L2P to bytes, checked), `handle` (the `Volume` trait);
+//! - durability: `recovery` (rebuild from the media), `checkpoint` (clean
+//!   shutdown), `marks` (what the capacity device holds durably),
+//!   `identity` (which devices belong together), `salvage`, `check`.
 //!
-//! Requests run synchronously under one lock, which makes the engine
-//! deterministic on emulated devices. Compaction and GC run inline when a
-//! request needs space, or ahead of need in bounded steps on a background
-//! thread (`compactor.rs`) that paces writers with a set-point controller.
-//! Crash recovery (`recover.rs`) and salvage (`salvage.rs`), checkpoints
-//! (`checkpoint.rs`), the engine's identity on the media (`identity.rs`)
-//! and ZNS capacity devices (`zoned.rs`) live in the submodules. Not yet: device
-//! I/O outside the lock.
+//! Invariants (checked by `check_invariants` in tests): every mapped L2P
+//! entry points at a cache or capacity block whose P2L names it back (a
+//! chunk's P2L, or for a band the segment headers on the media), valid
+//! counts equal the number of such blocks, and every open band is exactly
+//! one stream's. Requests run synchronously under the one lock, which makes
+//! the engine deterministic on emulated devices; reads and a background
+//! step's device I/O run outside it (docs/engine.md says how each part
+//! takes the write path to every core).
 
 use crate::layout::{crc32c, encode_header, BLOCK_BYTES, RECORD_BLOCKS_MAX};
 use crate::metrics::{Op, OpSnapshot, VolumeMetrics};
@@ -58,6 +67,8 @@ mod recovery;
 mod salvage;
 mod segments;
 mod step_io;
+#[cfg(test)]
+mod tests;
 mod throttle;
 mod worker;
 mod zoned;

@@ -1,14 +1,14 @@
 //! Sluice's engine: volumes of 4 KiB blocks over a cache device (a FIFO write
 //! log) and a capacity device, written against the media traits only.
 
-pub mod crashsim;
 pub mod engine;
 pub mod faults;
 pub mod layout;
 pub mod metrics;
 pub mod persist;
 pub mod report;
-pub mod sim;
+#[cfg(test)]
+mod testkit;
 pub mod volume;
 
 pub use engine::{

@@ -53,7 +53,7 @@ pub struct Superblock {
     pub checkpoint_bytes: u64,
     pub checkpoint_crc: u32,
     /// The sequence the last recovery restarted at: the next one restarts
-    /// above it even if it finds nothing newer (`recover.rs`).
+    /// above it even if it finds nothing newer (`engine/recovery/`).
     pub seq_floor: u64,
     pub volumes: Vec<(String, u64)>,
 }

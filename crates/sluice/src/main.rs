@@ -491,7 +491,7 @@ fn sim(
     seed_start: u64,
     ops: usize,
     zns: bool,
-    opts: sluice_engine::crashsim::SimOptions,
+    opts: sluice_sim::crashsim::SimOptions,
 ) -> Result<(), CliError> {
     let t = Instant::now();
     let (mut crashes, mut inside, mut in_recovery, mut shutdowns, mut cut) = (0, 0, 0, 0, 0);
@@ -502,7 +502,7 @@ fn sim(
         if opts.swarm { " --swarm" } else { "" }
     );
     for seed in seed_start..seed_start.saturating_add(seeds) {
-        let r = sluice_engine::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
+        let r = sluice_sim::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
             CliError(format!("{e}\nreplay: sluice sim{flag} --seed-start {seed} --seeds 1 --ops {ops}"))
         })?;
         crashes += r.crashes;
@@ -523,7 +523,7 @@ fn sim(
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm } => {
-            let opts = sluice_engine::crashsim::SimOptions { flips, swarm, ..Default::default() };
+            let opts = sluice_sim::crashsim::SimOptions { flips, swarm, ..Default::default() };
             sim(seeds, seed_start, ops, zns, opts)
         }
         Cmd::Stats { addr, interval, json } => {

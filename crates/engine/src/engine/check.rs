@@ -2,7 +2,7 @@
 //!
 //! It opens nothing and writes nothing: the superblock, the label and their
 //! agreement (`Engine::inspect`); the log and every band as crash recovery
-//! reads them, with its damage rules (recover.rs); every mapped block's data
+//! reads them, with its damage rules (recovery/); every mapped block's data
 //! against its CRC (recovery trusts durable segments unread, so this is the
 //! only place a block damaged at rest is found before a read meets it); and
 //! after a clean shutdown, the checkpoint's CRC and its map against the one

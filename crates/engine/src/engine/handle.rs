@@ -356,7 +356,7 @@ impl Volume for EngineVolume {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::{pattern, small_device_bytes, small_world, small_world_on};
+    use crate::testkit::{pattern, small_device_bytes, small_world, small_world_on};
     use sluice_media::{DeviceInfo, IoCompletion, MemoryDevice};
 
     /// A memory device that admits only `depth` requests at once.
@@ -426,7 +426,7 @@ mod tests {
     /// the pool for the next write.
     #[test]
     fn writes_in_the_engines_own_buffer_are_logged_without_a_copy() {
-        use crate::sim::write_owned;
+        use crate::testkit::write_owned;
         let w = small_world(&[512]);
         let v = &w.volumes[0];
         let mut want = vec![0u8; 512 * BLOCK_BYTES];

@@ -228,7 +228,7 @@ impl L2p {
 mod tests {
     use super::*;
     use crate::engine::{Engine, EngineConfig, VolumeSpec};
-    use crate::sim::pattern;
+    use crate::testkit::pattern;
     use crate::volume::Volume;
     use sluice_media::rng::SplitMix64;
     use sluice_media::CrashDevice;

@@ -4,7 +4,7 @@
 //! Owns: group commit (writes of one volume share records), records built
 //! from the caller's slices or handed over whole in a buffer the engine gave
 //! out (`append_owned`, no copy), the open chunk, and taking a fresh chunk
-//! (compacting when free chunks run low, datapath.rs).
+//! (compacting when free chunks run low, compaction.rs).
 //!
 //! Invariants: a record lists each LBA at most once and fits its chunk
 //! (`Inner::record_blocks_max`); the maps point at a record's blocks only

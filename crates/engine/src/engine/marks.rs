@@ -161,7 +161,7 @@ impl Inner {
         listed.extend(closed.iter().copied().filter(|&b| self.bands[b as usize].state.holds_all()));
         // Each stream's last full band too: the band its stream opens next
         // names it, but until that one's first segment is known durable
-        // (`recover.rs`, chains), only the mark says how far it must read.
+        // (`recovery/bands.rs`, chains), only the mark says how far it must read.
         let last = self.vols.iter().filter_map(|v| v.last_band).chain(self.bands.gc_last);
         listed.extend(
             last.filter(|&(b, e)| self.bands[b as usize].state.holds_all() && self.bands[b as usize].epoch == e)

@@ -262,7 +262,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::{assert_reads_as, pattern, small_world};
+    use crate::testkit::{assert_reads_as, pattern, small_world};
     use sluice_media::rng::SplitMix64 as Rng;
 
     /// A window read without the lock stands in for the step's read only if
@@ -391,7 +391,7 @@ mod tests {
     /// inside a request, writes under it.
     #[test]
     pub(super) fn background_steps_submit_their_segment_writes_without_the_lock() {
-        use crate::sim::{small_device_bytes, small_world_on};
+        use crate::testkit::{small_device_bytes, small_world_on};
         use sluice_media::MemoryDevice;
         use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
         /// Counts the writes submitted while the engine lock is held.

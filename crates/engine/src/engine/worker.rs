@@ -1,7 +1,7 @@
-//! Background compaction and GC, and the set-point controller that paces
-//! foreground writes to them.
+//! The background worker: compaction and GC run ahead of need on a thread
+//! of their own, and the foreground writes paced to them.
 //!
-//! Without a compactor the engine compacts inline: the write that finds the
+//! Without a worker the engine compacts inline: the write that finds the
 //! log at its floor (`log_free_chunks_min` free chunks) compacts the oldest
 //! chunk itself, and the compaction that finds the bands at theirs collects
 //! whole bands — hundreds of milliseconds under the lock while every other
@@ -9,32 +9,20 @@
 //! does it ahead of need in bounded steps (`Engine::compact_step`,
 //! `gc_step`: 1/16 of a chunk each, resumable, re-checking the map every
 //! step), and steps aside after each one for as long as it took whenever
-//! requests wait for the lock.
+//! requests wait for the lock. When writes outrun it, the set-point
+//! controller (throttle.rs) paces them to the measured drain bandwidth; the
+//! inline paths stay as safety valves, so no write ever fails for lack of
+//! space.
 //!
-//! When writes outrun it, the log would still drain to the floor. The
-//! [`Throttle`] prevents that the way Linux paces dirty pages
-//! (balance_dirty_pages): below a set point it admits writes at a rate
-//! proportional to the measured drain bandwidth (a chunk's log bytes over
-//! the time of its compaction steps and the GC steps done meanwhile) —
-//! exactly that bandwidth at the set point, falling linearly to a tenth of
-//! it at the floor — and admits them freely above it. Free space then
-//! settles at the set point, where writes run as fast as the log drains,
-//! and writers are slowed smoothly instead of being stopped. The inline
-//! paths stay as safety valves, so no write ever fails for lack of space.
+//! A step's device I/O mostly runs without the lock (step_io.rs): the
+//! window it reads is read beforehand, and its segment writes complete
+//! afterwards, their remaps applied once they have.
 //!
-//! A step's device I/O mostly runs without the lock: the window it reads
-//! is read beforehand (`Engine::preread`, checked against the place's
-//! generation), and a step's segment writes complete afterwards, their
-//! remaps applied once they have, each only if the block has not moved
-//! meanwhile (`Engine::settle`; both in `unlocked.rs`).
-//!
-//! Invariants: the throttle sleeps outside the engine lock; the compactor
+//! Invariants: the throttle sleeps outside the engine lock; the worker
 //! holds the lock for one bounded step at a time (plus a short one to
 //! apply remaps), and the only capacity writes in flight between steps are
 //! its last step's, which anything that touches bands settles first;
-//! dropping the [`Compactor`] stops and joins its thread. The controller is
-//! a pure function of (time, bytes, free
-//! chunks, bandwidth), tested without threads or clocks.
+//! dropping the [`Compactor`] stops and joins its thread.
 
 use super::compaction::CompactStep;
 use super::gc::GcStep;
@@ -527,7 +515,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::{assert_reads_as, pattern, small_world};
+    use crate::testkit::{assert_reads_as, pattern, small_world};
     use crate::volume::Volume;
     use sluice_media::rng::SplitMix64 as Rng;
 

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::layout::{decode_header, Header, RecordKind};
-use crate::sim::{pattern, small_world};
+use crate::testkit::{pattern, small_world};
 
 /// (block, header) of every record or segment header on `dev` (a scan
 /// of the raw device, as an attacker flipping bits would see it).

@@ -50,9 +50,9 @@
 //! the backend's injected errors subtracted), and every flushed write must
 //! survive.
 
-use crate::engine::Engine;
-use crate::sim::{pattern, small_device_bytes, small_world_on, small_zns_profile, World};
-use crate::volume::Volume;
+use crate::ops::{expect, new_versions, Op};
+use crate::testkit::{small_device_bytes, small_world_on, small_zns_profile, write_owned, World};
+use crate::{Engine, Volume};
 use sluice_media::clock::ClockRef;
 use sluice_media::device::{DeviceInfo, DeviceStats, IoCompletion, IoOp, IoRequest};
 use sluice_media::rng::SplitMix64 as Rng;
@@ -130,7 +130,7 @@ fn swarm_world(rng: &mut Rng) -> (Arc<CrashDevice>, Arc<CrashDevice>, World, Vec
     // `band` blocks holds `band - 1` of data) plus the reserve; more bands
     // until the checkpoint region fits as well.
     let mut bands = (total * 13 / 10).div_ceil(band - 1) + sizes.len() as u64 + 4;
-    let specs = crate::sim::small_specs(&sizes);
+    let specs = crate::testkit::small_specs(&sizes);
     loop {
         let cache = Arc::new(CrashDevice::new(cache_bytes, 4096));
         let capacity = Arc::new(CrashDevice::new(bands * cfg.band_bytes, 4096));
@@ -150,27 +150,6 @@ fn injected(e: &crate::EngineError) -> bool {
     use crate::EngineError as E;
     use sluice_media::DeviceError::Injected;
     matches!(e, E::Device(Injected) | E::Recovery(crate::VolumeError::Io(Injected)))
-}
-
-fn expect(vol: usize, lba: u64, version: u64) -> Vec<u8> {
-    if version == 0 {
-        vec![0u8; BS]
-    } else {
-        pattern(vol, lba, version)
-    }
-}
-
-/// Fresh versions of `len` blocks of volume `v` from `lba` (numbered from
-/// `version` on): their data and numbers.
-fn new_versions(version: &mut u64, v: usize, lba: u64, len: u64) -> (Vec<u8>, Vec<u64>) {
-    let mut data = Vec::with_capacity(len as usize * BS);
-    let mut versions = Vec::with_capacity(len as usize);
-    for i in 0..len {
-        *version += 1;
-        data.extend_from_slice(&pattern(v, lba + i, *version));
-        versions.push(*version);
-    }
-    (data, versions)
 }
 
 /// A crash device shared with the emulator that wraps it (the emulator owns
@@ -255,59 +234,44 @@ impl Sim {
         format!("seed {} op {op}: {what}", self.seed)
     }
 
-    /// One random operation. Ok(false) if it failed with an injected device
-    /// error (its versions are recorded as possible, none as durable).
+    /// One operation drawn from the seed (ops.rs). Ok(false) if it failed
+    /// with an injected device error (its versions are recorded as
+    /// possible, none as durable).
     fn step(&mut self, op: usize) -> Result<bool, String> {
-        let v = self.rng.below(self.sizes.len() as u64) as usize;
-        let blocks = self.sizes[v];
-        let len = 1 + self.rng.below(40.min(blocks));
-        let lba = self.rng.below(blocks - len + 1);
-        let vol = &self.world.volumes[v];
-        let kind = self.rng.below(100);
-        let fua = self.rng.below(8) == 0;
-        let r = match kind {
-            0..=14 => {
-                // A group commit: several writes, overlapping or repeating
-                // blocks, in shared records; later ones win.
-                let n = 2 + self.rng.below(6);
-                let mut writes: Vec<(u64, Vec<u8>, Vec<u64>)> = Vec::new();
-                for _ in 0..n {
-                    let len = 1 + self.rng.below(4.min(blocks));
-                    let lba = self.rng.below(blocks - len + 1);
-                    let (data, versions) = new_versions(&mut self.version, v, lba, len);
-                    writes.push((lba, data, versions));
+        let r = match Op::draw(&mut self.rng, &self.sizes) {
+            Op::Write { vol: v, writes, fua, owned } => {
+                let mut data = Vec::with_capacity(writes.len());
+                for &(lba, len) in &writes {
+                    let (d, versions) = new_versions(&mut self.version, v, lba, len);
+                    data.push((lba * BS as u64, d, versions));
                 }
-                let batch: Vec<(u64, &[u8])> = writes.iter().map(|(lba, d, _)| (lba * BS as u64, &d[..])).collect();
-                let r = vol.write_batch(&batch, false);
-                for (lba, _, versions) in &writes {
-                    for (i, &ver) in versions.iter().enumerate() {
-                        self.model[v][(lba + i as u64) as usize].put(ver);
-                    }
-                }
-                r
-            }
-            15..=54 => {
-                let (data, versions) = new_versions(&mut self.version, v, lba, len);
-                let r = if kind >= 35 {
-                    crate::sim::write_owned(vol, lba * BS as u64, &data, fua)
-                } else {
-                    vol.write(lba * BS as u64, &data, fua)
+                let vol = &self.world.volumes[v];
+                let r = match &data[..] {
+                    [(at, d, _)] if owned => write_owned(vol, *at, d, fua),
+                    [(at, d, _)] => vol.write(*at, d, fua),
+                    _ => vol.write_batch(&data.iter().map(|(at, d, _)| (*at, &d[..])).collect::<Vec<_>>(), fua),
                 };
-                for (i, &ver) in versions.iter().enumerate() {
-                    let b = &mut self.model[v][(lba + i as u64) as usize];
-                    b.put(ver);
-                    if fua && r.is_ok() {
-                        b.make_durable();
+                // In order: a later write of a batch wins where they overlap.
+                for (at, _, versions) in &data {
+                    let lba = at / BS as u64;
+                    for (i, &ver) in versions.iter().enumerate() {
+                        let b = &mut self.model[v][(lba + i as u64) as usize];
+                        b.put(ver);
+                        if fua && r.is_ok() {
+                            b.make_durable();
+                        }
                     }
                 }
                 r
             }
-            73..=75 => self.world.engine.collect_some(len).map(|_| ()),
-            76..=77 => self.world.engine.compact_some(len).map(|_| ()),
-            78..=79 => self.world.engine.compact_some_leaving_remaps(len).map(|_| ()),
-            55..=72 => {
+            Op::Gc { blocks } => self.world.engine.collect_some(blocks).map(|_| ()),
+            Op::Compact { blocks, leave_remaps: false } => self.world.engine.compact_some(blocks).map(|_| ()),
+            Op::Compact { blocks, leave_remaps: true } => {
+                self.world.engine.compact_some_leaving_remaps(blocks).map(|_| ())
+            }
+            Op::Read { vol: v, lba, len } => {
                 let mut buf = vec![0u8; len as usize * BS];
-                match vol.read(lba * BS as u64, &mut buf) {
+                match self.world.volumes[v].read(lba * BS as u64, &mut buf) {
                     // An injected read error: typed, and nothing changed.
                     Err(crate::VolumeError::Io(sluice_media::DeviceError::Injected)) => return Ok(false),
                     // A bit flipped at rest, found by the read: an error, not data.
@@ -323,22 +287,27 @@ impl Sim {
                 }
                 Ok(())
             }
-            80..=94 => {
-                let r = if kind < 88 {
-                    vol.trim(lba * BS as u64, len * BS as u64)
-                } else {
-                    vol.write_zeroes(lba * BS as u64, len * BS as u64, fua)
+            op @ (Op::Trim { .. } | Op::Zero { .. }) => {
+                let (v, lba, len, zero_fua) = match op {
+                    Op::Trim { vol, lba, len } => (vol, lba, len, None),
+                    Op::Zero { vol, lba, len, fua } => (vol, lba, len, Some(fua)),
+                    _ => unreachable!("matched above"),
+                };
+                let vol = &self.world.volumes[v];
+                let r = match zero_fua {
+                    None => vol.trim(lba * BS as u64, len * BS as u64),
+                    Some(fua) => vol.write_zeroes(lba * BS as u64, len * BS as u64, fua),
                 };
                 for b in &mut self.model[v][lba as usize..(lba + len) as usize] {
                     b.put(0);
-                    if fua && kind >= 88 && r.is_ok() {
+                    if zero_fua == Some(true) && r.is_ok() {
                         b.make_durable();
                     }
                 }
                 r
             }
-            _ => {
-                let r = vol.flush();
+            Op::Flush { vol: v } => {
+                let r = self.world.volumes[v].flush();
                 if r.is_ok() {
                     self.model.iter_mut().flatten().for_each(BlockModel::make_durable);
                 }
@@ -597,7 +566,7 @@ pub fn run_crash_seed_zns(seed: u64, ops: usize) -> Result<CrashReport, String> 
 }
 
 fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Result<CrashReport, String> {
-    crate::report::quiet();
+    sluice_engine::report::quiet();
     let mut rng = Rng(seed ^ 0xc0ff_ee00_d15c_0123);
     let mut sizes: Vec<u64> = (0..3).map(|_| 32 + rng.below(160)).collect();
     let (cache, capacity, zns, world) = if opts.swarm && !zoned {
@@ -679,6 +648,7 @@ fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::pattern;
 
     /// CI's crash campaign: 500 seeds (more with `sluice sim --seeds N`).
     #[test]
