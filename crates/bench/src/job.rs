@@ -481,7 +481,7 @@ pub fn run_job_text(
         let volumes: Vec<VolumeTraffic> = volume_traffic(&e).iter().zip(&v0).map(|(a, b)| a.since(b)).collect();
         let gc: u64 = volumes.iter().map(|v| v.gc_bytes).sum();
         rep.gc_ratio = Some(gc as f64 / r.device.host_write_bytes.max(1) as f64);
-        rep.band_tenancy = Some(e.band_tenancy());
+        rep.band_tenancy = e.band_tenancy().ok();
         rep.volumes = Some(volumes);
     }
     Ok(rep)

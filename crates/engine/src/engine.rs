@@ -81,7 +81,7 @@ pub use handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
 use identity::write_label;
 pub use identity::{label_offset, label_present, superblock_present, wipe_labels};
 pub use l2p::CAPACITY_BYTES_MAX;
-use l2p::{L2p, Loc, Width};
+use l2p::{L2p, Loc, PageStore, Width};
 use log::{Chunk, ChunkState, Log};
 pub use placement::BandPlacement;
 use pool::BufPool;
@@ -90,7 +90,7 @@ use segments::{CapWrites, CAP_QUEUE_DEPTH};
 pub use throttle::Throttle;
 pub use worker::{Compactor, CompactorConfig, CompactorSnapshot};
 
-use checkpoint::{checkpoint_bytes_max, decode_checkpoint, encode_checkpoint};
+use checkpoint::{checkpoint_bytes_max, checkpoint_page_bytes, decode_checkpoint, encode_checkpoint};
 use zoned::CapGeometry;
 
 const BS: u64 = BLOCK_BYTES as u64;
@@ -108,6 +108,10 @@ pub struct EngineConfig {
     pub log_free_chunks_min: usize,
     /// Run GC when fewer free bands remain.
     pub gc_free_bands_min: usize,
+    /// DRAM the L2P may take (0: no limit). When every volume's map does
+    /// not fit, the maps are paged: this much of them stays in DRAM, the
+    /// rest lives in a region at the end of the cache device (l2p/pager.rs).
+    pub l2p_dram_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -118,6 +122,7 @@ impl Default for EngineConfig {
             write_unit_bytes: 64 << 10,
             log_free_chunks_min: 2,
             gc_free_bands_min: 2,
+            l2p_dram_bytes: 0,
         }
     }
 }
@@ -194,6 +199,16 @@ impl From<DeviceError> for VolumeError {
     fn from(e: DeviceError) -> VolumeError {
         VolumeError::Io(e)
     }
+}
+
+/// The L2P's paging (`Engine::l2p_stats`).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct L2pStats {
+    pub paged: bool,
+    /// DRAM the maps take (entries and CRCs, or a paged map's frames and tables).
+    pub dram_bytes: u64,
+    pub page_faults: u64,
+    pub page_writebacks: u64,
 }
 
 /// A volume to create.
@@ -409,6 +424,8 @@ impl Engine {
         mut cfg: EngineConfig,
         volumes: &[VolumeSpec],
     ) -> Result<Arc<Engine>, EngineError> {
+        // Shared from the start: a paged map does its I/O through it.
+        let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
         // On a zoned capacity device, bands are its zones.
         let geo = CapGeometry::of(&*capacity, cfg.band_bytes);
         cfg.band_bytes = geo.band_bytes;
@@ -429,7 +446,17 @@ impl Engine {
         {
             return Err(EngineError::Config("band_bytes must be a multiple of write_unit_bytes, itself of 4 KiB"));
         }
-        let chunk_count = cache.info().capacity_bytes / cfg.chunk_bytes;
+        // Paged maps take a region at the end of the cache device.
+        let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
+        let width = Width::for_devices(cache.info().capacity_bytes / BS, capacity.info().capacity_bytes / BS);
+        let paged = cfg.l2p_dram_bytes != 0 && vols_blocks * (width.bytes() + 4) > cfg.l2p_dram_bytes;
+        let region: u64 = if paged {
+            let pages: u64 = volumes.iter().map(|v| L2p::region_bytes(v.size_bytes / BS, width)).sum();
+            pages.div_ceil(cfg.chunk_bytes) * cfg.chunk_bytes
+        } else {
+            0
+        };
+        let chunk_count = cache.info().capacity_bytes.saturating_sub(region) / cfg.chunk_bytes;
         // Chunk 0 holds the superblock; the log needs its reserve plus two.
         if chunk_count < cfg.log_free_chunks_min as u64 + 3 {
             return Err(EngineError::Config("cache device too small for the log"));
@@ -447,11 +474,11 @@ impl Engine {
         if all_bands >= u32::MAX as u64 || chunk_count >= u32::MAX as u64 {
             return Err(EngineError::Config("more than 2^32 - 1 bands or chunks: make them larger"));
         }
-        let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
         // The checkpoint region at the end of the capacity device, whole
         // bands, and the label after it (`label_offset`): in the last two
         // blocks of a conventional device, in a zone of its own on a zoned one.
-        let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, all_bands, volumes.len() as u64, vols_blocks);
+        let map_bytes = if paged { checkpoint_page_bytes(vols_blocks, volumes.len() as u64) } else { 12 * vols_blocks };
+        let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, all_bands, volumes.len() as u64, map_bytes);
         let ckpt_bands = if geo.zoned {
             ckpt_bytes.div_ceil(geo.usable_blocks * BS) + 1
         } else {
@@ -497,6 +524,7 @@ impl Engine {
             checkpoint_bytes: 0,
             checkpoint_crc: 0,
             seq_floor: 0,
+            l2p_dram_bytes: if paged { cfg.l2p_dram_bytes } else { 0 },
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
         };
         let label = CapacityLabel {
@@ -505,7 +533,8 @@ impl Engine {
             cache_bytes: cache.info().capacity_bytes,
             band_bytes: cfg.band_bytes,
         };
-        let inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
+        let maps = new_maps(&sb, &cache);
+        let inner = Inner::empty(cfg, geo, sb, chunk_count, band_count, maps);
         // The label first: a crash between the two leaves a capacity device
         // that names an engine whose cache device is blank, which opening
         // refuses (`CacheUnlabelled`) rather than mistaking for a new engine.
@@ -551,7 +580,7 @@ impl Engine {
         let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
         let checkpoint = if sb.clean {
             match read_checkpoint(&*capacity, &geo, &sb) {
-                Ok(body) => Some(decode_checkpoint(&body, cfg.clone(), geo, sb.clone())),
+                Ok(body) => Some(decode_checkpoint(&body, cfg.clone(), geo, sb.clone(), new_maps(&sb, &cache))),
                 Err(e) => Some(Err(e)),
             }
         } else {
@@ -562,7 +591,7 @@ impl Engine {
             Some(Err(e)) if !opts.salvage => return Err(e),
             _ => {
                 let t = std::time::Instant::now();
-                let mut r = recovery::scan(&*cache, &*capacity, cfg, geo, sb)?;
+                let mut r = recovery::scan(&*cache, &*capacity, &cache, cfg, geo, sb)?;
                 if !r.damage.is_empty() && !opts.salvage {
                     return Err(EngineError::Damaged(r.damage));
                 }
@@ -664,6 +693,15 @@ impl Engine {
             inner.closed = true;
             return Err(EngineError::Failed);
         }
+        // Paged maps: every dirty page into the cache device's map region,
+        // durable before the checkpoint that describes them.
+        let pages = (inner.vols.iter_mut().try_for_each(|v| v.l2p.write_pages()))
+            .and_then(|()| flush(&*self.cache).map_err(VolumeError::from));
+        if pages.is_err() {
+            inner.failed = true;
+            inner.closed = true;
+            return Err(EngineError::Failed);
+        }
         let mut body = encode_checkpoint(&inner);
         let (body_bytes, body_crc) = (body.len(), crc32c(&body));
         body.resize(body_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES, 0);
@@ -716,6 +754,21 @@ impl Engine {
         self.inner.lock().expect("engine lock poisoned")
     }
 
+    /// The L2P's paging: whether the maps are paged, the DRAM they take, and
+    /// pages faulted in and written back since the engine opened.
+    pub fn l2p_stats(&self) -> L2pStats {
+        let inner = self.lock();
+        let mut s = L2pStats::default();
+        for v in &inner.vols {
+            let (faults, writebacks) = v.l2p.page_traffic();
+            s.paged |= v.l2p.is_paged();
+            s.dram_bytes += v.l2p.bytes() as u64;
+            s.page_faults += faults;
+            s.page_writebacks += writebacks;
+        }
+        s
+    }
+
     /// Assert the map's invariants (O(blocks); for simulation and tests).
     pub fn check_invariants(&self) {
         self.lock().check_invariants();
@@ -725,6 +778,51 @@ impl Engine {
 /// The L2P entry width for the devices a superblock records.
 fn l2p_width(sb: &Superblock) -> Width {
     Width::for_devices(sb.cache_bytes / BS, sb.capacity_bytes / BS)
+}
+
+/// Where the paged maps live: the map region's first byte on the cache
+/// device (its end, if no map is paged) and each volume's pages' offset in
+/// it. The region is whole chunks at the end of the cache device.
+fn map_region(sb: &Superblock) -> (u64, Vec<u64>) {
+    if sb.l2p_dram_bytes == 0 {
+        return (sb.cache_bytes, Vec::new());
+    }
+    let width = l2p_width(sb);
+    let mut offsets = Vec::with_capacity(sb.volumes.len());
+    let mut at = 0;
+    for (_, size) in &sb.volumes {
+        offsets.push(at);
+        at += L2p::region_bytes(size / BS, width);
+    }
+    (sb.cache_bytes.saturating_sub(at.div_ceil(sb.chunk_bytes) * sb.chunk_bytes), offsets)
+}
+
+/// Log chunks on the cache device: what the map region leaves.
+fn chunk_count(sb: &Superblock) -> u64 {
+    map_region(sb).0 / sb.chunk_bytes
+}
+
+/// Every volume's map, empty: in DRAM, or paged through `dev` (the cache
+/// device, or a scratch device for a read-only scan) with the superblock's
+/// budget shared in proportion to the volumes' sizes.
+fn new_maps(sb: &Superblock, dev: &Arc<dyn BlockDevice>) -> Vec<L2p> {
+    let width = l2p_width(sb);
+    let (base, offsets) = map_region(sb);
+    let total: u64 = sb.volumes.iter().map(|(_, s)| s / BS).sum::<u64>().max(1);
+    let page = L2p::page_bytes(width) as u64;
+    sb.volumes
+        .iter()
+        .enumerate()
+        .map(|(i, (_, size))| {
+            let blocks = size / BS;
+            if sb.l2p_dram_bytes == 0 {
+                return L2p::new(blocks as usize, width);
+            }
+            let share = (sb.l2p_dram_bytes as u128 * blocks as u128 / total as u128) as u64;
+            let store = PageStore { dev: dev.clone(), base: base + offsets[i], frames: (share / page) as usize };
+            L2p::paged(blocks as usize, width, store)
+        })
+        .collect()
 }
 
 /// How `Engine::open_with` opens.
@@ -751,6 +849,7 @@ fn on_media_config(sb: &Superblock, capacity: &dyn BlockDevice) -> Result<(Engin
         write_unit_bytes: sb.write_unit_bytes,
         log_free_chunks_min: sb.log_free_chunks_min as usize,
         gc_free_bands_min: sb.gc_free_bands_min as usize,
+        l2p_dram_bytes: sb.l2p_dram_bytes,
     };
     Ok((cfg, geo))
 }
@@ -790,15 +889,21 @@ impl Inner {
 
     /// A state with every volume unmapped and every chunk and band free.
     /// (`sb` names the devices' sizes, which fix the L2P's width.)
-    fn empty(cfg: EngineConfig, geo: CapGeometry, sb: Superblock, chunk_count: u64, band_count: u64) -> Inner {
+    /// (`maps`: every volume's, empty, from `new_maps`.)
+    fn empty(
+        cfg: EngineConfig,
+        geo: CapGeometry,
+        sb: Superblock,
+        chunk_count: u64,
+        band_count: u64,
+        maps: Vec<L2p>,
+    ) -> Inner {
         let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
         Inner {
-            vols: sb
-                .volumes
-                .iter()
-                .map(|(name, size)| Vol {
+            vols: (sb.volumes.iter().zip(maps))
+                .map(|((name, _), l2p)| Vol {
                     name: name.clone(),
-                    l2p: L2p::new((size / BS) as usize, l2p_width(&sb)),
+                    l2p,
                     open_band: None,
                     last_band: None,
                     moved: Moves::default(),
@@ -860,7 +965,14 @@ impl Inner {
         let mut chunk_valid = vec![0u32; self.log.chunks.len()];
         let mut band_valid = vec![0u32; self.bands.len()];
         for (vi, v) in self.vols.iter().enumerate() {
-            for (lba, loc) in v.l2p.iter().enumerate() {
+            let mut entries = Vec::new();
+            // A paged map reads its pages from the cache device, where a
+            // simulation may have armed a fault: then nothing is checked
+            // this time.
+            if v.l2p.for_each(|lba, loc, _| entries.push((lba, loc))).is_err() {
+                return;
+            }
+            for (lba, loc) in entries {
                 if let Some(cb) = loc.cache_block() {
                     let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
                     assert_eq!(self.log.chunks[c].p2l[i], (vi as u32, lba as u64), "chunk P2L names the block");

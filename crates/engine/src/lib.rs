@@ -13,6 +13,6 @@ pub mod volume;
 
 pub use engine::{
     BandPlacement, CheckReport, Compactor, CompactorConfig, CompactorSnapshot, Damage, Engine, EngineConfig,
-    EngineError, EngineSnapshot, EngineStats, EngineVolume, OpenOptions, VolumeSnapshot, VolumeSpec,
+    EngineError, EngineSnapshot, EngineStats, EngineVolume, L2pStats, OpenOptions, VolumeSnapshot, VolumeSpec,
 };
 pub use volume::{Extent, Volume, VolumeError, WriteBuf};

@@ -23,7 +23,7 @@ use sluice_media::device::{flush, write_at};
 use sluice_media::{BlockDevice, DeviceError};
 
 pub const SUPERBLOCK_MAGIC: u32 = 0x534c_5342; // "SLSB"
-pub const SUPERBLOCK_VERSION: u16 = 4;
+pub const SUPERBLOCK_VERSION: u16 = 5;
 pub const LABEL_MAGIC: u32 = 0x534c_4341; // "SLCA"
 pub const NAME_BYTES_MAX: usize = 63;
 /// Fixed part of the superblock before the volume table.
@@ -55,6 +55,10 @@ pub struct Superblock {
     /// The sequence the last recovery restarted at: the next one restarts
     /// above it even if it finds nothing newer (`engine/recovery/`).
     pub seq_floor: u64,
+    /// The L2P's DRAM budget when it is paged (the rest of the map lives in
+    /// a region at the end of the cache device); 0: every map in DRAM.
+    /// (Version 5; version 4 kept these bytes zero.)
+    pub l2p_dram_bytes: u64,
     pub volumes: Vec<(String, u64)>,
 }
 
@@ -65,7 +69,7 @@ pub enum SuperblockError {
     #[error("superblock checksum mismatch")]
     Checksum,
     #[error(
-        "unsupported superblock version {0} (this Sluice reads version {SUPERBLOCK_VERSION}; \
+        "unsupported superblock version {0} (this Sluice reads versions 4 and {SUPERBLOCK_VERSION}; \
          version 2 engines have no capacity label and must be re-created)"
     )]
     Version(u16),
@@ -108,7 +112,8 @@ impl Superblock {
         put(&(self.volumes.len() as u32).to_le_bytes());
         put(&self.seq_floor.to_le_bytes());
         put(&self.uuid);
-        put(&[0u8; 16]); // reserved
+        put(&self.l2p_dram_bytes.to_le_bytes());
+        put(&[0u8; 8]); // reserved
         debug_assert_eq!(w, SB_FIXED_BYTES);
         for (i, (name, size)) in self.volumes.iter().enumerate() {
             let o = SB_FIXED_BYTES + i * SB_VOLUME_BYTES;
@@ -133,7 +138,8 @@ impl Superblock {
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
         let version = u16_at(4);
-        if version != SUPERBLOCK_VERSION {
+        // Version 4 differs only in `l2p_dram_bytes`, zero there.
+        if version != SUPERBLOCK_VERSION && version != 4 {
             return Err(SuperblockError::Version(version));
         }
         let count = u32_at(84) as usize;
@@ -165,6 +171,7 @@ impl Superblock {
             checkpoint_bytes: u64_at(72),
             checkpoint_crc: u32_at(80),
             seq_floor: u64_at(88),
+            l2p_dram_bytes: u64_at(112),
             volumes,
         })
     }
@@ -333,6 +340,7 @@ mod tests {
             write_unit_bytes: 1 << 16,
             log_free_chunks_min: 2,
             gc_free_bands_min: 2,
+            l2p_dram_bytes: 0,
             cache_bytes: 1 << 33,
             capacity_bytes: 1 << 40,
             checkpoint_offset: 12345 << 12,
@@ -351,6 +359,19 @@ mod tests {
         bad[200] ^= 1;
         assert_eq!(Superblock::decode(&bad), Err(SuperblockError::Checksum));
         assert_eq!(Superblock::decode(&vec![0; BLOCK_BYTES]), Err(SuperblockError::NoMagic));
+        // A budget round-trips; a version 4 superblock reads as one without.
+        let paged = Superblock { l2p_dram_bytes: 1 << 30, ..sb() };
+        assert_eq!(Superblock::decode(&paged.encode()), Ok(paged));
+        let mut v4 = sb().encode();
+        v4[4..6].copy_from_slice(&4u16.to_le_bytes());
+        let c = crc32c(&v4[..BLOCK_BYTES - 4]);
+        v4[BLOCK_BYTES - 4..].copy_from_slice(&c.to_le_bytes());
+        assert_eq!(Superblock::decode(&v4), Ok(sb()));
+        let mut v3 = v4.clone();
+        v3[4..6].copy_from_slice(&3u16.to_le_bytes());
+        let c = crc32c(&v3[..BLOCK_BYTES - 4]);
+        v3[BLOCK_BYTES - 4..].copy_from_slice(&c.to_le_bytes());
+        assert_eq!(Superblock::decode(&v3), Err(SuperblockError::Version(3)));
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub fn small_config() -> EngineConfig {
         write_unit_bytes: 4 * 4096,
         log_free_chunks_min: 2,
         gc_free_bands_min: 2,
+        l2p_dram_bytes: 0,
     }
 }
 
@@ -71,8 +72,18 @@ pub fn small_specs(volume_blocks: &[u64]) -> Vec<VolumeSpec> {
 
 /// A fresh engine on the given devices (sized by `small_device_bytes`).
 pub fn small_world_on(cache: Arc<dyn BlockDevice>, capacity: Arc<dyn BlockDevice>, volume_blocks: &[u64]) -> World {
+    small_world_with(cache, capacity, volume_blocks, small_config())
+}
+
+/// `small_world_on` with another configuration.
+pub fn small_world_with(
+    cache: Arc<dyn BlockDevice>,
+    capacity: Arc<dyn BlockDevice>,
+    volume_blocks: &[u64],
+    cfg: EngineConfig,
+) -> World {
     let specs = small_specs(volume_blocks);
-    let engine = Engine::create(cache, capacity, small_config(), &specs).expect("world fits");
+    let engine = Engine::create(cache, capacity, cfg, &specs).expect("world fits");
     let volumes = specs.iter().map(|s| engine.volume(&s.name).expect("created")).collect();
     World { engine, volumes }
 }

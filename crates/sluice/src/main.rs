@@ -116,6 +116,10 @@ enum Cmd {
         /// unit sizes, volume count and sizes) instead of the fixed one.
         #[arg(long)]
         swarm: bool,
+        /// Page every volume's L2P through the cache device's map region
+        /// (volumes of 1 to 3 map pages, two in DRAM each).
+        #[arg(long)]
+        paged: bool,
     },
 }
 
@@ -496,10 +500,11 @@ fn sim(
     let t = Instant::now();
     let (mut crashes, mut inside, mut in_recovery, mut shutdowns, mut cut) = (0, 0, 0, 0, 0);
     let flag = format!(
-        "{}{}{}",
+        "{}{}{}{}",
         if zns { " --zns" } else { "" },
         if opts.flips { " --flips" } else { "" },
-        if opts.swarm { " --swarm" } else { "" }
+        if opts.swarm { " --swarm" } else { "" },
+        if opts.paged { " --paged" } else { "" }
     );
     for seed in seed_start..seed_start.saturating_add(seeds) {
         let r = sluice_sim::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
@@ -522,8 +527,8 @@ fn sim(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm } => {
-            let opts = sluice_sim::crashsim::SimOptions { flips, swarm, ..Default::default() };
+        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged } => {
+            let opts = sluice_sim::crashsim::SimOptions { flips, swarm, paged, ..Default::default() };
             sim(seeds, seed_start, ops, zns, opts)
         }
         Cmd::Stats { addr, interval, json } => {

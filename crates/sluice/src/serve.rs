@@ -95,6 +95,10 @@ pub struct EngineSection {
     pub compaction_start: f64,
     /// Share of free chunks below which writes are paced to compaction.
     pub compaction_setpoint: f64,
+    /// DRAM the L2P may take, fio size syntax ("" or "0": no limit). Set
+    /// when the engine is created: beyond it the map is paged through a
+    /// region at the end of the cache device (docs/engine.md).
+    pub l2p_dram: String,
 }
 
 /// `[server]`: bounds of the NBD server (per listener).
@@ -150,6 +154,7 @@ impl Default for EngineSection {
             background_compaction: true,
             compaction_start: CompactorConfig::default().start_free,
             compaction_setpoint: CompactorConfig::default().setpoint_free,
+            l2p_dram: String::new(),
         }
     }
 }
@@ -236,6 +241,10 @@ impl Config {
             chunk_bytes: size_of("engine.chunk_size", &self.engine.chunk_size)?,
             band_bytes: size_of("engine.band_size", &self.engine.band_size)?,
             write_unit_bytes: size_of("engine.write_unit", &self.engine.write_unit)?,
+            l2p_dram_bytes: match self.engine.l2p_dram.as_str() {
+                "" | "0" => 0,
+                s => size_of("engine.l2p_dram", s)?,
+            },
             ..Default::default()
         };
         let specs = self

@@ -3,16 +3,31 @@
 //! when the superblock says clean.
 
 use super::bands::TOMBSTONES_UNKNOWN;
+use super::l2p::PAGE_ENTRIES;
 use super::*;
 
-/// Upper bound of the checkpoint's size for this geometry.
-pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, vol_blocks: u64) -> u64 {
+/// Upper bound of the checkpoint's size for this geometry; `map_bytes`:
+/// what the maps take in it (12 bytes per block in DRAM; for paged maps,
+/// `checkpoint_page_bytes`).
+pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, map_bytes: u64) -> u64 {
     let fixed = 8 + 8 + 8 + 11 * 8 + 4 + 8 + 4 + 4 + 8 + 4;
     let per_vol = 4 + 1 + 8 + 4 + 8;
     let per_chunk = 1 + 8 + 4 + 8 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
     let per_band = 1 + 4 + 8 + 8 + 8 + 8 + 8 + 4;
-    fixed + vols * per_vol + 12 * vol_blocks + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
+    fixed + vols * per_vol + map_bytes + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
 }
+
+/// What paged maps of `vol_blocks` blocks in `vols` volumes take in a
+/// checkpoint at most: per volume a page count, a bit per page (whole
+/// 64-bit words) and a CRC per page.
+pub(super) fn checkpoint_page_bytes(vol_blocks: u64, vols: u64) -> u64 {
+    let pages = vol_blocks / PAGE_ENTRIES as u64 + vols;
+    vols * 8 + (pages / 64 + vols) * 8 + pages * 4
+}
+
+/// The width byte of a paged map's entry in the checkpoint: the entry width
+/// with this bit set.
+const PAGED: u8 = 0x80;
 
 pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     let mut w = Writer::default();
@@ -28,7 +43,19 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     for v in &inner.vols {
         w.opt_u32(v.open_band);
         put_last(&mut w, v.last_band);
-        w.u8(v.l2p.width().bytes() as u8);
+        let width = v.l2p.width().bytes() as u8;
+        if let Some((on_media, crcs)) = v.l2p.media_pages() {
+            // A paged map: its pages are in the cache device's map region
+            // (written and flushed first); here, which were written and
+            // their CRCs.
+            w.u8(PAGED | width);
+            w.u64(v.l2p.len() as u64);
+            w.u64(crcs.len() as u64);
+            on_media.iter().for_each(|&x| w.u64(x));
+            crcs.iter().for_each(|&c| w.u32(c));
+            continue;
+        }
+        w.u8(width);
         w.u64(v.l2p.len() as u64);
         // Per block its stored entry (4 or 8 bytes, as wide as in DRAM) and its CRC.
         for lba in 0..v.l2p.len() {
@@ -36,7 +63,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
                 Width::Narrow { .. } => w.u32(v.l2p.raw(lba) as u32),
                 Width::Wide => w.u64(v.l2p.raw(lba)),
             }
-            w.u32(v.l2p.crc(lba));
+            w.u32(v.l2p.crc(lba).expect("a map in DRAM"));
         }
     }
     w.u32(inner.log.chunks.len() as u32);
@@ -90,11 +117,14 @@ fn get_p2l(r: &mut Reader, blocks: usize) -> Result<Vec<(u32, u64)>, CheckpointE
     (0..blocks).map(|_| Ok((r.u32()?, r.u64()?))).collect()
 }
 
+/// (`maps`: every volume's, empty, from `new_maps`: the checkpoint fills
+/// them, or for paged maps says which pages the region holds.)
 pub(super) fn decode_checkpoint(
     body: &[u8],
     cfg: EngineConfig,
     geo: CapGeometry,
     sb: Superblock,
+    maps: Vec<L2p>,
 ) -> Result<Inner, EngineError> {
     let mut r = Reader::new(body);
     let bad = |r: &Reader| EngineError::Checkpoint(CheckpointError(r.at()));
@@ -114,18 +144,32 @@ pub(super) fn decode_checkpoint(
         return Err(bad(&r));
     }
     let mut vols = Vec::with_capacity(nv);
-    for (name, size) in &sb.volumes {
+    for ((name, size), mut l2p) in sb.volumes.iter().zip(maps) {
         let open_band = r.opt_u32()?;
         let last_band = get_last(&mut r)?;
         let width = l2p_width(&sb);
-        if r.u8()? as u64 != width.bytes() {
+        let (paged, entry_bytes) = {
+            let b = r.u8()?;
+            (b & PAGED != 0, (b & !PAGED) as u64)
+        };
+        if entry_bytes != width.bytes() || paged != l2p.is_paged() {
             return Err(bad(&r));
         }
         let n = r.u64()?;
         if n != size / BS {
             return Err(bad(&r));
         }
-        let mut l2p = L2p::new(n as usize, width);
+        if paged {
+            let pages = r.u64()? as usize;
+            if pages != (n as usize).div_ceil(PAGE_ENTRIES) {
+                return Err(bad(&r));
+            }
+            let on_media = (0..pages.div_ceil(64)).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+            let crcs = (0..pages).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
+            l2p.adopt_pages(on_media, crcs).map_err(|()| bad(&r))?;
+            vols.push(Vol { name: name.clone(), l2p, open_band, last_band, moved: Moves::default() });
+            continue;
+        }
         for lba in 0..n as usize {
             let raw = if width == Width::Wide { r.u64()? } else { r.u32()? as u64 };
             let crc = r.u32()?;

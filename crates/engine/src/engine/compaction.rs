@@ -136,13 +136,13 @@ impl Engine {
                 } else if h.kind == RecordKind::Write {
                     for (i, e) in h.entries.iter().enumerate() {
                         let cb = base + pos + at + 1 + i as u64;
-                        if inner.vols[vol].l2p.try_get(e.lba) == Some(Loc::cache(cb)) {
+                        if inner.vols[vol].l2p.try_get(e.lba)? == Some(Loc::cache(cb)) {
                             blocks[vol].push((e.lba, e.crc, ((at + 1 + i as u64) * BS) as usize));
                         }
                     }
                 } else {
                     for e in &h.entries {
-                        if inner.vols[vol].l2p.try_get(e.lba) == Some(Loc::NONE) {
+                        if inner.vols[vol].l2p.try_get(e.lba)? == Some(Loc::NONE) {
                             tombs[vol].push(e.lba);
                         }
                     }

@@ -203,15 +203,18 @@ impl Engine {
                 let l2p = &inner.vols[vol].l2p;
                 let g = &mut gathered[vol];
                 for (i, e) in h.entries.iter().filter(|e| !e.tombstone).enumerate() {
-                    if l2p.try_get(e.lba) == Some(Loc::capacity(seg + 1 + i as u64)) {
+                    if l2p.try_get(e.lba)? == Some(Loc::capacity(seg + 1 + i as u64)) {
                         let d = ((at + 1 + i as u64) * BS) as usize;
                         g.0.push((e.lba, e.crc));
                         g.1.extend_from_slice(&win[d..d + BLOCK_BYTES]);
                         held += 1;
                     }
                 }
-                let tombs = h.entries.iter().filter(|e| e.tombstone && l2p.try_get(e.lba) == Some(Loc::NONE));
-                g.2.extend(tombs.map(|e| e.lba));
+                for e in h.entries.iter().filter(|e| e.tombstone) {
+                    if l2p.try_get(e.lba)? == Some(Loc::NONE) {
+                        g.2.push(e.lba);
+                    }
+                }
                 at += segment_blocks(n, unit);
             }
             inner.give_buf(win);

@@ -343,7 +343,7 @@ impl Volume for EngineVolume {
         let l2p = &inner.vols[self.id as usize].l2p;
         let mut out: Vec<Extent> = Vec::new();
         for lba in offset / BS..(offset + len) / BS {
-            let allocated = !l2p.get(lba as usize).is_none();
+            let allocated = !l2p.get(lba as usize)?.is_none();
             match out.last_mut() {
                 Some(e) if e.allocated == allocated => e.len += BS,
                 _ => out.push(Extent { len: BS, allocated }),
@@ -487,7 +487,7 @@ mod tests {
         v.flush().unwrap();
         // Flip one bit of block `lba` where it lives; returns the device.
         let flip = |lba: u64| -> &'static str {
-            let loc = e.lock().vols[0].l2p.get(lba as usize);
+            let loc = e.lock().vols[0].l2p.get(lba as usize).unwrap();
             let (dev, at, name) = match (loc.cache_block(), loc.capacity_block()) {
                 (Some(b), _) => (&cache, b * BS, "cache"),
                 (_, Some(b)) => (&capacity, b * BS, "capacity"),
@@ -500,8 +500,10 @@ mod tests {
         };
         // The last blocks written are still in the log, the first ones
         // were compacted to the capacity device.
-        let cached = (0..256).rev().find(|&l| e.lock().vols[0].l2p.get(l as usize).cache_block().is_some()).unwrap();
-        let moved = (0..256).find(|&l| e.lock().vols[0].l2p.get(l as usize).capacity_block().is_some()).unwrap();
+        let cached =
+            (0..256).rev().find(|&l| e.lock().vols[0].l2p.get(l as usize).unwrap().cache_block().is_some()).unwrap();
+        let moved =
+            (0..256).find(|&l| e.lock().vols[0].l2p.get(l as usize).unwrap().capacity_block().is_some()).unwrap();
         let mut buf = vec![0u8; 2 * BLOCK_BYTES];
         for (lba, want) in [(cached, "cache"), (moved, "capacity")] {
             assert_eq!(flip(lba), want);

@@ -85,8 +85,7 @@ impl Engine {
             blocks.iter().zip(crcs).map(|(&(lba, _), &crc)| Entry { lba, crc, tombstone: false }).collect();
         let data: Vec<&[u8]> = blocks.iter().map(|&(_, d)| d).collect();
         let header_block = self.log_record(inner, vol, RecordKind::Write, entries, &data)?;
-        Self::map_record(inner, vol, header_block, blocks.iter().map(|&(lba, _)| lba).zip(crcs.iter().copied()));
-        Ok(())
+        Self::map_record(inner, vol, header_block, blocks.iter().map(|&(lba, _)| lba).zip(crcs.iter().copied()))
     }
 
     /// One write of `crcs.len()` blocks of `vol` from `lba0` whose data
@@ -107,7 +106,7 @@ impl Engine {
             (crcs.iter().enumerate()).map(|(i, &crc)| Entry { lba: lba0 + i as u64, crc, tombstone: false }).collect();
         let (r, rec) = self.log_record_in(inner, vol, RecordKind::Write, entries, rec);
         let r = r.and_then(|header_block| {
-            Self::map_record(inner, vol, header_block, (lba0..).zip(crcs.iter().copied()));
+            Self::map_record(inner, vol, header_block, (lba0..).zip(crcs.iter().copied()))?;
             if fua {
                 self.flush_cache(inner)?;
             }
@@ -117,17 +116,23 @@ impl Engine {
     }
 
     /// Point the maps at a record's blocks (LBA, CRC), which follow its header block.
-    pub(super) fn map_record(inner: &mut Inner, vol: u32, header_block: u64, blocks: impl Iterator<Item = (u64, u32)>) {
+    pub(super) fn map_record(
+        inner: &mut Inner,
+        vol: u32,
+        header_block: u64,
+        blocks: impl Iterator<Item = (u64, u32)>,
+    ) -> Result<(), VolumeError> {
         let bpc = inner.blocks_per_chunk();
         let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
         for (i, (lba, crc)) in blocks.enumerate() {
-            let old = inner.vols[vol as usize].l2p.get(lba as usize);
+            let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
+            inner.vols[vol as usize].l2p.set(lba as usize, Loc::cache(header_block + 1 + i as u64), crc)?;
             inner.invalidate(old);
-            inner.vols[vol as usize].l2p.set(lba as usize, Loc::cache(header_block + 1 + i as u64), crc);
             let ch = &mut inner.log.chunks[chunk];
             ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
             ch.valid += 1;
         }
+        Ok(())
     }
 
     /// Log a trim of `lbas` of `vol` (header-only records), then unmap them.
@@ -138,14 +143,19 @@ impl Engine {
         lbas: std::ops::Range<u64>,
     ) -> Result<(), VolumeError> {
         let l2p = &inner.vols[vol as usize].l2p;
-        let mapped: Vec<u64> = lbas.filter(|&lba| !l2p.get(lba as usize).is_none()).collect();
+        let mut mapped: Vec<u64> = Vec::new();
+        for lba in lbas {
+            if !l2p.get(lba as usize)?.is_none() {
+                mapped.push(lba);
+            }
+        }
         for part in mapped.chunks(RECORD_BLOCKS_MAX) {
             let entries: Vec<Entry> = part.iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }).collect();
             self.log_record(inner, vol, RecordKind::Trim, entries, &[])?;
             for &lba in part {
-                let old = inner.vols[vol as usize].l2p.get(lba as usize);
+                let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
+                inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
                 inner.invalidate(old);
-                inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0);
             }
         }
         Ok(())
@@ -368,8 +378,7 @@ impl Engine {
     pub(super) fn relog(&self, blocks: &[(u32, u64)]) -> Result<(), VolumeError> {
         let mut inner = self.lock();
         for &(vol, lba) in blocks {
-            let l2p = &inner.vols[vol as usize].l2p;
-            let (loc, crc) = (l2p.get(lba as usize), l2p.crc(lba as usize));
+            let (loc, crc) = inner.vols[vol as usize].l2p.entry(lba as usize)?;
             if loc.is_none() {
                 let e = Entry { lba, crc: 0, tombstone: true };
                 self.log_record(&mut inner, vol, RecordKind::Trim, vec![e], &[])?;

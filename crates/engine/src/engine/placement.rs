@@ -38,14 +38,14 @@ impl Engine {
     /// How many capacity bands hold valid blocks of exactly 1, 2, … volumes
     /// (index k = bands holding k + 1 volumes), from a walk of the L2P. With
     /// `BandPlacement::PerVolume` only GC's band mixes volumes.
-    pub fn band_tenancy(&self) -> Vec<u64> {
+    pub fn band_tenancy(&self) -> Result<Vec<u64>, VolumeError> {
         let inner = self.lock();
         let bpb = inner.blocks_per_band();
         let mut seen = vec![0u64; inner.bands.len()];
         let mut count = vec![0u32; inner.bands.len()];
         for (v, vol) in inner.vols.iter().enumerate() {
             let bit = 1u64 << (v % 64);
-            for loc in vol.l2p.iter() {
+            vol.l2p.for_each(|_, loc, _| {
                 if let Some(b) = loc.capacity_block() {
                     let band = (b / bpb) as usize;
                     if seen[band] & bit == 0 {
@@ -53,14 +53,14 @@ impl Engine {
                         count[band] += 1;
                     }
                 }
-            }
+            })?;
         }
         let last = inner.vols.len().max(1) - 1;
         let mut hist = vec![0u64; last + 1];
         for c in count.into_iter().filter(|&c| c > 0) {
             hist[(c as usize - 1).min(last)] += 1;
         }
-        hist
+        Ok(hist)
     }
 }
 

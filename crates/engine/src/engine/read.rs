@@ -80,7 +80,10 @@ impl Engine {
         // The snapshot goes into the thread's own vectors, kept between
         // reads: no allocation per read.
         let mut snap = SNAPSHOT.with(|s| s.take());
-        snap.load(&inner.vols[vol].l2p, lbas.clone());
+        if let Err(e) = snap.load(&inner.vols[vol].l2p, lbas.clone()) {
+            SNAPSHOT.with(|s| s.replace(snap));
+            return Err(e);
+        }
         snap.gens.clear();
         snap.gens.extend(snap.locs.iter().map(|&l| inner.generation(l)));
         drop(inner);
@@ -112,8 +115,7 @@ impl Engine {
         out: &mut [u8],
     ) -> Result<(), VolumeError> {
         let mut snap = SNAPSHOT.with(|s| s.take());
-        snap.load(l2p, range);
-        let r = self.read_blocks(&snap.locs, &snap.crcs, offset, out);
+        let r = snap.load(l2p, range).and_then(|()| self.read_blocks(&snap.locs, &snap.crcs, offset, out));
         SNAPSHOT.with(|s| s.replace(snap));
         r
     }
@@ -175,11 +177,10 @@ pub(super) struct ReadSnapshot {
 
 impl ReadSnapshot {
     /// The places and CRCs of the entries `range` of `l2p`.
-    pub(super) fn load(&mut self, l2p: &L2p, range: std::ops::Range<usize>) {
+    pub(super) fn load(&mut self, l2p: &L2p, range: std::ops::Range<usize>) -> Result<(), VolumeError> {
         self.locs.clear();
-        l2p.locs_into(range.clone(), &mut self.locs);
         self.crcs.clear();
-        self.crcs.extend_from_slice(l2p.crcs(range));
+        l2p.load(range, &mut self.locs, &mut self.crcs)
     }
 }
 

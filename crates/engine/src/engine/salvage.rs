@@ -48,11 +48,11 @@ impl Engine {
             }
             let mut held = Vec::new();
             for (v, vol) in inner.vols.iter().enumerate() {
-                for (lba, loc) in vol.l2p.iter().enumerate() {
+                vol.l2p.for_each(|lba, loc, crc| {
                     if loc.capacity_block().is_some_and(|pb| pb / bpb == b as u64) {
-                        held.push((v as u32, lba as u64, loc, vol.l2p.crc(lba)));
+                        held.push((v as u32, lba as u64, loc, crc));
                     }
-                }
+                })?;
             }
             for (v, lba, loc, crc) in held {
                 let mut data = vec![0u8; BLOCK_BYTES];

@@ -147,13 +147,13 @@ impl Engine {
             inner.stats.capacity_write_bytes += padded * BS;
             inner.stats.compaction_pad_bytes += (padded - n as u64) * BS;
             for (i, &(lba, _, _)) in rest[..n].iter().enumerate() {
-                let loc = inner.vols[vol as usize].l2p.get(lba as usize);
+                let loc = inner.vols[vol as usize].l2p.get(lba as usize)?;
                 let to = Loc::capacity(first + 1 + i as u64);
                 match deferred.as_deref_mut() {
                     Some(d) => d.remaps.push((vol, lba, loc, to)),
                     None => {
+                        inner.vols[vol as usize].l2p.relocate(lba as usize, to)?;
                         inner.invalidate(loc);
-                        inner.vols[vol as usize].l2p.relocate(lba as usize, to);
                         inner.bands[band as usize].valid += 1;
                     }
                 }

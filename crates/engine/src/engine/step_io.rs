@@ -143,20 +143,20 @@ impl Inner {
     /// stays as it is (its copy is garbage in the band).
     /// Applies each remap whose block is still where it was copied from;
     /// returns how many were dropped (their copies are garbage).
-    pub(super) fn apply_remaps(&mut self, remaps: &[Remap]) -> u64 {
+    pub(super) fn apply_remaps(&mut self, remaps: &[Remap]) -> Result<u64, VolumeError> {
         let bpb = self.blocks_per_band();
         let mut dropped = 0;
         for &(vol, lba, from, to) in remaps {
-            if self.vols[vol as usize].l2p.get(lba as usize) == from {
+            if self.vols[vol as usize].l2p.get(lba as usize)? == from {
+                self.vols[vol as usize].l2p.relocate(lba as usize, to)?;
                 self.invalidate(from);
-                self.vols[vol as usize].l2p.relocate(lba as usize, to);
                 let pb = to.capacity_block().expect("a remap goes to the capacity device");
                 self.bands[(pb / bpb) as usize].valid += 1;
             } else {
                 dropped += 1;
             }
         }
-        dropped
+        Ok(dropped)
     }
 }
 
@@ -191,7 +191,7 @@ impl Engine {
         if let Some(e) = err {
             return Err(e.into());
         }
-        let dropped = inner.apply_remaps(remaps);
+        let dropped = inner.apply_remaps(remaps)?;
         self.bg.copies_superseded.fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }

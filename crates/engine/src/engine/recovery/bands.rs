@@ -276,13 +276,15 @@ pub(super) fn offer_segments(
             let mut data_i = 0usize;
             for e in &h.entries {
                 if e.tombstone {
-                    res.offer(h.volume, e.lba, h.seq, Loc::capacity(first), TOMBSTONE_CRC, 0);
+                    res.offer(h.volume, e.lba, h.seq, Loc::capacity(first), TOMBSTONE_CRC, 0)
+                        .map_err(super::map_error)?;
                     continue;
                 }
                 let intact =
                     body.as_ref().is_none_or(|b| crc32c(&b[data_i * BLOCK_BYTES..(data_i + 1) * BLOCK_BYTES]) == e.crc);
                 if intact {
-                    res.offer(h.volume, e.lba, h.seq, Loc::capacity(first + 1 + data_i as u64), e.crc, 0);
+                    let at = Loc::capacity(first + 1 + data_i as u64);
+                    res.offer(h.volume, e.lba, h.seq, at, e.crc, 0).map_err(super::map_error)?;
                 } else {
                     torn.push((h.volume, e.lba, h.seq));
                 }

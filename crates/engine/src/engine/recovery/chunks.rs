@@ -262,7 +262,7 @@ pub(super) fn scan_chunks(
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
     let next = std::sync::atomic::AtomicU64::new(1);
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let found: Mutex<(Vec<ChunkScan>, Option<DeviceError>)> = Mutex::new((Vec::new(), None));
+    let found: Mutex<(Vec<ChunkScan>, Option<EngineError>)> = Mutex::new((Vec::new(), None));
     // (resolver, entries kept for step 3, the lowest LSN offered)
     let shared = Mutex::new((res, Vec::<Offer>::new(), u64::MAX));
     std::thread::scope(|s| {
@@ -285,7 +285,7 @@ pub(super) fn scan_chunks(
                         Ok(cs) => cs,
                         Err(e) => {
                             stop.store(true, Relaxed);
-                            err = Some(e);
+                            err = Some(e.into());
                             break;
                         }
                     };
@@ -293,16 +293,22 @@ pub(super) fn scan_chunks(
                     let (res, deferred, lowest) = &mut *sh;
                     res.chunk_pos[c as usize] = cs.records.iter().map(|r| r.pos as u32).collect();
                     res.chunk_seq[c as usize] = cs.records.iter().map(|r| r.seq).collect();
+                    let mut offered = Ok(());
                     for o in cs.offers.drain(..).filter(|o| o.lsn >= guess) {
                         if o.intact {
                             let flags = if o.past_gap { PAST_GAP } else { 0 };
                             *lowest = (*lowest).min(o.lsn);
-                            res.offer(o.vol, o.lba, o.seq, o.loc, o.crc, flags);
+                            offered = offered.and_then(|()| res.offer(o.vol, o.lba, o.seq, o.loc, o.crc, flags));
                         } else {
                             deferred.push(o);
                         }
                     }
                     drop(sh);
+                    if let Err(e) = offered {
+                        stop.store(true, Relaxed);
+                        err = Some(super::map_error(e));
+                        break;
+                    }
                     cs.offers = Vec::new();
                     cs.fold_records();
                     mine.push(cs);
@@ -320,7 +326,7 @@ pub(super) fn scan_chunks(
     // Chunk order as before (epochs are sorted below; keep it deterministic).
     scans.sort_by_key(|cs| cs.chunk);
     if let Some(e) = read_error {
-        return Err(e.into());
+        return Err(e);
     }
     Ok(LogScan { scans, res, deferred, lowest })
 }

@@ -112,19 +112,33 @@ pub(super) struct Recovered {
     pub damage: Vec<Damage>,
 }
 
+/// (`map_dev`: where paged maps keep their pages while they are rebuilt —
+/// the cache device's map region when opening, a scratch device for a
+/// read-only check.)
 pub(super) fn scan(
     cache: &dyn BlockDevice,
     capacity: &dyn BlockDevice,
+    map_dev: &Arc<dyn BlockDevice>,
     cfg: EngineConfig,
     geo: CapGeometry,
     sb: Superblock,
 ) -> Result<Recovered, EngineError> {
     let mut head_guess = None;
     loop {
-        match scan_with(cache, capacity, cfg.clone(), geo, sb.clone(), head_guess)? {
+        let maps = new_maps(&sb, map_dev);
+        match scan_with(cache, capacity, maps, cfg.clone(), geo, sb.clone(), head_guess)? {
             Ok(r) => return Ok(r),
             Err(head) => head_guess = Some(head),
         }
+    }
+}
+
+/// An error of a paged map while recovery rebuilds it: the device's, or
+/// damage in a page.
+pub(in crate::engine) fn map_error(e: VolumeError) -> EngineError {
+    match e {
+        VolumeError::Io(d) => EngineError::Device(d),
+        e => EngineError::Recovery(e),
     }
 }
 
@@ -134,14 +148,15 @@ pub(super) fn scan(
 fn scan_with(
     cache: &dyn BlockDevice,
     capacity: &dyn BlockDevice,
+    maps: Vec<L2p>,
     cfg: EngineConfig,
     geo: CapGeometry,
     sb: Superblock,
     head_guess: Option<u64>,
 ) -> Result<Result<Recovered, u64>, EngineError> {
-    let chunk_count = sb.cache_bytes / cfg.chunk_bytes;
+    let chunk_count = chunk_count(&sb);
     let band_count = sb.checkpoint_offset / cfg.band_bytes;
-    let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count);
+    let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count, maps);
     let (bpc, bpb) = (inner.blocks_per_chunk(), inner.blocks_per_band());
     let vol_blocks: Vec<usize> = inner.vols.iter().map(|v| v.l2p.len()).collect();
     let tag = inner.tag;
@@ -218,7 +233,7 @@ fn scan_with(
         let was_accepted = accepted.iter().any(|&(a, b)| a <= o.lsn && o.lsn <= b);
         let past_gap = if o.past_gap { PAST_GAP } else { 0 };
         if o.lsn <= flushed && !was_accepted {
-            res.offer(o.vol, o.lba, o.seq, o.loc, o.crc, DAMAGED | past_gap);
+            res.offer(o.vol, o.lba, o.seq, o.loc, o.crc, DAMAGED | past_gap).map_err(map_error)?;
         } else if !was_accepted {
             new_gaps.push((o.lsn, o.lsn));
         }
@@ -228,7 +243,7 @@ fn scan_with(
     // written again (below), or a later recovery would trust it.
     let superseded_torn: Vec<(u32, u64)> = torn
         .iter()
-        .filter(|&&(v, lba, seq)| res.seq_at(res.vols[v as usize].l2p.get(lba as usize)).0 < seq)
+        .filter(|&&(v, lba, seq)| res.vols[v as usize].l2p.get(lba as usize).is_ok_and(|l| res.seq_at(l).0 < seq))
         .map(|&(v, lba, _)| (v, lba))
         .collect();
     // Step 5: winning tombstones unmapped (their bands hold something
@@ -236,8 +251,9 @@ fn scan_with(
     let mut past_gap: Vec<(u32, u64)> = Vec::new();
     let mut live: Vec<bool> = vec![false; band_count as usize];
     for vi in 0..res.vols.len() {
-        for lba in 0..res.vols[vi].l2p.len() {
-            let loc = res.vols[vi].l2p.get(lba);
+        // (A paged map: only the pages that may hold entries.)
+        for lba in res.vols[vi].l2p.ranges().into_iter().flatten() {
+            let (loc, crc) = res.vols[vi].l2p.entry(lba).map_err(map_error)?;
             if loc.is_none() {
                 continue;
             }
@@ -247,12 +263,12 @@ fn scan_with(
             if flags & PAST_GAP != 0 {
                 past_gap.push(owner);
             }
-            let tombstone = res.vols[vi].l2p.crc(lba) == TOMBSTONE_CRC && res.seq_at(loc).1;
+            let tombstone = crc == TOMBSTONE_CRC && res.seq_at(loc).1;
             if tombstone {
                 if let Some(pb) = loc.capacity_block() {
                     live[(pb / bpb) as usize] = true;
                 }
-                res.vols[vi].l2p.set(lba, Loc::NONE, 0);
+                res.vols[vi].l2p.set(lba, Loc::NONE, 0).map_err(map_error)?;
                 continue;
             }
             if let Some(cb) = loc.cache_block() {

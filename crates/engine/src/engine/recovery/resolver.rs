@@ -3,6 +3,7 @@
 
 use super::super::l2p::Loc;
 use super::super::Vol;
+use crate::volume::VolumeError;
 
 /// The CRC a winning tombstone carries in the L2P being built, so that
 /// step 5 looks up its record (`Resolver::seq_at`, which says it is one)
@@ -57,16 +58,25 @@ impl Resolver {
 
     /// A copy of (vol, LBA) with sequence `seq` at `loc` (a data block, or
     /// for a tombstone its record's header block).
-    pub(super) fn offer(&mut self, vol: u32, lba: u64, seq: u64, loc: Loc, crc: u32, flags: u8) {
-        let cur = self.vols[vol as usize].l2p.get(lba as usize);
+    pub(super) fn offer(
+        &mut self,
+        vol: u32,
+        lba: u64,
+        seq: u64,
+        loc: Loc,
+        crc: u32,
+        flags: u8,
+    ) -> Result<(), VolumeError> {
+        let cur = self.vols[vol as usize].l2p.get(lba as usize)?;
         if seq > self.seq_at(cur).0 {
-            self.vols[vol as usize].l2p.set(lba as usize, loc, crc);
+            self.vols[vol as usize].l2p.set(lba as usize, loc, crc)?;
             if flags != 0 {
                 self.flags.insert((vol, lba), flags);
             } else if !self.flags.is_empty() {
                 self.flags.remove(&(vol, lba));
             }
         }
+        Ok(())
     }
 
     /// The flags of (vol, LBA)'s current copy.

@@ -158,7 +158,7 @@ fn check_finds_blocks_damaged_at_rest_and_a_damaged_checkpoint() {
     assert!(clean.clean && clean.damage.is_empty() && clean.blocks_checked == 256, "{}", clean.text());
     // A data block on the capacity device: read every block to find one.
     let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
-    let loc = e.lock().vols[0].l2p.get(10);
+    let loc = e.lock().vols[0].l2p.get(10).unwrap();
     e.shutdown().unwrap();
     drop(e);
     let pb = loc.capacity_block().expect("block 10 was compacted");

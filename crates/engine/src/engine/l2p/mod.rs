@@ -18,7 +18,13 @@
 //! The engine's own invariant — every mapped entry's place names it back —
 //! is checked by `Inner::check_invariants`.
 
+mod pager;
+
+use crate::volume::VolumeError;
+use pager::Pager;
+pub(super) use pager::{PageStore, PAGE_ENTRIES};
 use sluice_media::memory::huge_page_vec;
+use std::cell::RefCell;
 
 /// The largest capacity device an engine addresses (128 TiB: a 122.88 TB
 /// QLC drive fits). Past it `create` refuses; the bound is the tested range
@@ -121,107 +127,241 @@ impl Width {
 enum Entries {
     Narrow(Vec<u32>),
     Wide(Vec<u64>),
+    /// Pages within a DRAM budget, the rest on the cache device (pager.rs).
+    Paged(RefCell<Pager>),
 }
 
-/// One volume's map: an entry and a CRC per block.
+/// One volume's map: an entry and a CRC per block, all in DRAM or paged.
+///
+/// Every access returns a `Result`: a paged map may fault a page in from
+/// the cache device (or write one back to make room), which can fail, and
+/// a page damaged at rest is reported, never used. A resident map never
+/// fails.
 pub(super) struct L2p {
     width: Width,
+    len: usize,
     entries: Entries,
+    /// Resident maps: each block's CRC (paged maps keep them in the pages).
     crcs: Vec<u32>,
 }
 
+type MapResult<T> = Result<T, VolumeError>;
+
 impl L2p {
-    /// `blocks` entries, all nowhere (on huge pages where the OS has them).
+    /// `blocks` entries, all nowhere, in DRAM (on huge pages where the OS
+    /// has them).
     pub(super) fn new(blocks: usize, width: Width) -> L2p {
         let entries = match width {
             Width::Narrow { .. } => Entries::Narrow(huge_page_vec(blocks, 0)),
             Width::Wide => Entries::Wide(huge_page_vec(blocks, 0)),
         };
-        L2p { width, entries, crcs: huge_page_vec(blocks, 0) }
+        L2p { width, len: blocks, entries, crcs: huge_page_vec(blocks, 0) }
+    }
+
+    /// `blocks` entries, all nowhere, paged through `store`.
+    pub(super) fn paged(blocks: usize, width: Width, store: PageStore) -> L2p {
+        let pager = Pager::new(store, width.bytes() as usize, blocks.div_ceil(PAGE_ENTRIES));
+        L2p { width, len: blocks, entries: Entries::Paged(RefCell::new(pager)), crcs: Vec::new() }
+    }
+
+    /// Bytes a paged map of `blocks` entries of `width` takes on the cache
+    /// device (whole pages).
+    pub(super) fn region_bytes(blocks: u64, width: Width) -> u64 {
+        blocks.div_ceil(PAGE_ENTRIES as u64) * Pager::page_bytes(width.bytes() as usize) as u64
+    }
+
+    /// DRAM one page takes.
+    pub(super) fn page_bytes(width: Width) -> usize {
+        Pager::page_bytes(width.bytes() as usize)
+    }
+
+    pub(super) fn is_paged(&self) -> bool {
+        matches!(self.entries, Entries::Paged(_))
     }
 
     pub(super) fn len(&self) -> usize {
-        self.crcs.len()
+        self.len
     }
 
     pub(super) fn width(&self) -> Width {
         self.width
     }
 
-    pub(super) fn get(&self, lba: usize) -> Loc {
-        self.width.decode(self.raw(lba))
+    pub(super) fn get(&self, lba: usize) -> MapResult<Loc> {
+        Ok(self.entry(lba)?.0)
+    }
+
+    /// The block's place and the CRC32C its current copy was logged with.
+    pub(super) fn entry(&self, lba: usize) -> MapResult<(Loc, u32)> {
+        let (raw, crc) = match &self.entries {
+            Entries::Narrow(v) => (v[lba] as u64, self.crcs[lba]),
+            Entries::Wide(v) => (v[lba], self.crcs[lba]),
+            Entries::Paged(p) => p.borrow_mut().get(page_of(lba), lba % PAGE_ENTRIES)?,
+        };
+        Ok((self.width.decode(raw), crc))
     }
 
     /// `get`, or None for an LBA past the volume (one read from the media).
-    pub(super) fn try_get(&self, lba: u64) -> Option<Loc> {
-        (lba < self.len() as u64).then(|| self.get(lba as usize))
+    pub(super) fn try_get(&self, lba: u64) -> MapResult<Option<Loc>> {
+        if lba >= self.len as u64 {
+            return Ok(None);
+        }
+        self.get(lba as usize).map(Some)
     }
 
     /// The CRC32C the block's current copy was logged with.
-    pub(super) fn crc(&self, lba: usize) -> u32 {
-        self.crcs[lba]
-    }
-
-    pub(super) fn crcs(&self, range: std::ops::Range<usize>) -> &[u32] {
-        &self.crcs[range]
+    pub(super) fn crc(&self, lba: usize) -> MapResult<u32> {
+        Ok(self.entry(lba)?.1)
     }
 
     /// A new copy of the block (or `Loc::NONE` and 0: none).
-    pub(super) fn set(&mut self, lba: usize, loc: Loc, crc: u32) {
-        self.set_raw(lba, self.width.encode(loc));
-        self.crcs[lba] = crc;
+    pub(super) fn set(&mut self, lba: usize, loc: Loc, crc: u32) -> MapResult<()> {
+        self.put(lba, self.width.encode(loc), Some(crc))
     }
 
     /// The same data moved elsewhere: its CRC stays.
-    pub(super) fn relocate(&mut self, lba: usize, to: Loc) {
-        self.set_raw(lba, self.width.encode(to));
+    pub(super) fn relocate(&mut self, lba: usize, to: Loc) -> MapResult<()> {
+        self.put(lba, self.width.encode(to), None)
     }
 
-    /// Append the entries of `range` to `out`.
-    pub(super) fn locs_into(&self, range: std::ops::Range<usize>, out: &mut Vec<Loc>) {
+    /// Append the places and CRCs of the entries `range` to `locs`, `crcs`.
+    pub(super) fn load(
+        &self,
+        range: std::ops::Range<usize>,
+        locs: &mut Vec<Loc>,
+        crcs: &mut Vec<u32>,
+    ) -> MapResult<()> {
         match &self.entries {
-            Entries::Narrow(v) => out.extend(v[range].iter().map(|&r| self.width.decode(r as u64))),
-            Entries::Wide(v) => out.extend(v[range].iter().map(|&r| Loc(r))),
+            Entries::Narrow(v) => locs.extend(v[range.clone()].iter().map(|&r| self.width.decode(r as u64))),
+            Entries::Wide(v) => locs.extend(v[range.clone()].iter().map(|&r| Loc(r))),
+            Entries::Paged(_) => {
+                for lba in range {
+                    let (l, c) = self.entry(lba)?;
+                    locs.push(l);
+                    crcs.push(c);
+                }
+                return Ok(());
+            }
+        }
+        crcs.extend_from_slice(&self.crcs[range]);
+        Ok(())
+    }
+
+    /// The LBA ranges that may hold anything but "nowhere", in order: the
+    /// whole map if it is resident, else the pages ever written or resident
+    /// (a paged map of 16 G blocks is not walked entry by entry).
+    pub(super) fn ranges(&self) -> Vec<std::ops::Range<usize>> {
+        match &self.entries {
+            Entries::Paged(p) => {
+                let p = p.borrow();
+                (0..self.len.div_ceil(PAGE_ENTRIES) as u64)
+                    .filter(|&page| p.may_hold(page))
+                    .map(|page| page as usize * PAGE_ENTRIES..((page as usize + 1) * PAGE_ENTRIES).min(self.len))
+                    .collect()
+            }
+            _ => std::iter::once(0..self.len).collect(),
         }
     }
 
-    /// Every entry with its LBA, in order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = Loc> + '_ {
-        (0..self.len()).map(|lba| self.get(lba))
+    /// Every entry that may be mapped, with its LBA (`ranges`), in order.
+    pub(super) fn for_each(&self, mut f: impl FnMut(usize, Loc, u32)) -> MapResult<()> {
+        for r in self.ranges() {
+            for lba in r {
+                let (l, c) = self.entry(lba)?;
+                f(lba, l, c);
+            }
+        }
+        Ok(())
     }
 
-    /// The stored form of entry `lba` (what the checkpoint keeps).
+    /// The stored form of entry `lba` of a resident map (what the
+    /// checkpoint keeps).
     pub(super) fn raw(&self, lba: usize) -> u64 {
         match &self.entries {
             Entries::Narrow(v) => v[lba] as u64,
             Entries::Wide(v) => v[lba],
+            Entries::Paged(_) => unreachable!("a paged map's checkpoint is its pages"),
         }
     }
 
-    /// Set entry `lba` from its stored form and its CRC (the checkpoint's
-    /// decoder). Refuses a stored form this width cannot hold.
+    /// Set entry `lba` of a resident map from its stored form and its CRC
+    /// (the checkpoint's decoder). Refuses a stored form this width cannot
+    /// hold.
     pub(super) fn set_stored(&mut self, lba: usize, raw: u64, crc: u32) -> Result<(), ()> {
         if let Entries::Narrow(_) = self.entries {
             if raw > u32::MAX as u64 {
                 return Err(());
             }
         }
-        self.set_raw(lba, raw);
-        self.crcs[lba] = crc;
-        Ok(())
+        self.put(lba, raw, Some(crc)).map_err(|_| ())
     }
 
-    fn set_raw(&mut self, lba: usize, raw: u64) {
+    fn put(&mut self, lba: usize, raw: u64, crc: Option<u32>) -> MapResult<()> {
         match &mut self.entries {
             Entries::Narrow(v) => v[lba] = raw as u32,
             Entries::Wide(v) => v[lba] = raw,
+            Entries::Paged(p) => return p.get_mut().set(page_of(lba), lba % PAGE_ENTRIES, raw, crc),
+        }
+        if let Some(c) = crc {
+            self.crcs[lba] = c;
+        }
+        Ok(())
+    }
+
+    /// A paged map: write every dirty page to the cache device's map
+    /// region (the caller flushes the device). Nothing for a map in DRAM.
+    pub(super) fn write_pages(&mut self) -> MapResult<()> {
+        match &mut self.entries {
+            Entries::Paged(p) => p.get_mut().write_all(),
+            _ => Ok(()),
         }
     }
 
-    /// DRAM the map takes: entries and CRCs.
-    pub(super) fn bytes(&self) -> usize {
-        self.len() * (self.width.bytes() as usize + 4)
+    /// What a checkpoint keeps of a paged map (after `write_pages`): per
+    /// page whether it was written to the region (a bit per page), and its
+    /// CRC. None for a map in DRAM.
+    pub(super) fn media_pages(&self) -> Option<(Vec<u64>, Vec<u32>)> {
+        match &self.entries {
+            Entries::Paged(p) => {
+                let p = p.borrow();
+                let (on_media, crcs) = p.media_state();
+                Some((on_media.to_vec(), crcs.to_vec()))
+            }
+            _ => None,
+        }
     }
+
+    /// A paged map opened from a checkpoint: its pages are in the region as
+    /// the checkpoint describes them.
+    pub(super) fn adopt_pages(&mut self, on_media: Vec<u64>, crcs: Vec<u32>) -> Result<(), ()> {
+        match &mut self.entries {
+            Entries::Paged(p) => p.get_mut().adopt(on_media, crcs),
+            _ => Err(()),
+        }
+    }
+
+    /// Pages faulted in and written back since open (0 for a resident map).
+    pub(super) fn page_traffic(&self) -> (u64, u64) {
+        match &self.entries {
+            Entries::Paged(p) => {
+                let p = p.borrow();
+                (p.faults, p.writebacks)
+            }
+            _ => (0, 0),
+        }
+    }
+
+    /// DRAM the map takes: entries and CRCs, or the pager's frames and tables.
+    pub(super) fn bytes(&self) -> usize {
+        match &self.entries {
+            Entries::Paged(p) => p.borrow().bytes(),
+            _ => self.len * (self.width.bytes() as usize + 4),
+        }
+    }
+}
+
+fn page_of(lba: usize) -> u64 {
+    (lba / PAGE_ENTRIES) as u64
 }
 
 #[cfg(test)]
@@ -268,6 +408,7 @@ mod tests {
             write_unit_bytes: 64 << 10,
             log_free_chunks_min: 2,
             gc_free_bands_min: 2,
+            l2p_dram_bytes: 0,
         };
         let cache = Arc::new(CrashDevice::new(8 * cfg.chunk_bytes, 4096));
         let capacity = Arc::new(CrashDevice::new(capacity_bytes, 4096));
@@ -287,7 +428,7 @@ mod tests {
         let old_limit = 1u64 << 31;
         let on_capacity = |e: &Arc<Engine>| -> Vec<u64> {
             let inner = e.lock();
-            (0..2048).filter_map(|l| inner.vols[0].l2p.get(l).capacity_block()).collect()
+            (0..2048).filter_map(|l| inner.vols[0].l2p.get(l).unwrap().capacity_block()).collect()
         };
         for version in 1..=40_000u64 {
             let lba = rng.below(2048);
@@ -342,10 +483,10 @@ mod tests {
         let mut m = L2p::new(8, w);
         let locs = [Loc::NONE, Loc::cache(0), Loc::cache(cache - 1), Loc::capacity(0), Loc::capacity(capacity - 1)];
         for (i, &l) in locs.iter().enumerate() {
-            m.set(i, l, i as u32 * 7);
+            m.set(i, l, i as u32 * 7).unwrap();
         }
         for (i, &l) in locs.iter().enumerate() {
-            assert_eq!((m.get(i), m.crc(i)), (l, i as u32 * 7));
+            assert_eq!(m.entry(i).unwrap(), (l, i as u32 * 7));
         }
         // One more capacity block and the entries must be wide.
         assert_eq!(Width::for_devices(cache, capacity + 1), Width::Wide);
@@ -355,10 +496,10 @@ mod tests {
     fn wide_entries_reach_the_top_of_the_largest_device() {
         let top = CAPACITY_BYTES_MAX / 4096 - 1;
         let mut m = L2p::new(2, Width::for_devices(1 << 20, top + 1));
-        m.set(0, Loc::capacity(top), 1);
-        m.relocate(1, Loc::cache((1 << 20) - 1));
-        assert_eq!(m.get(0).capacity_block(), Some(top));
-        assert_eq!(m.get(1).cache_block(), Some((1 << 20) - 1));
+        m.set(0, Loc::capacity(top), 1).unwrap();
+        m.relocate(1, Loc::cache((1 << 20) - 1)).unwrap();
+        assert_eq!(m.get(0).unwrap().capacity_block(), Some(top));
+        assert_eq!(m.get(1).unwrap().cache_block(), Some((1 << 20) - 1));
         assert_eq!(m.bytes(), 2 * 12);
     }
 
@@ -366,6 +507,57 @@ mod tests {
     #[should_panic(expected = "does not fit a narrow L2P")]
     fn a_narrow_map_refuses_a_block_it_cannot_encode() {
         let mut m = L2p::new(1, Width::Narrow { cache_blocks: 10 });
-        m.set(0, Loc::capacity(u32::MAX as u64), 0);
+        m.set(0, Loc::capacity(u32::MAX as u64), 0).unwrap();
+    }
+
+    /// A paged map over a memory device with room for 2 pages in DRAM.
+    fn paged(blocks: usize, width: Width) -> (L2p, Arc<dyn sluice_media::BlockDevice>) {
+        let dev: Arc<dyn sluice_media::BlockDevice> =
+            Arc::new(sluice_media::MemoryDevice::new(L2p::region_bytes(blocks as u64, width), 4096));
+        (L2p::paged(blocks, width, PageStore { dev: dev.clone(), base: 0, frames: 2 }), dev)
+    }
+
+    #[test]
+    fn a_paged_map_reads_back_what_it_was_set_to_through_evictions() {
+        for width in [Width::Narrow { cache_blocks: 1 << 20 }, Width::Wide] {
+            let blocks = 10 * PAGE_ENTRIES + 7;
+            let (mut m, _dev) = paged(blocks, width);
+            let mut rng = SplitMix64(5);
+            let mut model = std::collections::HashMap::new();
+            for i in 0..5000u64 {
+                let lba = rng.below(blocks as u64) as usize;
+                let loc = if i % 3 == 0 { Loc::cache(i) } else { Loc::capacity(i * 7) };
+                m.set(lba, loc, i as u32).unwrap();
+                model.insert(lba, (loc, i as u32));
+            }
+            let moved = rng.below(blocks as u64) as usize;
+            m.relocate(moved, Loc::capacity(99)).unwrap();
+            model.entry(moved).or_insert((Loc::NONE, 0)).0 = Loc::capacity(99);
+            for lba in 0..blocks {
+                assert_eq!(m.entry(lba).unwrap(), model.get(&lba).copied().unwrap_or((Loc::NONE, 0)), "LBA {lba}");
+            }
+            let (faults, writebacks) = m.page_traffic();
+            assert!(faults > 100 && writebacks > 100, "{faults} faults, {writebacks} write-backs");
+            // Only pages ever used are walked, and DRAM stays at two pages plus the tables.
+            assert_eq!(m.ranges().len(), 11);
+            assert!(m.bytes() <= 2 * L2p::page_bytes(width) + 11 * 4 + 8);
+        }
+    }
+
+    #[test]
+    fn a_page_damaged_in_the_region_is_reported_never_used() {
+        let (mut m, dev) = paged(4 * PAGE_ENTRIES, Width::Wide);
+        for page in 0..4 {
+            m.set(page * PAGE_ENTRIES + 1, Loc::capacity(page as u64), 1).unwrap();
+        }
+        // Pages 0 and 1 were evicted to the region; flip a byte of page 0 there.
+        let mut b = sluice_media::device::read_at(&*dev, 0, 4096).unwrap().to_vec();
+        b[8] ^= 1;
+        sluice_media::device::write_at(&*dev, 0, &b).unwrap();
+        match m.get(1) {
+            Err(VolumeError::Damaged { device: "cache", offset: 0, .. }) => {}
+            other => panic!("a damaged page was used: {other:?}"),
+        }
+        assert_eq!(m.get(PAGE_ENTRIES + 1).unwrap(), Loc::capacity(1));
     }
 }
