@@ -5,6 +5,7 @@ pub mod csal;
 pub mod engine;
 pub mod heap;
 pub mod job;
+pub mod l2p;
 pub mod media;
 pub mod runner;
 pub mod stacked;

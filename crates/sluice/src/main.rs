@@ -216,6 +216,27 @@ enum Bench {
         #[arg(long, default_value = "target/bench/recovery.json")]
         json: PathBuf,
     },
+    /// A huge volume with its L2P paged within a DRAM budget against a
+    /// small one wholly in DRAM: random 4 KiB writes over the whole volume,
+    /// read back, crash-recovered, reopened (docs/engine.md).
+    L2p {
+        /// The paged volume (fio size syntax).
+        #[arg(long, default_value = "64t")]
+        volume: String,
+        /// The paged volume's L2P DRAM budget.
+        #[arg(long, default_value = "1g")]
+        budget: String,
+        /// The volume whose map stays in DRAM.
+        #[arg(long, default_value = "16g")]
+        resident_volume: String,
+        #[arg(long, default_value_t = 400_000)]
+        writes: u64,
+        /// Where the cache devices' sparse files go.
+        #[arg(long, default_value = "/tmp")]
+        dir: PathBuf,
+        #[arg(long, default_value = "target/bench/l2p.json")]
+        json: PathBuf,
+    },
     /// Opens COUNT NBD connections to a running `sluice serve` (full
     /// handshake), holds them, reads once on each, and reports the server's
     /// memory and threads per idle connection (scripts/bench-connections.sh).
@@ -622,6 +643,38 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     r.clean_open_peak_heap_bytes as f64 / (1u64 << 20) as f64,
                     r.over_steady(r.clean_open_peak_heap_bytes)
                 );
+                write_json(&json, &r)
+            }
+            Bench::L2p { volume, budget, resident_volume, writes, dir, json } => {
+                let opts = sluice_bench::l2p::L2pBenchOpts {
+                    volume_bytes: parse_bytes(&volume)?,
+                    budget_bytes: parse_bytes(&budget)?,
+                    resident_volume_bytes: parse_bytes(&resident_volume)?,
+                    writes,
+                    dir,
+                    ..Default::default()
+                };
+                let r = sluice_bench::l2p::run(&opts)?;
+                for c in &r.cases {
+                    println!(
+                        "{:>8}: {} GiB volume, L2P {} ({:.1} MiB DRAM): {} random 4 KiB writes ({} blocks) {:.0} IOPS, \
+                         read back {:.0} IOPS; page faults {} / write-backs {}; crash reopen {:.2} s (faults {}), \
+                         clean reopen {:.2} s; every block checked after each",
+                        c.name,
+                        c.volume_bytes >> 30,
+                        if c.l2p.paged { format!("paged within {} MiB", c.budget_bytes >> 20) } else { "in DRAM".into() },
+                        c.l2p.dram_bytes as f64 / (1u64 << 20) as f64,
+                        c.writes,
+                        c.distinct_blocks,
+                        c.write_iops,
+                        c.read_iops,
+                        c.l2p.page_faults,
+                        c.l2p.page_writebacks,
+                        c.crash_reopen_s,
+                        c.l2p_after_recovery.page_faults,
+                        c.clean_reopen_s
+                    );
+                }
                 write_json(&json, &r)
             }
             Bench::Connections { addr, export, count, server_pid, json } => {

@@ -9,6 +9,7 @@
 //! the media give. The report is what an operator needs to decide between
 //! restoring from elsewhere and `sluice check --salvage`.
 
+use super::l2p::PAGE_ENTRIES;
 use super::recovery::{map_error, scan, Damage};
 use super::*;
 
@@ -70,19 +71,23 @@ impl Engine {
                 Err(_) => damage.push(Damage::CheckpointUnreadable),
                 Ok(ck) => {
                     for (v, cv) in media.vols.iter().zip(&ck.vols) {
-                        // An unmapped block's CRC slot means nothing.
-                        let entry = |(l, c): (Loc, u32)| (l, if l.is_none() { 0 } else { c });
-                        for lba in union(v.l2p.ranges(), cv.l2p.ranges()).into_iter().flatten() {
-                            let ours = v.l2p.entry(lba).map_err(map_error)?;
-                            // A page of the checkpoint's map that does not read back is the checkpoint's damage.
-                            let theirs = cv.l2p.entry(lba).map_err(|_| Damage::CheckpointUnreadable);
-                            match theirs {
-                                Ok(t) if entry(ours) == entry(t) => {}
-                                Ok(_) => damage.push(Damage::Checkpoint { volume: v.name.clone(), lba: lba as u64 }),
-                                Err(d) => {
-                                    damage.push(d);
-                                    break;
-                                }
+                        let mut starts: Vec<usize> = v.l2p.windows().map(|w| w.start).collect();
+                        if v.l2p.is_paged() {
+                            starts.extend(cv.l2p.windows().map(|w| w.start));
+                            starts.sort_unstable();
+                            starts.dedup();
+                        }
+                        for start in starts {
+                            let w = start..(start + PAGE_ENTRIES).min(v.l2p.len());
+                            let ours = v.l2p.mapped(w.clone()).map_err(map_error)?;
+                            // A page of the checkpoint's map that does not
+                            // read back is the checkpoint's damage.
+                            let Ok(theirs) = cv.l2p.mapped(w) else {
+                                damage.push(Damage::CheckpointUnreadable);
+                                break;
+                            };
+                            for lba in differing(&ours, &theirs) {
+                                damage.push(Damage::Checkpoint { volume: v.name.clone(), lba: lba as u64 });
                             }
                         }
                     }
@@ -91,35 +96,33 @@ impl Engine {
         }
         let mut checked = 0u64;
         for v in &media.vols {
-            for range in v.l2p.ranges() {
-                let mut lba = range.start;
-                let place_of = |lba: usize| v.l2p.get(lba).map(place).map_err(map_error);
-                while lba < range.end {
-                    let Some((in_cache, first)) = place_of(lba)? else {
-                        lba += 1;
-                        continue;
-                    };
+            for window in v.l2p.windows() {
+                let mapped = v.l2p.mapped(window).map_err(map_error)?;
+                let mut k = 0;
+                while k < mapped.len() {
+                    // A run of blocks stored back to back, read at once.
+                    let (lba, loc, _) = mapped[k];
+                    let (in_cache, first) = place(loc).expect("mapped");
                     let mut n = 1;
-                    while lba + n < range.end
+                    while k + n < mapped.len()
                         && n < CHECK_RUN_BLOCKS
-                        && place_of(lba + n)? == Some((in_cache, first + n as u64))
+                        && mapped[k + n].0 == lba + n
+                        && place(mapped[k + n].1) == Some((in_cache, first + n as u64))
                     {
                         n += 1;
                     }
                     let dev = if in_cache { &cache } else { &capacity };
                     let data = read_at(&**dev, first * BS, n * BLOCK_BYTES)?;
-                    for i in 0..n {
-                        if crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES])
-                            != v.l2p.crc(lba + i).map_err(map_error)?
-                        {
+                    for (i, &(lba, _, crc)) in mapped[k..k + n].iter().enumerate() {
+                        if crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]) != crc {
                             // Already reported as a damaged log copy?
                             let known = damage.iter().any(
-                            |d| matches!(d, Damage::LogBlock { volume, lba: l, .. } if *volume == v.name && *l == (lba + i) as u64),
-                        );
+                                |d| matches!(d, Damage::LogBlock { volume, lba: l, .. } if *volume == v.name && *l == lba as u64),
+                            );
                             if !known {
                                 damage.push(Damage::Block {
                                     volume: v.name.clone(),
-                                    lba: (lba + i) as u64,
+                                    lba: lba as u64,
                                     device: if in_cache { "cache" } else { "capacity" },
                                     offset: (first + i as u64) * BS,
                                 });
@@ -127,7 +130,7 @@ impl Engine {
                         }
                     }
                     checked += n as u64;
-                    lba += n;
+                    k += n;
                 }
             }
         }
@@ -141,15 +144,31 @@ impl Engine {
     }
 }
 
-/// The LBA ranges of two maps that may hold entries, merged.
-fn union(a: Vec<std::ops::Range<usize>>, b: Vec<std::ops::Range<usize>>) -> Vec<std::ops::Range<usize>> {
-    let mut all: Vec<std::ops::Range<usize>> = a.into_iter().chain(b).collect();
-    all.sort_by_key(|r| r.start);
-    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
-    for r in all {
-        match out.last_mut() {
-            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-            _ => out.push(r),
+/// The LBAs where two lists of mapped entries (LBA-ordered) differ: mapped
+/// in one only, or to another place or CRC.
+fn differing(a: &[(usize, Loc, u32)], b: &[(usize, Loc, u32)]) -> Vec<usize> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() || j < b.len() {
+        match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x.0 == y.0 => {
+                if x != y {
+                    out.push(x.0);
+                }
+                (i, j) = (i + 1, j + 1);
+            }
+            (Some(x), Some(y)) if x.0 < y.0 => {
+                out.push(x.0);
+                i += 1;
+            }
+            (Some(x), None) => {
+                out.push(x.0);
+                i += 1;
+            }
+            (_, Some(y)) => {
+                out.push(y.0);
+                j += 1;
+            }
+            (None, None) => unreachable!("the loop runs while either has entries"),
         }
     }
     out

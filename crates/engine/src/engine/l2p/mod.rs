@@ -247,28 +247,55 @@ impl L2p {
         Ok(())
     }
 
-    /// The LBA ranges that may hold anything but "nowhere", in order: the
-    /// whole map if it is resident, else the pages ever written or resident
-    /// (a paged map of 16 G blocks is not walked entry by entry).
-    pub(super) fn ranges(&self) -> Vec<std::ops::Range<usize>> {
+    /// Windows of at most `PAGE_ENTRIES` LBAs, in order, outside which
+    /// every entry is "nowhere": every page of a paged map that was ever
+    /// written or is resident (a 64 TiB map is not walked page by page, let
+    /// alone entry by entry); every `PAGE_ENTRIES` entries of a map in DRAM.
+    pub(super) fn windows(&self) -> Windows {
         match &self.entries {
             Entries::Paged(p) => {
                 let p = p.borrow();
-                (0..self.len.div_ceil(PAGE_ENTRIES) as u64)
-                    .filter(|&page| p.may_hold(page))
-                    .map(|page| page as usize * PAGE_ENTRIES..((page as usize + 1) * PAGE_ENTRIES).min(self.len))
-                    .collect()
+                let pages: Vec<u64> = (0..self.len.div_ceil(PAGE_ENTRIES) as u64).filter(|&g| p.may_hold(g)).collect();
+                Windows { len: self.len, at: 0, pages: Some(pages.into_iter()) }
             }
-            _ => std::iter::once(0..self.len).collect(),
+            _ => Windows { len: self.len, at: 0, pages: None },
         }
     }
 
-    /// Every entry that may be mapped, with its LBA (`ranges`), in order.
+    /// The mapped entries (place not "nowhere") of `window`, with their
+    /// LBAs and CRCs, in order: a page faulted in once, then scanned.
+    pub(super) fn mapped(&self, window: std::ops::Range<usize>) -> MapResult<Vec<(usize, Loc, u32)>> {
+        let mut out = Vec::new();
+        match &self.entries {
+            Entries::Narrow(v) => out.extend(
+                (window.clone().zip(&v[window]))
+                    .filter(|&(_, &r)| r != 0)
+                    .map(|(lba, &r)| (lba, self.width.decode(r as u64), self.crcs[lba])),
+            ),
+            Entries::Wide(v) => out.extend(
+                (window.clone().zip(&v[window]))
+                    .filter(|&(_, &r)| r != 0)
+                    .map(|(lba, &r)| (lba, Loc(r), self.crcs[lba])),
+            ),
+            Entries::Paged(p) => {
+                let page = page_of(window.start);
+                let first = page as usize * PAGE_ENTRIES;
+                for (i, raw, crc) in p.borrow_mut().mapped(page)? {
+                    let lba = first + i;
+                    if window.contains(&lba) {
+                        out.push((lba, self.width.decode(raw), crc));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every mapped entry with its LBA and CRC, in order (`windows`, `mapped`).
     pub(super) fn for_each(&self, mut f: impl FnMut(usize, Loc, u32)) -> MapResult<()> {
-        for r in self.ranges() {
-            for lba in r {
-                let (l, c) = self.entry(lba)?;
-                f(lba, l, c);
+        for w in self.windows() {
+            for (lba, loc, crc) in self.mapped(w)? {
+                f(lba, loc, crc);
             }
         }
         Ok(())
@@ -357,6 +384,30 @@ impl L2p {
             Entries::Paged(p) => p.borrow().bytes(),
             _ => self.len * (self.width.bytes() as usize + 4),
         }
+    }
+}
+
+/// The windows `L2p::windows` walks.
+pub(super) struct Windows {
+    len: usize,
+    /// Next window's start (maps in DRAM).
+    at: usize,
+    /// The pages left (paged maps).
+    pages: Option<std::vec::IntoIter<u64>>,
+}
+
+impl Iterator for Windows {
+    type Item = std::ops::Range<usize>;
+
+    fn next(&mut self) -> Option<std::ops::Range<usize>> {
+        let start = match &mut self.pages {
+            Some(pages) => pages.next()? as usize * PAGE_ENTRIES,
+            None if self.at < self.len => self.at,
+            None => return None,
+        };
+        let end = (start + PAGE_ENTRIES).min(self.len);
+        self.at = end;
+        Some(start..end)
     }
 }
 
@@ -539,7 +590,7 @@ mod tests {
             let (faults, writebacks) = m.page_traffic();
             assert!(faults > 100 && writebacks > 100, "{faults} faults, {writebacks} write-backs");
             // Only pages ever used are walked, and DRAM stays at two pages plus the tables.
-            assert_eq!(m.ranges().len(), 11);
+            assert_eq!(m.windows().count(), 11);
             assert!(m.bytes() <= 2 * L2p::page_bytes(width) + 11 * 4 + 8);
         }
     }

@@ -179,6 +179,21 @@ impl Pager {
         Ok(())
     }
 
+    /// The entries of `page` that are not "nowhere": (index in the page,
+    /// stored form, CRC).
+    pub(super) fn mapped(&mut self, page: u64) -> Result<Vec<(usize, u64, u32)>, VolumeError> {
+        let eb = self.entry_bytes;
+        let frame = self.frame(page)?;
+        let bytes = &frame.bytes;
+        Ok((0..PAGE_ENTRIES)
+            .filter(|&i| bytes[i * eb..(i + 1) * eb].iter().any(|&b| b != 0))
+            .map(|i| {
+                let (raw, crc) = read_entry(bytes, eb, i);
+                (i, raw, crc)
+            })
+            .collect())
+    }
+
     /// Whether `page` may hold anything but "nowhere": resident, or written.
     pub(super) fn may_hold(&self, page: u64) -> bool {
         self.written(page) || self.resident.contains_key(&page)
