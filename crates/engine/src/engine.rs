@@ -73,7 +73,7 @@ mod throttle;
 mod worker;
 mod zoned;
 
-use bands::{Band, BandState, Bands};
+use bands::{Band, BandId, BandState, Bands};
 pub use check::CheckReport;
 use compaction::CompactCursor;
 use gc::GcCursor;
@@ -82,7 +82,7 @@ use identity::write_label;
 pub use identity::{label_offset, label_present, superblock_present, wipe_labels};
 pub use l2p::CAPACITY_BYTES_MAX;
 use l2p::{L2p, Loc, PageStore, Width};
-use log::{Chunk, ChunkState, Log};
+use log::{Chunk, ChunkId, ChunkState, Log};
 pub use placement::BandPlacement;
 use pool::BufPool;
 pub use recovery::Damage;
@@ -225,10 +225,10 @@ struct Vol {
     /// Kept in DRAM beside the place (4 B per block) so that a read costs
     /// one device I/O, not a second one for the header.
     l2p: L2p,
-    open_band: Option<u32>,
+    open_band: Option<BandId>,
     /// The band this stream filled last and its epoch (closed, or left full
     /// by a recovery): the next band it opens names it (`Band::prev`).
-    last_band: Option<(u32, u64)>,
+    last_band: Option<(BandId, u64)>,
     /// Data bytes of this volume compaction and GC wrote to the capacity
     /// device since the engine was opened (not persisted): per-tenant
     /// capacity write amplification.
@@ -598,12 +598,12 @@ impl Engine {
                 (relog, gaps) = (std::mem::take(&mut r.superseded), std::mem::take(&mut r.gaps));
                 // (Voided bands nothing won in are free already, and discarded
                 // as stale ones.)
-                voided = std::mem::take(&mut r.voided);
-                voided.retain(|&b| r.inner.bands[b as usize].state != BandState::Free);
+                voided = r.voided.iter().map(|&b| BandId(b)).collect();
+                voided.retain(|&b| r.inner.bands[b].state != BandState::Free);
                 lasts = Some(r.last_bands);
                 // Damaged bands out of reach before anything is written.
                 let inner = &mut r.inner;
-                inner.bands.quarantine = Damage::bands(&r.damage);
+                inner.bands.quarantine = Damage::bands(&r.damage).into_iter().map(BandId).collect();
                 inner.bands.quarantine.extend(&voided);
                 inner.bands.free.retain(|b| !inner.bands.quarantine.contains(b));
                 // Before changing any band: a fresh mark (no band is open
@@ -867,22 +867,22 @@ fn read_checkpoint(capacity: &dyn BlockDevice, geo: &CapGeometry, sb: &Superbloc
 
 impl Inner {
     /// Simulation: wait until chunk `c` (or band `b`) was freed.
-    fn sim_wait(&self, chunk: Option<u32>, band: Option<u32>) {
+    fn sim_wait(&self, chunk: Option<ChunkId>, band: Option<BandId>) {
         if let Some(g) = &self.sim {
-            let t = chunk.map_or(0, |c| g.chunk_free_at_ns[c as usize]);
-            g.clock.wait_until(t.max(band.map_or(0, |b| g.band_free_at_ns[b as usize])));
+            let t = chunk.map_or(0, |c| g.chunk_free_at_ns[c.index()]);
+            g.clock.wait_until(t.max(band.map_or(0, |b| g.band_free_at_ns[b.index()])));
         }
     }
 
     /// Simulation: chunk `c` (or band `b`) is free as of now.
-    fn sim_freed(&mut self, chunk: Option<u32>, band: Option<u32>) {
+    fn sim_freed(&mut self, chunk: Option<ChunkId>, band: Option<BandId>) {
         if let Some(g) = &mut self.sim {
             let now = g.clock.now_ns();
             if let Some(c) = chunk {
-                g.chunk_free_at_ns[c as usize] = now;
+                g.chunk_free_at_ns[c.index()] = now;
             }
             if let Some(b) = band {
-                g.band_free_at_ns[b as usize] = now;
+                g.band_free_at_ns[b.index()] = now;
             }
         }
     }
@@ -1006,10 +1006,11 @@ impl Inner {
             assert_eq!(band.valid, band_valid[b], "band {b} valid count");
         }
         // Every open band is exactly one stream's: none is stranded.
-        let mut owned: Vec<u32> = self.vols.iter().map(|v| v.open_band).chain([self.bands.gc_open]).flatten().collect();
+        let mut owned: Vec<BandId> =
+            self.vols.iter().map(|v| v.open_band).chain([self.bands.gc_open]).flatten().collect();
         owned.sort_unstable();
-        let open: Vec<u32> =
-            (0..self.bands.len() as u32).filter(|&b| self.bands[b as usize].state == BandState::Open).collect();
+        let open: Vec<BandId> =
+            (0..self.bands.len() as u32).map(BandId).filter(|&b| self.bands[b].state == BandState::Open).collect();
         assert_eq!(owned, open, "open bands are the streams' bands");
     }
 }

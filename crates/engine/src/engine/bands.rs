@@ -12,21 +12,39 @@
 
 use super::*;
 
+/// A band's number: band b holds capacity blocks b·stride onwards
+/// (`Inner::blocks_per_band`). On the media (segment headers, marks, the
+/// checkpoint) it is a u32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct BandId(pub(super) u32);
+
+impl BandId {
+    pub(super) fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl std::fmt::Display for BandId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// The capacity device's bands and the streams' places in them.
 pub(super) struct Bands {
     pub(super) list: Vec<Band>,
     /// Free bands, oldest freed first.
-    pub(super) free: VecDeque<u32>,
+    pub(super) free: VecDeque<BandId>,
     /// The band GC writes into, and the band GC filled last (as `Vol::last_band`).
-    pub(super) gc_open: Option<u32>,
-    pub(super) gc_last: Option<(u32, u64)>,
+    pub(super) gc_open: Option<BandId>,
+    pub(super) gc_last: Option<(BandId, u64)>,
     /// Bands a salvaging open found damaged: never opened nor chosen by GC
     /// until `salvage_repair` has emptied and discarded them.
-    pub(super) quarantine: Vec<u32>,
+    pub(super) quarantine: Vec<BandId>,
     /// Bands closed since the last capacity mark: the next mark lists their
     /// final pointers too, or a segment written after one mark into a band
     /// closed before the next would be in no mark at all.
-    pub(super) closed_since_mark: Vec<u32>,
+    pub(super) closed_since_mark: Vec<BandId>,
 }
 
 impl Bands {
@@ -44,7 +62,7 @@ impl Bands {
         };
         Bands {
             list: (0..band_count).map(band).collect(),
-            free: (0..band_count as u32).collect(),
+            free: (0..band_count as u32).map(BandId).collect(),
             gc_open: None,
             gc_last: None,
             quarantine: Vec::new(),
@@ -60,6 +78,19 @@ impl Bands {
     }
     pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Band> {
         self.list.iter_mut()
+    }
+}
+
+impl std::ops::Index<BandId> for Bands {
+    type Output = Band;
+    fn index(&self, b: BandId) -> &Band {
+        &self.list[b.index()]
+    }
+}
+
+impl std::ops::IndexMut<BandId> for Bands {
+    fn index_mut(&mut self, b: BandId) -> &mut Band {
+        &mut self.list[b.index()]
     }
 }
 
@@ -153,7 +184,7 @@ pub(super) const TOMBSTONES_UNKNOWN: u32 = u32::MAX;
 /// a band with room for less than a header and one block is closed.
 pub(super) fn band_has_room(inner: &Inner, vol: u32, gc: bool) -> bool {
     let cur = if gc { inner.bands.gc_open } else { inner.vols[inner.stream(vol)].open_band };
-    cur.is_some_and(|b| inner.band_usable() - inner.bands[b as usize].written >= 2)
+    cur.is_some_and(|b| inner.band_usable() - inner.bands[b].written >= 2)
 }
 
 impl Inner {
@@ -168,8 +199,8 @@ impl Inner {
     }
 
     /// Band `b`, the open band of `vol` (or of GC), is full: close it.
-    pub(super) fn close_band(&mut self, b: u32, vol: u32, gc: bool) {
-        let band = &mut self.bands[b as usize];
+    pub(super) fn close_band(&mut self, b: BandId, vol: u32, gc: bool) {
+        let band = &mut self.bands[b];
         band.to(BandState::Open, BandState::Full);
         band.closed_seq = self.seq;
         let last = Some((b, band.epoch));
@@ -187,7 +218,7 @@ impl Inner {
 
 impl Engine {
     /// The open band of a stream, opening a free one (after GC if short).
-    pub(super) fn open_band(&self, inner: &mut Inner, vol: u32, gc: bool) -> Result<u32, VolumeError> {
+    pub(super) fn open_band(&self, inner: &mut Inner, vol: u32, gc: bool) -> Result<BandId, VolumeError> {
         let stream = inner.stream(vol);
         let cur = if gc { inner.bands.gc_open } else { inner.vols[stream].open_band };
         if let (Some(b), true) = (cur, band_has_room(inner, vol, gc)) {
@@ -196,7 +227,7 @@ impl Engine {
         // Zone finish and GC are synchronous on the capacity device.
         self.drain_capacity(inner)?;
         if let Some(b) = cur {
-            let start = b as u64 * inner.cfg.band_bytes;
+            let start = b.0 as u64 * inner.cfg.band_bytes;
             zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
             inner.close_band(b, vol, gc);
         }
@@ -212,7 +243,7 @@ impl Engine {
             }
         }
         let b = inner.bands.free.pop_front().ok_or(VolumeError::NoSpace)?;
-        let band = &mut inner.bands[b as usize];
+        let band = &mut inner.bands[b];
         assert_eq!(band.valid, 0);
         band.to(BandState::Free, BandState::Open);
         band.written = 0;
@@ -223,10 +254,10 @@ impl Engine {
         // far as it reaches now once this band's first segment is durable.
         let last = if gc { inner.bands.gc_last } else { inner.vols[stream].last_band };
         let prev = last
-            .map(|(p, epoch)| (&inner.bands[p as usize], epoch))
+            .map(|(p, epoch)| (&inner.bands[p], epoch))
             .filter(|(p, epoch)| p.state.holds_all() && p.epoch == *epoch)
             .map_or((0, 0), |(p, epoch)| (epoch, p.written));
-        let band = &mut inner.bands[b as usize];
+        let band = &mut inner.bands[b];
         band.epoch = inner.seq;
         band.prev = prev;
         if gc {

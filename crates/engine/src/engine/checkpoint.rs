@@ -35,13 +35,13 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     w.u64(inner.log.lsn);
     w.u64(inner.mark_gen);
     inner.stats.words().iter().for_each(|&x| w.u64(x));
-    w.opt_u32(inner.log.open.map(|(c, _)| c));
+    w.opt_u32(inner.log.open.map(|(c, _)| c.0));
     w.u64(inner.log.open.map_or(0, |(_, o)| o));
-    w.opt_u32(inner.bands.gc_open);
+    w.opt_u32(inner.bands.gc_open.map(|b| b.0));
     put_last(&mut w, inner.bands.gc_last);
     w.u32(inner.vols.len() as u32);
     for v in &inner.vols {
-        w.opt_u32(v.open_band);
+        w.opt_u32(v.open_band.map(|b| b.0));
         put_last(&mut w, v.last_band);
         let width = v.l2p.width().bytes() as u8;
         if let Some((on_media, crcs)) = v.l2p.media_pages() {
@@ -76,7 +76,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     }
     for list in [&inner.log.full, &inner.log.free] {
         w.u32(list.len() as u32);
-        list.iter().for_each(|&c| w.u32(c));
+        list.iter().for_each(|&c| w.u32(c.0));
     }
     w.u32(inner.bands.len() as u32);
     for b in inner.bands.iter() {
@@ -89,20 +89,20 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u64(b.prev.1);
     }
     w.u32(inner.bands.free.len() as u32);
-    inner.bands.free.iter().for_each(|&b| w.u32(b));
+    inner.bands.free.iter().for_each(|&b| w.u32(b.0));
     w.0
 }
 
 /// A stream's last band: band u32 (u32::MAX = none), its epoch u64.
-fn put_last(w: &mut Writer, last: Option<(u32, u64)>) {
-    w.opt_u32(last.map(|(b, _)| b));
+fn put_last(w: &mut Writer, last: Option<(BandId, u64)>) {
+    w.opt_u32(last.map(|(b, _)| b.0));
     w.u64(last.map_or(0, |(_, e)| e));
 }
 
-fn get_last(r: &mut Reader) -> Result<Option<(u32, u64)>, CheckpointError> {
+fn get_last(r: &mut Reader) -> Result<Option<(BandId, u64)>, CheckpointError> {
     let b = r.opt_u32()?;
     let e = r.u64()?;
-    Ok(b.map(|b| (b, e)))
+    Ok(b.map(|b| (BandId(b), e)))
 }
 
 /// A P2L list: (volume u32, LBA u64) per block.
@@ -135,9 +135,9 @@ pub(super) fn decode_checkpoint(
     for x in words.iter_mut() {
         *x = r.u64()?;
     }
-    let open_c = r.opt_u32()?;
+    let open_c = r.opt_u32()?.map(ChunkId);
     let open_off = r.u64()?;
-    let gc_band = r.opt_u32()?;
+    let gc_band = r.opt_u32()?.map(BandId);
     let gc_last_band = get_last(&mut r)?;
     let nv = r.u32()? as usize;
     if nv != sb.volumes.len() {
@@ -145,7 +145,7 @@ pub(super) fn decode_checkpoint(
     }
     let mut vols = Vec::with_capacity(nv);
     for ((name, size), mut l2p) in sb.volumes.iter().zip(maps) {
-        let open_band = r.opt_u32()?;
+        let open_band = r.opt_u32()?.map(BandId);
         let last_band = get_last(&mut r)?;
         let width = l2p_width(&sb);
         let (paged, entry_bytes) = {
@@ -192,7 +192,7 @@ pub(super) fn decode_checkpoint(
     for list in lists.iter_mut() {
         let n = r.u32()? as usize;
         for _ in 0..n {
-            list.push_back(r.u32()?);
+            list.push_back(ChunkId(r.u32()?));
         }
     }
     let [full_chunks, free_chunks] = lists;
@@ -212,7 +212,7 @@ pub(super) fn decode_checkpoint(
     let n = r.u32()? as usize;
     let mut free_bands = VecDeque::with_capacity(n);
     for _ in 0..n {
-        free_bands.push_back(r.u32()?);
+        free_bands.push_back(BandId(r.u32()?));
     }
     if r.at() != body.len() {
         return Err(bad(&r));

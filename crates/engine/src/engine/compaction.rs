@@ -18,7 +18,7 @@ use crate::layout::{record_at, RecordKind};
 /// Where a bounded compaction step stopped in the oldest full chunk.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct CompactCursor {
-    pub(super) chunk: u32,
+    pub(super) chunk: ChunkId,
     /// Block of the chunk where the next record starts.
     pub(super) pos: u64,
 }
@@ -52,8 +52,8 @@ impl Inner {
     pub(super) fn compact_window(&self, blocks_max: u64) -> Option<Window> {
         let CompactCursor { chunk: c, pos } = self.compact_next()?;
         let len = self.compact_read_blocks(pos, blocks_max);
-        let offset = (c as u64 * self.blocks_per_chunk() + pos) * BS;
-        let gen = self.log.chunks[c as usize].epoch;
+        let offset = (c.0 as u64 * self.blocks_per_chunk() + pos) * BS;
+        let gen = self.log.chunks[c].epoch;
         (len > 0).then_some(Window { cache: true, offset, len: (len * BS) as usize, gen })
     }
 }
@@ -88,14 +88,14 @@ impl Engine {
         // `defer`: the step's segment writes are left in flight with their
         // remaps (`Pending`), for the caller to finish without the lock.
         let mut deferred = defer.then(Deferred::default);
-        let ch = &mut inner.log.chunks[c as usize];
+        let ch = &mut inner.log.chunks[c];
         if ch.state == ChunkState::Sealed {
             ch.to(ChunkState::Sealed, ChunkState::Compacting);
         }
         assert_eq!(ch.state, ChunkState::Compacting, "compaction takes the oldest sealed chunk");
         let bpc = inner.blocks_per_chunk();
-        let base = c as u64 * bpc;
-        let epoch = inner.log.chunks[c as usize].epoch;
+        let base = c.0 as u64 * bpc;
+        let epoch = inner.log.chunks[c].epoch;
         // The window: `blocks_max` blocks, or the first record whole if it is
         // larger (read again at its size).
         let mut len = inner.compact_read_blocks(pos, blocks_max);
@@ -117,7 +117,7 @@ impl Engine {
                 let h = record_at(block, pos + at, bpc, inner.tag).filter(|h| h.epoch == epoch);
                 let Some(h) = h.filter(|h| (h.volume as usize) < inner.vols.len()) else {
                     let collected: usize = blocks.iter().map(|b| b.len()).sum();
-                    if inner.log.chunks[c as usize].valid as usize <= collected {
+                    if inner.log.chunks[c].valid as usize <= collected {
                         end_of_chunk = true;
                         break;
                     }
@@ -185,7 +185,7 @@ impl Engine {
         // damaged at rest since the engine opened (a clean open reads the
         // checkpoint, not the log). Damage, not a bug: changes stop, and
         // the next open's recovery refuses it for `sluice check`.
-        let left = inner.log.chunks[c as usize].valid;
+        let left = inner.log.chunks[c].valid;
         if left != 0 {
             return Err(VolumeError::Damaged {
                 device: "cache",
@@ -204,7 +204,7 @@ impl Engine {
         self.flush_cache(inner)?;
         assert_eq!(inner.log.full.pop_front(), Some(c));
         inner.compact_cursor = None;
-        inner.log.chunks[c as usize].to(ChunkState::Compacting, ChunkState::Free);
+        inner.log.chunks[c].to(ChunkState::Compacting, ChunkState::Free);
         inner.sim_freed(Some(c), None);
         inner.log.free.push_back(c);
         inner.stats.chunks_compacted += 1;

@@ -18,7 +18,7 @@ use crate::layout::decode_header;
 /// Where a bounded GC step stopped in its victim.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct GcCursor {
-    pub(super) victim: u32,
+    pub(super) victim: BandId,
     /// Blocks of the victim walked so far.
     pub(super) pos: u64,
 }
@@ -43,8 +43,8 @@ impl Inner {
 
     /// Whether GC reclaims victim `v` without reading it: nothing valid and
     /// no tombstone is left in it (`Band::tombstones`).
-    pub(super) fn gc_skips_reading(&self, v: u32) -> bool {
-        let b = &self.bands[v as usize];
+    pub(super) fn gc_skips_reading(&self, v: BandId) -> bool {
+        let b = &self.bands[v];
         b.valid == 0 && b.tombstones == 0
     }
 
@@ -67,10 +67,10 @@ impl Inner {
         if self.gc_skips_reading(v) {
             return None;
         }
-        let written = self.bands[v as usize].written;
+        let written = self.bands[v].written;
         let len = self.gc_read_blocks(pos, blocks_max, written);
-        let offset = (v as u64 * self.blocks_per_band() + pos) * BS;
-        let gen = self.bands[v as usize].gen;
+        let offset = (v.0 as u64 * self.blocks_per_band() + pos) * BS;
+        let gen = self.bands[v].gen;
         (len > 0).then_some(Window { cache: false, offset, len: (len * BS) as usize, gen })
     }
 }
@@ -93,7 +93,7 @@ impl Engine {
     /// cost-benefit would prefer an older half-full band to a younger empty
     /// one: a sequentially rewritten tenant's zones die whole, a moment
     /// after they are old enough to be chosen).
-    pub(super) fn gc_victim(inner: &Inner) -> Option<u32> {
+    pub(super) fn gc_victim(inner: &Inner) -> Option<BandId> {
         let usable = inner.band_usable();
         let now = inner.seq;
         inner
@@ -101,7 +101,9 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(|&(i, b)| {
-                b.state == BandState::Full && (b.valid as u64) < usable && !inner.bands.quarantine.contains(&(i as u32))
+                b.state == BandState::Full
+                    && (b.valid as u64) < usable
+                    && !inner.bands.quarantine.contains(&BandId(i as u32))
             })
             .map(|(i, b)| {
                 let u = b.valid as f64 / usable as f64;
@@ -109,7 +111,7 @@ impl Engine {
                 (i, if b.valid == 0 { f64::INFINITY } else { (1.0 - u) * age / (1.0 + u) })
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(i, _)| i as u32)
+            .map(|(i, _)| BandId(i as u32))
     }
 
     /// GC the victim in progress (choosing one if none is) for at least one
@@ -136,7 +138,7 @@ impl Engine {
         let blocks_max = blocks_max.max(1);
         let Some(cursor) = inner.gc_next() else { return Ok(GcStep::Idle) };
         inner.gc_cursor = Some(cursor);
-        let victim = &mut inner.bands[cursor.victim as usize];
+        let victim = &mut inner.bands[cursor.victim.index()];
         if victim.state == BandState::Full {
             victim.to(BandState::Full, BandState::Victim);
         }
@@ -144,8 +146,8 @@ impl Engine {
         let GcCursor { victim: v, mut pos } = cursor;
         let bpb = inner.blocks_per_band();
         let unit = inner.cfg.write_unit_bytes / BS;
-        let first = v as u64 * bpb;
-        let written = inner.bands[v as usize].written;
+        let first = v.0 as u64 * bpb;
+        let written = inner.bands[v].written;
         // A victim with no valid block and no tombstone holds nothing to
         // move: reclaim it without reading it.
         if inner.gc_skips_reading(v) {
@@ -176,7 +178,7 @@ impl Engine {
                 self.settle_deferred(inner, d)?;
             }
             let len = inner.gc_read_blocks(pos, blocks_max, written);
-            let gen = inner.bands[v as usize].gen;
+            let gen = inner.bands[v].gen;
             let win = self.read_window(
                 inner,
                 pre,
@@ -256,7 +258,7 @@ impl Engine {
         if let Some(d) = deferred.as_mut() {
             self.settle_deferred(inner, d)?;
         }
-        assert_eq!(inner.bands[v as usize].valid, 0, "victim fully relocated");
+        assert_eq!(inner.bands[v].valid, 0, "victim fully relocated");
         // Rule 3: relocations, and whatever made the victim's dropped entries
         // stale, are durable before the victim is discarded.
         if inner.cap.dirty {
@@ -266,13 +268,13 @@ impl Engine {
         self.flush_cache(inner)?;
         // Reads outside the lock that still hold a location in the victim
         // must see that its data may be gone.
-        inner.bands[v as usize].gen += 1;
+        inner.bands[v].gen += 1;
         zoned::reclaim_band(&*self.capacity, inner.geo.zoned, first * BS, inner.cfg.band_bytes)?;
         // The discard is durable only after the next capacity flush, which
         // the next mark must follow (until then the reclaim mark stands).
         inner.cap.dirty = true;
         inner.gc_cursor = None;
-        inner.bands[v as usize].to(BandState::Victim, BandState::Free);
+        inner.bands[v].to(BandState::Victim, BandState::Free);
         inner.sim_freed(None, Some(v));
         inner.bands.free.push_back(v);
         inner.stats.bands_reclaimed += 1;

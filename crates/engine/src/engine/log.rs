@@ -19,7 +19,7 @@ impl Inner {
     /// else the open chunk's, else the next one to be written.
     pub(super) fn head_lsn(&self) -> u64 {
         let oldest = self.log.full.front().copied().or(self.log.open.map(|(c, _)| c));
-        oldest.map_or(self.log.lsn + 1, |c| self.log.chunks[c as usize].first_lsn)
+        oldest.map_or(self.log.lsn + 1, |c| self.log.chunks[c].first_lsn)
     }
 
     /// Most data blocks one write record holds: what a header lists, and
@@ -204,7 +204,7 @@ impl Engine {
             kind,
             seq: inner.seq,
             volume: vol,
-            epoch: inner.log.chunks[chunk as usize].epoch,
+            epoch: inner.log.chunks[chunk].epoch,
             flushed_seq: inner.cache_flushed_seq,
             engine: inner.tag,
             stream: 0,
@@ -219,7 +219,7 @@ impl Engine {
         // Numbered whether or not the write succeeds: a failed write stops
         // the engine, and its number is above anything a flush made durable.
         inner.log.lsn += 1;
-        let header_block = chunk as u64 * inner.blocks_per_chunk() + off;
+        let header_block = chunk.0 as u64 * inner.blocks_per_chunk() + off;
         inner.sim_wait(Some(chunk), None);
         let c = sync_io(&*self.cache, IoRequest::write(header_block * BS, rec, 0));
         if let Err(e) = c.result {
@@ -233,12 +233,12 @@ impl Engine {
 
     /// A place for `need` blocks in the log: the open chunk, or a fresh one
     /// (compacting the oldest chunks when free chunks run low).
-    pub(super) fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(u32, u64), VolumeError> {
+    pub(super) fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(ChunkId, u64), VolumeError> {
         if let Some((c, off)) = inner.log.open {
             if off + need <= inner.blocks_per_chunk() {
                 return Ok((c, off));
             }
-            inner.log.chunks[c as usize].to(ChunkState::Open, ChunkState::Sealed);
+            inner.log.chunks[c].to(ChunkState::Open, ChunkState::Sealed);
             inner.log.full.push_back(c);
             inner.log.open = None;
         }
@@ -246,9 +246,9 @@ impl Engine {
             self.compact_oldest(inner)?;
         }
         let c = inner.log.free.pop_front().expect("compaction keeps free chunks");
-        assert_eq!(inner.log.chunks[c as usize].valid, 0);
+        assert_eq!(inner.log.chunks[c].valid, 0);
         inner.seq += 1;
-        let ch = &mut inner.log.chunks[c as usize];
+        let ch = &mut inner.log.chunks[c];
         ch.to(ChunkState::Free, ChunkState::Open);
         ch.epoch = inner.seq;
         // The record about to be written into it is its first.
@@ -259,14 +259,45 @@ impl Engine {
     }
 }
 
+/// A log chunk's number: chunk c holds cache blocks c·chunk_blocks onwards
+/// (`Inner::blocks_per_chunk`); chunk 0 holds the superblock and marks. On
+/// the media (marks, the checkpoint) it is a u32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct ChunkId(pub(super) u32);
+
+impl ChunkId {
+    pub(super) fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl std::fmt::Display for ChunkId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::ops::Index<ChunkId> for Vec<Chunk> {
+    type Output = Chunk;
+    fn index(&self, c: ChunkId) -> &Chunk {
+        &self[c.index()]
+    }
+}
+
+impl std::ops::IndexMut<ChunkId> for Vec<Chunk> {
+    fn index_mut(&mut self, c: ChunkId) -> &mut Chunk {
+        &mut self[c.index()]
+    }
+}
+
 /// The log's state: every chunk, which are free (oldest freed first), which
 /// are full (oldest first: compaction's queue), the open one, and the LSNs.
 pub(super) struct Log {
     pub(super) chunks: Vec<Chunk>,
-    pub(super) free: VecDeque<u32>,
-    pub(super) full: VecDeque<u32>,
+    pub(super) free: VecDeque<ChunkId>,
+    pub(super) full: VecDeque<ChunkId>,
     /// The chunk records are appended to, and the next block in it.
-    pub(super) open: Option<(u32, u64)>,
+    pub(super) open: Option<(ChunkId, u64)>,
     /// The last log record's number (LSN), and the highest one made durable
     /// by a completed cache flush.
     pub(super) lsn: u64,
@@ -286,7 +317,7 @@ impl Log {
         };
         Log {
             chunks: (0..chunk_count).map(chunk).collect(),
-            free: (1..chunk_count as u32).collect(),
+            free: (1..chunk_count as u32).map(ChunkId).collect(),
             full: VecDeque::new(),
             open: None,
             lsn: 0,
@@ -408,7 +439,7 @@ mod tests {
     #[test]
     fn a_chunk_goes_through_its_cycle_and_the_checkpoint_keeps_a_compacting_one_sealed() {
         let mut log = Log::empty(2, 4);
-        assert_eq!(log.free, [1], "chunk 0 holds the superblock");
+        assert_eq!(log.free, [ChunkId(1)], "chunk 0 holds the superblock");
         let c = &mut log.chunks[1];
         c.to(ChunkState::Free, ChunkState::Open);
         c.to(ChunkState::Open, ChunkState::Sealed);

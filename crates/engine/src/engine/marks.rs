@@ -152,33 +152,31 @@ fn put_mark(cache: &dyn BlockDevice, m: &Mark, tag: u32) -> Result<(), DeviceErr
 
 impl Inner {
     /// The next mark (see `Engine::write_mark`); takes its generation.
-    fn next_mark(&mut self, freeing: Option<u32>, reclaiming: Option<u32>) -> Mark {
+    fn next_mark(&mut self, freeing: Option<ChunkId>, reclaiming: Option<BandId>) -> Mark {
         let closed = std::mem::take(&mut self.bands.closed_since_mark);
         // Open bands are the volumes' (or their streams') and GC's: listing
         // them costs the volume count, not the band count (a million bands
         // on a 64 TiB device).
-        let mut listed: Vec<u32> = self.vols.iter().filter_map(|v| v.open_band).chain(self.bands.gc_open).collect();
-        listed.extend(closed.iter().copied().filter(|&b| self.bands[b as usize].state.holds_all()));
+        let mut listed: Vec<BandId> = self.vols.iter().filter_map(|v| v.open_band).chain(self.bands.gc_open).collect();
+        listed.extend(closed.iter().copied().filter(|&b| self.bands[b].state.holds_all()));
         // Each stream's last full band too: the band its stream opens next
         // names it, but until that one's first segment is known durable
         // (`recovery/bands.rs`, chains), only the mark says how far it must read.
         let last = self.vols.iter().filter_map(|v| v.last_band).chain(self.bands.gc_last);
-        listed.extend(
-            last.filter(|&(b, e)| self.bands[b as usize].state.holds_all() && self.bands[b as usize].epoch == e)
-                .map(|(b, _)| b),
-        );
+        listed
+            .extend(last.filter(|&(b, e)| self.bands[b].state.holds_all() && self.bands[b].epoch == e).map(|(b, _)| b));
         listed.sort_unstable();
         listed.dedup();
         let mut bands: Vec<MarkedBand> = listed
             .into_iter()
-            .filter(|&b| self.bands[b as usize].state != BandState::Free)
+            .filter(|&b| self.bands[b].state != BandState::Free)
             .map(|b| {
-                let band = &self.bands[b as usize];
-                MarkedBand { band: b, written: band.written as u32, epoch: band.epoch }
+                let band = &self.bands[b];
+                MarkedBand { band: b.0, written: band.written as u32, epoch: band.epoch }
             })
             .collect();
         if let Some(v) = reclaiming {
-            bands.insert(0, MarkedBand { band: v, written: RECLAIMED, epoch: self.bands[v as usize].epoch });
+            bands.insert(0, MarkedBand { band: v.0, written: RECLAIMED, epoch: self.bands[v].epoch });
         }
         // More open bands than a block lists (a volume count near the
         // superblock's limit): the rest are simply not covered.
@@ -186,7 +184,7 @@ impl Inner {
         let head_lsn = match freeing {
             Some(c) => {
                 let next = self.log.full.iter().copied().find(|&x| x != c).or(self.log.open.map(|(o, _)| o));
-                next.map_or(self.log.lsn + 1, |n| self.log.chunks[n as usize].first_lsn)
+                next.map_or(self.log.lsn + 1, |n| self.log.chunks[n].first_lsn)
             }
             None => self.head_lsn(),
         };
@@ -204,8 +202,8 @@ impl Engine {
     pub(super) fn write_mark(
         &self,
         inner: &mut Inner,
-        freeing: Option<u32>,
-        reclaiming: Option<u32>,
+        freeing: Option<ChunkId>,
+        reclaiming: Option<BandId>,
     ) -> Result<(), VolumeError> {
         debug_assert!(!inner.cap.dirty, "a mark describes flushed capacity state");
         let m = inner.next_mark(freeing, reclaiming);

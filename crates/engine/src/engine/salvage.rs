@@ -19,7 +19,7 @@ impl Engine {
     /// same damage again; then a fresh mark (none of them is open).
     pub(super) fn salvage_repair(&self, damage: &[Damage]) -> Result<(), VolumeError> {
         let mut inner = self.lock();
-        let bands = Damage::bands(damage);
+        let bands: Vec<BandId> = Damage::bands(damage).into_iter().map(BandId).collect();
         // Out of reach (`Engine::open_with` put them in quarantine before
         // anything was written): what is written below may compact, and
         // must neither open nor collect one of these.
@@ -40,7 +40,7 @@ impl Engine {
     /// them) — every block still in it written again to the log, trimmed
     /// if it does not check — and discard it; then a fresh mark (none of
     /// them is open). For salvaged damage, and for bands recovery voided.
-    pub(super) fn empty_bands(&self, inner: &mut Inner, bands: &[u32]) -> Result<(), VolumeError> {
+    pub(super) fn empty_bands(&self, inner: &mut Inner, bands: &[BandId]) -> Result<(), VolumeError> {
         let bpb = inner.blocks_per_band();
         for &b in bands {
             if !inner.bands.quarantine.contains(&b) {
@@ -49,7 +49,7 @@ impl Engine {
             let mut held = Vec::new();
             for (v, vol) in inner.vols.iter().enumerate() {
                 vol.l2p.for_each(|lba, loc, crc| {
-                    if loc.capacity_block().is_some_and(|pb| pb / bpb == b as u64) {
+                    if loc.capacity_block().is_some_and(|pb| pb / bpb == b.0 as u64) {
                         held.push((v as u32, lba as u64, loc, crc));
                     }
                 })?;
@@ -63,11 +63,11 @@ impl Engine {
                 }
             }
             self.flush_cache(inner)?;
-            assert_eq!(inner.bands[b as usize].valid, 0, "every block of a salvaged band moved");
-            inner.bands[b as usize].gen += 1;
+            assert_eq!(inner.bands[b].valid, 0, "every block of a salvaged band moved");
+            inner.bands[b].gen += 1;
             let len = inner.cfg.band_bytes;
-            zoned::reclaim_band(&*self.capacity, inner.geo.zoned, b as u64 * bpb * BS, len)?;
-            let band = &mut inner.bands[b as usize];
+            zoned::reclaim_band(&*self.capacity, inner.geo.zoned, b.0 as u64 * bpb * BS, len)?;
+            let band = &mut inner.bands[b];
             (band.written, band.tombstones, band.epoch) = (0, 0, 0);
             // (Free already if nothing in it won in recovery.)
             if band.state != BandState::Free {

@@ -103,7 +103,7 @@ impl Engine {
                 }
             }
             let band = self.open_band(inner, vol, gc)?;
-            let wp = inner.bands[band as usize].written;
+            let wp = inner.bands[band].written;
             let room = usable - wp;
             let n = (rest.len() as u64).min(room - 1).min(RECORD_BLOCKS_MAX as u64) as usize;
             let t = rest_t.len().min(RECORD_BLOCKS_MAX - n);
@@ -117,25 +117,25 @@ impl Engine {
                 kind: RecordKind::Segment,
                 seq: inner.seq,
                 volume: vol,
-                epoch: inner.bands[band as usize].epoch,
+                epoch: inner.bands[band].epoch,
                 flushed_seq: inner.cap.flushed_seq,
                 engine: inner.tag,
                 stream: if gc { STREAM_GC } else { inner.stream(vol) as u32 },
                 lsn: 0,
                 head_lsn: 0,
                 flushed_lsn: 0,
-                prev_epoch: inner.bands[band as usize].prev.0,
-                prev_end: inner.bands[band as usize].prev.1,
+                prev_epoch: inner.bands[band].prev.0,
+                prev_end: inner.bands[band].prev.1,
                 entries,
             };
             encode_header(&mut buf[..BLOCK_BYTES], &h);
-            let b = &mut inner.bands[band as usize];
+            let b = &mut inner.bands[band];
             b.tombstones = b.tombstones.saturating_add(t as u32);
             for (i, (_, _, d)) in rest[..n].iter().enumerate() {
                 buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(d);
             }
             buf[(n + 1) * BLOCK_BYTES..].fill(0);
-            let first = band as u64 * bpb + wp;
+            let first = band.0 as u64 * bpb + wp;
             inner.sim_wait(None, Some(band));
             match deferred.as_deref_mut() {
                 Some(d) => {
@@ -154,13 +154,13 @@ impl Engine {
                     None => {
                         inner.vols[vol as usize].l2p.relocate(lba as usize, to)?;
                         inner.invalidate(loc);
-                        inner.bands[band as usize].valid += 1;
+                        inner.bands[band].valid += 1;
                     }
                 }
                 moved += 1;
             }
-            inner.bands[band as usize].written += padded;
-            if inner.bands[band as usize].written == usable {
+            inner.bands[band].written += padded;
+            if inner.bands[band].written == usable {
                 inner.close_band(band, vol, gc);
             }
             rest = &rest[n..];

@@ -468,7 +468,8 @@ mod tests {
         let top_band = {
             let mut inner = e.lock();
             assert_eq!(inner.vols[0].l2p.width(), Width::Wide);
-            let down: std::collections::VecDeque<u32> = inner.bands.free.iter().rev().copied().collect();
+            let down: std::collections::VecDeque<crate::engine::BandId> =
+                inner.bands.free.iter().rev().copied().collect();
             inner.bands.free = down;
             inner.bands.len() as u64 - 1
         };

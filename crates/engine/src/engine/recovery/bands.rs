@@ -5,7 +5,7 @@
 use super::chunks::fits;
 use super::damage::Damage;
 use super::resolver::{Resolver, TOMBSTONE_CRC};
-use crate::engine::bands::Bands;
+use crate::engine::bands::{BandId, Bands};
 use crate::engine::l2p::Loc;
 use crate::engine::marks::{Mark, RECLAIMED};
 use crate::engine::segments::segment_blocks;
@@ -43,8 +43,8 @@ pub(super) struct FirstSegment {
 /// superseded their torn copies, a claim on them would have a later
 /// recovery trust what is torn.
 pub(crate) struct LastBands {
-    vols: Vec<Option<(u32, u64)>>,
-    gc: Option<(u32, u64)>,
+    vols: Vec<Option<(BandId, u64)>>,
+    gc: Option<(BandId, u64)>,
 }
 
 impl LastBands {
@@ -317,7 +317,7 @@ pub(super) fn last_bands(walks: &[BandWalk], bands: &Bands, streams: usize, void
             continue;
         };
         if slot.is_none_or(|(_, le)| le < e) {
-            *slot = Some((b as u32, e));
+            *slot = Some((BandId(b as u32), e));
         }
     }
     last_bands

@@ -304,9 +304,9 @@ fn scan_with(
         }
     }
     chunk_epochs.sort_unstable();
-    inner.log.full = chunk_epochs.iter().map(|&(_, c)| c).collect();
+    inner.log.full = chunk_epochs.iter().map(|&(_, c)| ChunkId(c)).collect();
     inner.log.free =
-        (1..chunk_count as u32).filter(|&c| inner.log.chunks[c as usize].state == ChunkState::Free).collect();
+        (1..chunk_count as u32).map(ChunkId).filter(|&c| inner.log.chunks[c].state == ChunkState::Free).collect();
     // Free bands that still hold segments (dead ones, or a previous
     // generation whose discard was lost) are discarded before reuse: a new
     // generation's torn first segments must never leave an older one's
@@ -318,7 +318,8 @@ fn scan_with(
         b.written = 0;
         b.tombstones = 0;
     }
-    inner.bands.free = (0..band_count as u32).filter(|&b| inner.bands[b as usize].state == BandState::Free).collect();
+    inner.bands.free =
+        (0..band_count as u32).map(BandId).filter(|&b| inner.bands[b].state == BandState::Free).collect();
     let last_bands = last_bands(&found.walks, &inner.bands, inner.vols.len(), &voided);
     // Far above everything seen (`SEQ_RESTART_GAP`), and above the previous
     // recovery's restart, recorded in the superblock before anything was
