@@ -974,22 +974,19 @@ impl Inner {
     fn check_invariants(&self) {
         let mut chunk_valid = vec![0u32; self.log.chunks.len()];
         let mut band_valid = vec![0u32; self.bands.len()];
+        let (bpc, bpb) = (self.blocks_per_chunk(), self.blocks_per_band());
         for (vi, v) in self.vols.iter().enumerate() {
-            let mut entries = Vec::new();
             // A paged map reads its pages from the cache device, where a
             // simulation may have armed a fault: then nothing is checked
             // this time.
-            if v.l2p.for_each(|lba, loc, _| entries.push((lba, loc))).is_err() {
-                return;
-            }
-            for (lba, loc) in entries {
+            let walked = v.l2p.for_each(|lba, loc, _| {
                 if let Some(cb) = loc.cache_block() {
-                    let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
+                    let (c, i) = ((cb / bpc) as usize, (cb % bpc) as usize);
                     assert_eq!(self.log.chunks[c].p2l[i], (vi as u32, lba as u64), "chunk P2L names the block");
                     assert_ne!(self.log.chunks[c].state, ChunkState::Free);
                     chunk_valid[c] += 1;
                 } else if let Some(pb) = loc.capacity_block() {
-                    let (b, i) = ((pb / self.blocks_per_band()) as usize, pb % self.blocks_per_band());
+                    let (b, i) = ((pb / bpb) as usize, pb % bpb);
                     assert!(
                         i < self.bands[b].written,
                         "capacity block {pb} of volume {vi} LBA {lba} past its band's pointer"
@@ -997,6 +994,9 @@ impl Inner {
                     assert_ne!(self.bands[b].state, BandState::Free);
                     band_valid[b] += 1;
                 }
+            });
+            if walked.is_err() {
+                return;
             }
         }
         for (c, ch) in self.log.chunks.iter().enumerate() {
