@@ -19,6 +19,7 @@
 //! is checked by `Inner::check_invariants`.
 
 mod pager;
+pub(super) mod region;
 
 use crate::volume::VolumeError;
 use pager::Pager;

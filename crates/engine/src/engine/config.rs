@@ -1,0 +1,151 @@
+//! What an engine is made of and what can go wrong: the configuration
+//! (`EngineConfig`, recorded in the superblock at create and read back from
+//! it at open), the volumes to create, the open options, and the engine's
+//! typed errors.
+
+use super::*;
+
+/// Engine configuration.
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineConfig {
+    /// Size of one log chunk on the cache device.
+    pub chunk_bytes: u64,
+    /// Size of one band on the capacity device.
+    pub band_bytes: u64,
+    /// Capacity write unit (IU); compaction writes are padded to it.
+    pub write_unit_bytes: u64,
+    /// Compact when fewer free chunks remain.
+    pub log_free_chunks_min: usize,
+    /// Run GC when fewer free bands remain.
+    pub gc_free_bands_min: usize,
+    /// DRAM the L2P may take (0: no limit). When every volume's map does
+    /// not fit, the maps are paged: this much of them stays in DRAM, the
+    /// rest lives in a region at the end of the cache device (l2p/pager.rs).
+    pub l2p_dram_bytes: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            chunk_bytes: 16 << 20,
+            band_bytes: 256 << 20,
+            write_unit_bytes: 64 << 10,
+            log_free_chunks_min: 2,
+            gc_free_bands_min: 2,
+            l2p_dram_bytes: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("bad configuration: {0}")]
+    Config(&'static str),
+    #[error("volume {0:?} does not fit: capacity device too small for the volumes' total size")]
+    TooBig(String),
+    #[error(
+        "the capacity device is {0} bytes; this engine addresses at most {max} bytes (128 TiB): \
+         use a partition or a namespace of at most that size",
+        max = CAPACITY_BYTES_MAX
+    )]
+    CapacityTooLarge(u64),
+    #[error("no volume named {0:?}")]
+    NoVolume(String),
+    #[error("device: {0}")]
+    Device(#[from] DeviceError),
+    #[error("superblock: {0}")]
+    Superblock(#[from] crate::persist::SuperblockError),
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::persist::CheckpointError),
+    #[error("checkpoint checksum mismatch")]
+    CheckpointChecksum,
+    #[error("a device failed earlier; no checkpoint was written, the next open recovers from the media")]
+    Failed,
+    #[error("the on-media geometry does not match these devices")]
+    Geometry,
+    /// A write recovery makes after rebuilding the maps failed (a gap
+    /// record, a rewrite, the mark): the next open recovers again.
+    #[error("recovery: {0}")]
+    Recovery(VolumeError),
+    #[error("no Sluice engine on these devices (neither holds a Sluice superblock or label)")]
+    NoEngine,
+    #[error(
+        "the cache device holds no Sluice superblock, but the capacity device belongs to engine {}: \
+         the cache device was replaced, wiped or truncated; restore it (starting an empty engine over the \
+         capacity device's data would lose it)",
+        uuid_text(.0)
+    )]
+    CacheUnlabelled([u8; 16]),
+    #[error(
+        "the capacity device holds no Sluice label, but the cache device belongs to engine {}: the capacity \
+         device was replaced, wiped or truncated; restore it",
+        uuid_text(.0)
+    )]
+    CapacityUnlabelled([u8; 16]),
+    #[error(
+        "the devices belong to different engines: the cache device to {}, the capacity device to {}",
+        uuid_text(.cache), uuid_text(.capacity)
+    )]
+    Mismatch { cache: [u8; 16], capacity: [u8; 16] },
+    #[error(
+        "the {device} device is {actual} bytes, but engine {} recorded {recorded}: it was truncated, resized \
+         or is the wrong device",
+        uuid_text(.uuid)
+    )]
+    DeviceSize { device: &'static str, uuid: [u8; 16], recorded: u64, actual: u64 },
+    #[error("the {device} device already holds a Sluice engine ({}); refusing to overwrite it", uuid_text(.uuid))]
+    AlreadyFormatted { device: &'static str, uuid: [u8; 16] },
+    #[error("the capacity device's label: {0}")]
+    Label(SuperblockError),
+    #[error(
+        "recovery found damage (not a torn write: a flush had made it durable); refusing to open. \
+         `sluice check` reports it, `sluice check --salvage` accepts it:\n  {}",
+        .0.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n  ")
+    )]
+    Damaged(Vec<Damage>),
+}
+
+impl From<DeviceError> for VolumeError {
+    fn from(e: DeviceError) -> VolumeError {
+        VolumeError::Io(e)
+    }
+}
+
+/// A volume to create.
+#[derive(Clone, Debug)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub size_bytes: u64,
+}
+
+/// How `Engine::open_with` opens.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOptions {
+    /// Open even though recovery found damage, or the checkpoint is
+    /// damaged (recovering from the media instead): blocks whose newest copy
+    /// is damaged are trimmed (they read as zeros), damaged bands are
+    /// emptied and discarded (`Engine::salvage_repair`), and what damaged
+    /// log records held (their LBAs are unknown) reverts to older copies.
+    /// `Engine::salvaged` lists what was accepted.
+    pub salvage: bool,
+}
+
+/// The engine geometry the superblock records, and the capacity device's.
+pub(super) fn on_media_config(
+    sb: &Superblock,
+    capacity: &dyn BlockDevice,
+) -> Result<(EngineConfig, CapGeometry), EngineError> {
+    let geo = CapGeometry::of(capacity, sb.band_bytes);
+    if geo.band_bytes != sb.band_bytes {
+        return Err(EngineError::Geometry);
+    }
+    let cfg = EngineConfig {
+        chunk_bytes: sb.chunk_bytes,
+        band_bytes: sb.band_bytes,
+        write_unit_bytes: sb.write_unit_bytes,
+        log_free_chunks_min: sb.log_free_chunks_min as usize,
+        gc_free_bands_min: sb.gc_free_bands_min as usize,
+        l2p_dram_bytes: sb.l2p_dram_bytes,
+    };
+    Ok((cfg, geo))
+}

@@ -1,0 +1,70 @@
+//! The engine's invariants, checked: every mapped L2P entry points at a
+//! cache or capacity block whose P2L names it back (a chunk's P2L, or for a
+//! band a place below its write pointer), valid counts equal the number of
+//! such blocks, chunks and bands holding current blocks are not free, and
+//! every open band is exactly one stream's. O(blocks): run by tests and
+//! simulations, and by opens whose maps are in DRAM.
+
+use super::*;
+
+impl Engine {
+    /// Assert the map's invariants (O(blocks); for simulation and tests).
+    pub fn check_invariants(&self) {
+        self.lock().check_invariants();
+    }
+}
+
+impl Inner {
+    /// `check_invariants` when every map is in DRAM, where it costs a pass
+    /// over memory; a paged map would fault in every page ever written
+    /// (what opening a paged engine must not do). Simulations and tests
+    /// check paged maps by calling `Engine::check_invariants`.
+    pub(super) fn check_invariants_unless_paged(&self) {
+        if !self.vols.iter().any(|v| v.l2p.is_paged()) {
+            self.check_invariants();
+        }
+    }
+
+    pub(super) fn check_invariants(&self) {
+        let mut chunk_valid = vec![0u32; self.log.chunks.len()];
+        let mut band_valid = vec![0u32; self.bands.len()];
+        let (bpc, bpb) = (self.blocks_per_chunk(), self.blocks_per_band());
+        for (vi, v) in self.vols.iter().enumerate() {
+            // A paged map reads its pages from the cache device, where a
+            // simulation may have armed a fault: then nothing is checked
+            // this time.
+            let walked = v.l2p.for_each(|lba, loc, _| {
+                if let Some(cb) = loc.cache_block() {
+                    let (c, i) = ((cb / bpc) as usize, (cb % bpc) as usize);
+                    assert_eq!(self.log.chunks[c].p2l[i], (vi as u32, lba as u64), "chunk P2L names the block");
+                    assert_ne!(self.log.chunks[c].state, ChunkState::Free);
+                    chunk_valid[c] += 1;
+                } else if let Some(pb) = loc.capacity_block() {
+                    let (b, i) = ((pb / bpb) as usize, pb % bpb);
+                    assert!(
+                        i < self.bands[b].written,
+                        "capacity block {pb} of volume {vi} LBA {lba} past its band's pointer"
+                    );
+                    assert_ne!(self.bands[b].state, BandState::Free);
+                    band_valid[b] += 1;
+                }
+            });
+            if walked.is_err() {
+                return;
+            }
+        }
+        for (c, ch) in self.log.chunks.iter().enumerate() {
+            assert_eq!(ch.valid, chunk_valid[c], "chunk {c} valid count");
+        }
+        for (b, band) in self.bands.iter().enumerate() {
+            assert_eq!(band.valid, band_valid[b], "band {b} valid count");
+        }
+        // Every open band is exactly one stream's: none is stranded.
+        let mut owned: Vec<BandId> =
+            self.vols.iter().map(|v| v.open_band).chain([self.bands.gc_open]).flatten().collect();
+        owned.sort_unstable();
+        let open: Vec<BandId> =
+            (0..self.bands.len() as u32).map(BandId).filter(|&b| self.bands[b].state == BandState::Open).collect();
+        assert_eq!(owned, open, "open bands are the streams' bands");
+    }
+}

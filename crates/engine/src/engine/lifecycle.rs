@@ -1,0 +1,309 @@
+//! An engine's life on its devices: created on blank devices, opened (from
+//! its checkpoint after a clean shutdown, by recovery after a crash, refusing
+//! damage unless told to salvage), and shut down cleanly (a flush, the
+//! final flush record, the paged maps' pages, the checkpoint, then the
+//! superblock marked clean, in that order).
+
+use super::*;
+
+impl Engine {
+    /// Create a fresh engine on the two devices with these volumes.
+    pub fn create(
+        cache: Arc<dyn BlockDevice>,
+        capacity: Arc<dyn BlockDevice>,
+        mut cfg: EngineConfig,
+        volumes: &[VolumeSpec],
+    ) -> Result<Arc<Engine>, EngineError> {
+        // Shared from the start: a paged map does its I/O through it.
+        let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
+        // On a zoned capacity device, bands are its zones.
+        let geo = CapGeometry::of(&*capacity, cfg.band_bytes);
+        cfg.band_bytes = geo.band_bytes;
+        // Partially written zones: one open band per volume, the GC band, and
+        // (briefly, at shutdown) the checkpoint's last zone.
+        if geo.max_active != 0 && volumes.len() as u64 + 2 > geo.max_active as u64 {
+            return Err(EngineError::Config(
+                "more volumes than the zoned device's active-zone limit allows (volumes + 2)",
+            ));
+        }
+        // Chunk 0 holds the superblock and the capacity marks (blocks 0-3).
+        if !cfg.chunk_bytes.is_multiple_of(BS) || cfg.chunk_bytes < 4 * BS {
+            return Err(EngineError::Config("chunk_bytes must be ≥ 4 blocks and a multiple of 4 KiB"));
+        }
+        if !cfg.write_unit_bytes.is_multiple_of(BS)
+            || cfg.write_unit_bytes == 0
+            || !cfg.band_bytes.is_multiple_of(cfg.write_unit_bytes)
+        {
+            return Err(EngineError::Config("band_bytes must be a multiple of write_unit_bytes, itself of 4 KiB"));
+        }
+        // Paged maps take a region at the end of the cache device.
+        let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
+        let width = Width::for_devices(cache.info().capacity_bytes / BS, capacity.info().capacity_bytes / BS);
+        let paged = cfg.l2p_dram_bytes != 0 && vols_blocks * (width.bytes() + 4) > cfg.l2p_dram_bytes;
+        let region: u64 = if paged {
+            let pages: u64 = volumes.iter().map(|v| L2p::region_bytes(v.size_bytes / BS, width)).sum();
+            pages.div_ceil(cfg.chunk_bytes) * cfg.chunk_bytes
+        } else {
+            0
+        };
+        let chunk_count = cache.info().capacity_bytes.saturating_sub(region) / cfg.chunk_bytes;
+        // Chunk 0 holds the superblock; the log needs its reserve plus two.
+        if chunk_count < cfg.log_free_chunks_min as u64 + 3 {
+            return Err(EngineError::Config("cache device too small for the log"));
+        }
+        if volumes.len() > crate::persist::VOLUMES_MAX
+            || volumes.iter().any(|v| v.name.is_empty() || v.name.len() > crate::persist::NAME_BYTES_MAX)
+        {
+            return Err(EngineError::Config("too many volumes, or a name empty or over 63 bytes"));
+        }
+        let capacity_bytes = capacity.info().capacity_bytes;
+        if capacity_bytes > CAPACITY_BYTES_MAX {
+            return Err(EngineError::CapacityTooLarge(capacity_bytes));
+        }
+        let all_bands = capacity_bytes / cfg.band_bytes;
+        if all_bands >= u32::MAX as u64 || chunk_count >= u32::MAX as u64 {
+            return Err(EngineError::Config("more than 2^32 - 1 bands or chunks: make them larger"));
+        }
+        // The checkpoint region at the end of the capacity device, whole
+        // bands, and the label after it (`label_offset`): in the last two
+        // blocks of a conventional device, in a zone of its own on a zoned one.
+        let map_bytes = if paged { checkpoint_page_bytes(vols_blocks, volumes.len() as u64) } else { 12 * vols_blocks };
+        let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, all_bands, volumes.len() as u64, map_bytes);
+        let ckpt_bands = if geo.zoned {
+            ckpt_bytes.div_ceil(geo.usable_blocks * BS) + 1
+        } else {
+            (ckpt_bytes + 2 * BS).div_ceil(cfg.band_bytes)
+        };
+        let band_count = all_bands.saturating_sub(ckpt_bands);
+        if band_count == 0 {
+            return Err(EngineError::Config("capacity device too small for one band and the checkpoint"));
+        }
+        // Every volume may hold an open band, GC holds one, and GC needs its reserve.
+        let reserve = volumes.len() as u64 + 1 + cfg.gc_free_bands_min as u64;
+        // A band holds at least one segment header per RECORD_BLOCKS_MAX
+        // data blocks: small bands lose a large share to them (a 4-block
+        // band holds at most 3 blocks of data).
+        let headers = geo.usable_blocks.div_ceil(RECORD_BLOCKS_MAX as u64 + 1);
+        let usable_blocks = band_count.saturating_sub(reserve) * geo.usable_blocks.saturating_sub(headers);
+        if let Some(v) = volumes.iter().find(|v| v.size_bytes % BS != 0 || v.size_bytes == 0) {
+            return Err(EngineError::TooBig(v.name.clone()));
+        }
+        if vols_blocks > usable_blocks {
+            return Err(EngineError::TooBig(volumes.last().map(|v| v.name.clone()).unwrap_or_default()));
+        }
+        // Never over another engine: `sluice format --force` wipes first.
+        if let Some(uuid) = superblock_present(&*cache)? {
+            return Err(EngineError::AlreadyFormatted { device: "cache", uuid });
+        }
+        if let Some(uuid) = label_present(&*capacity)? {
+            return Err(EngineError::AlreadyFormatted { device: "capacity", uuid });
+        }
+        let uuid = crate::persist::new_uuid();
+        let sb = Superblock {
+            uuid,
+            generation: 1,
+            clean: false,
+            chunk_bytes: cfg.chunk_bytes,
+            band_bytes: cfg.band_bytes,
+            write_unit_bytes: cfg.write_unit_bytes,
+            log_free_chunks_min: cfg.log_free_chunks_min as u32,
+            gc_free_bands_min: cfg.gc_free_bands_min as u32,
+            cache_bytes: cache.info().capacity_bytes,
+            capacity_bytes: capacity.info().capacity_bytes,
+            checkpoint_offset: band_count * cfg.band_bytes,
+            checkpoint_bytes: 0,
+            checkpoint_crc: 0,
+            seq_floor: 0,
+            l2p_dram_bytes: if paged { cfg.l2p_dram_bytes } else { 0 },
+            volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
+        };
+        let label = CapacityLabel {
+            uuid,
+            capacity_bytes: capacity.info().capacity_bytes,
+            cache_bytes: cache.info().capacity_bytes,
+            band_bytes: cfg.band_bytes,
+        };
+        let maps = new_maps(&sb, &cache);
+        let inner = Inner::empty(cfg, geo, sb, chunk_count, band_count, maps);
+        // The label first: a crash between the two leaves a capacity device
+        // that names an engine whose cache device is blank, which opening
+        // refuses (`CacheUnlabelled`) rather than mistaking for a new engine.
+        write_label(&*capacity, &geo, &label)?;
+        inner.sb.write_to(&*cache)?;
+        Ok(Engine::assemble(cache, capacity, inner, None))
+    }
+
+    /// Reopen an engine from its devices: from its checkpoint after a clean
+    /// shutdown, by recovery otherwise. Damage recovery finds is refused
+    /// (`EngineError::Damaged`) before anything is written.
+    pub fn open(cache: Arc<dyn BlockDevice>, capacity: Arc<dyn BlockDevice>) -> Result<Arc<Engine>, EngineError> {
+        Engine::open_with(cache, capacity, OpenOptions::default())
+    }
+
+    /// `open`, with options: `salvage` accepts damage (see `OpenOptions`).
+    pub fn open_with(
+        cache: Arc<dyn BlockDevice>,
+        capacity: Arc<dyn BlockDevice>,
+        opts: OpenOptions,
+    ) -> Result<Arc<Engine>, EngineError> {
+        // Step 1: the superblock (the valid copy with the higher
+        // generation), the capacity device's label, both devices' sizes.
+        // Nothing is written until all of them check.
+        let sb = Engine::inspect(&*cache, &*capacity)?;
+        let (cfg, geo) = on_media_config(&sb, &*capacity)?;
+        // Step 2: after a crash, rebuild everything from the media; after a
+        // clean shutdown, read the checkpoint, verified (a damaged one is
+        // refused, or with `salvage` replaced by recovery from the media).
+        let (mut relog, mut gaps, mut voided) = (Vec::new(), Vec::new(), Vec::new());
+        let mut lasts = None;
+        // Shared before recovery, whose workers read the cache at once.
+        let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
+        let checkpoint = if sb.clean {
+            match read_checkpoint(&*capacity, &geo, &sb) {
+                Ok(body) => Some(decode_checkpoint(&body, cfg.clone(), geo, sb.clone(), new_maps(&sb, &cache))),
+                Err(e) => Some(Err(e)),
+            }
+        } else {
+            None
+        };
+        let (mut inner, recovered_in, salvaged) = match checkpoint {
+            Some(Ok(inner)) => (inner, None, Vec::new()),
+            Some(Err(e)) if !opts.salvage => return Err(e),
+            _ => {
+                let t = std::time::Instant::now();
+                let mut r = recovery::scan(&*cache, &*capacity, &cache, cfg, geo, sb)?;
+                if !r.damage.is_empty() && !opts.salvage {
+                    return Err(EngineError::Damaged(r.damage));
+                }
+                (relog, gaps) = (std::mem::take(&mut r.superseded), std::mem::take(&mut r.gaps));
+                // (Voided bands nothing won in are free already, and discarded
+                // as stale ones.)
+                voided = r.voided.iter().map(|&b| BandId(b)).collect();
+                voided.retain(|&b| r.inner.bands[b].state != BandState::Free);
+                lasts = Some(r.last_bands);
+                // Damaged bands out of reach before anything is written.
+                let inner = &mut r.inner;
+                inner.bands.quarantine = Damage::bands(&r.damage).into_iter().map(BandId).collect();
+                inner.bands.quarantine.extend(&voided);
+                inner.bands.free.retain(|b| !inner.bands.quarantine.contains(b));
+                // Before changing any band: a fresh mark (no band is open
+                // now), durable, so that a crash in what follows never
+                // leaves the last mark expecting segments of a band reset,
+                // discarded or zeroed below.
+                marks::write_mark_now(&*cache, inner, r.mark.as_ref())?;
+                // On a zoned device: reset zones now free, finish zones now full.
+                zoned::reconcile(&*capacity, &r.inner)?;
+                for &b in &r.torn_headers {
+                    write_at(&*capacity, b * BS, &[0u8; BLOCK_BYTES])?;
+                }
+                for &b in &r.stale_bands {
+                    let start = b as u64 * r.inner.cfg.band_bytes;
+                    zoned::reclaim_band(&*capacity, geo.zoned, start, r.inner.cfg.band_bytes)?;
+                }
+                if !r.torn_headers.is_empty() || !r.stale_bands.is_empty() {
+                    flush(&*capacity)?;
+                }
+                (r.inner, Some(t.elapsed()), r.damage)
+            }
+        };
+        // Step 3: dirty before the first change.
+        inner.sb.clean = false;
+        inner.sb.generation += 1;
+        inner.sb.write_to(&*cache)?;
+        let mut engine = Engine::assemble(cache, capacity, inner, recovered_in);
+        Arc::get_mut(&mut engine).expect("not shared yet").salvaged = salvaged;
+        if !gaps.is_empty() {
+            engine.log_gaps(&gaps).map_err(EngineError::Recovery)?;
+        }
+        if !engine.salvaged.is_empty() {
+            engine.salvage_repair(&engine.salvaged).map_err(EngineError::Recovery)?;
+        }
+        if !voided.is_empty() {
+            let mut inner = engine.lock();
+            engine.empty_bands(&mut inner, &voided).map_err(EngineError::Recovery)?;
+            engine.flush_cache(&mut inner).map_err(EngineError::Recovery)?;
+        }
+        if !relog.is_empty() {
+            engine.relog(&relog).map_err(EngineError::Recovery)?;
+        }
+        // Every torn copy now loses to a newer one, and no voided band is
+        // left: watermarks may pass them, and claims name them.
+        let mut inner = engine.lock();
+        inner.cap.flushed_ceiling = None;
+        if let Some(l) = lasts {
+            l.apply(&mut inner);
+        }
+        drop(inner);
+        Ok(engine)
+    }
+
+    /// Clean shutdown: flush, write the checkpoint, mark the superblock
+    /// clean. Later requests fail with `VolumeError::ReadOnly`.
+    pub fn shutdown(&self) -> Result<(), EngineError> {
+        let mut inner = self.lock();
+        if inner.closed {
+            return Ok(());
+        }
+        if inner.failed {
+            // The map may not match the media: leave the superblock dirty so
+            // the next open recovers from the media instead.
+            inner.closed = true;
+            return Err(EngineError::Failed);
+        }
+        if self.settle(&mut inner).is_err() {
+            inner.failed = true;
+            inner.closed = true;
+            return Err(EngineError::Failed);
+        }
+        // Flush, then record that flush in one more (empty) record, flushed
+        // too: the watermark otherwise travels only in later records, and a
+        // shutdown cut short here would leave the newest records' damage
+        // indistinguishable from a torn tail (docs/format.md).
+        let watermark = self.flush_cache(&mut inner).and_then(|()| {
+            self.log_record(&mut inner, 0, crate::layout::RecordKind::Gap, Vec::new(), &[])?;
+            self.flush_cache(&mut inner)
+        });
+        if watermark.is_err() {
+            inner.failed = true;
+            inner.closed = true;
+            return Err(EngineError::Failed);
+        }
+        // Paged maps: every dirty page into the cache device's map region,
+        // durable before the checkpoint that describes them.
+        let pages = (inner.vols.iter_mut().try_for_each(|v| v.l2p.write_pages()))
+            .and_then(|()| flush(&*self.cache).map_err(VolumeError::from));
+        if pages.is_err() {
+            inner.failed = true;
+            inner.closed = true;
+            return Err(EngineError::Failed);
+        }
+        let mut body = encode_checkpoint(&inner);
+        let (body_bytes, body_crc) = (body.len(), crc32c(&body));
+        body.resize(body_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES, 0);
+        let at = inner.sb.checkpoint_offset;
+        zoned::write_region(&*self.capacity, &inner.geo, at, &body)?;
+        flush(&*self.capacity)?;
+        inner.sb.checkpoint_bytes = body_bytes as u64;
+        inner.sb.checkpoint_crc = body_crc;
+        inner.sb.clean = true;
+        inner.sb.generation += 1;
+        inner.sb.write_to(&*self.cache)?;
+        inner.closed = true;
+        Ok(())
+    }
+}
+
+/// The clean-shutdown checkpoint's body, checked against its CRC.
+pub(super) fn read_checkpoint(
+    capacity: &dyn BlockDevice,
+    geo: &CapGeometry,
+    sb: &Superblock,
+) -> Result<Vec<u8>, EngineError> {
+    let len = sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES;
+    let mut raw = zoned::read_region(capacity, geo, sb.checkpoint_offset, len)?;
+    raw.truncate(sb.checkpoint_bytes as usize);
+    if crc32c(&raw) != sb.checkpoint_crc {
+        return Err(EngineError::CheckpointChecksum);
+    }
+    Ok(raw)
+}
