@@ -10,8 +10,6 @@
 
 use super::*;
 
-impl Inner {}
-
 impl Engine {
     /// A handle to a volume by name.
     pub fn volume(self: &Arc<Engine>, name: &str) -> Result<EngineVolume, EngineError> {
