@@ -810,6 +810,24 @@ mod tests {
         assert!(sized.device_label("cache").ends_with("sluice-data/cache.img"));
     }
 
+    /// `[engine] l2p_dram` pages the maps of an engine created with it, and
+    /// a size that does not parse is refused before anything is written.
+    #[test]
+    fn an_l2p_budget_pages_the_maps_and_a_bad_one_is_refused() {
+        let text = "[engine]\nl2p_dram = \"64k\"\nchunk_size = \"1m\"\nband_size = \"4m\"\n\n[[volume]]\nname = \"v\"\nsize = \"1g\"\n";
+        let cfg: Config = toml::from_str(text).unwrap();
+        let cache: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(64 << 20, 4096));
+        let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(2 << 30, 4096));
+        let engine = cfg.create_engine(cache, capacity).unwrap();
+        let s = engine.l2p_stats();
+        assert!(s.paged && s.dram_bytes < 1 << 20, "{s:?}");
+        let bad: Config = toml::from_str(&text.replace("64k", "lots")).unwrap();
+        let cache: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(64 << 20, 4096));
+        let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(2 << 30, 4096));
+        assert!(bad.create_engine(cache.clone(), capacity).is_err());
+        assert!(sluice_engine::engine::superblock_present(&*cache).unwrap().is_none(), "nothing written");
+    }
+
     #[test]
     fn every_example_config_parses_and_its_sizes_are_valid() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
