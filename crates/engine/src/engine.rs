@@ -45,7 +45,7 @@
 
 use crate::layout::{crc32c, encode_header, BLOCK_BYTES, RECORD_BLOCKS_MAX};
 use crate::metrics::{Op, OpSnapshot, VolumeMetrics};
-use crate::persist::{uuid_text, CapacityLabel, CheckpointError, Reader, Superblock, SuperblockError, Writer};
+use crate::persist::{uuid_text, CapacityLabel, CheckpointError, Superblock, SuperblockError, Writer};
 use crate::volume::{check, Extent, Volume, VolumeError, WriteBuf};
 use serde::Serialize;
 use sluice_media::device::{flush, read_at, sync_io, write_at};
@@ -98,7 +98,7 @@ use segments::{CapWrites, CAP_QUEUE_DEPTH};
 pub use throttle::Throttle;
 pub use worker::{Compactor, CompactorConfig, CompactorSnapshot};
 
-use checkpoint::{checkpoint_bytes_max, checkpoint_page_bytes, decode_checkpoint, encode_checkpoint};
+use checkpoint::{checkpoint_bytes_max, checkpoint_page_bytes, decode_checkpoint, encode_checkpoint, RegionReader};
 use config::on_media_config;
 pub use config::{EngineConfig, EngineError, OpenOptions, VolumeSpec};
 use l2p::region::{chunk_count, l2p_width, new_maps};

@@ -66,7 +66,7 @@ impl Engine {
             // (A paged checkpoint's maps read their pages from the map
             // region, and never write: nothing in them changes.)
             let ck = read_checkpoint(&*capacity, &geo, &sb)
-                .and_then(|b| decode_checkpoint(&b, cfg, geo, sb.clone(), new_maps(&sb, &cache)));
+                .and_then(|b| decode_checkpoint(b, cfg, geo, sb.clone(), new_maps(&sb, &cache)));
             match ck {
                 Err(_) => damage.push(Damage::CheckpointUnreadable),
                 Ok(ck) => {

@@ -99,7 +99,7 @@ fn put_last(w: &mut Writer, last: Option<(BandId, u64)>) {
     w.u64(last.map_or(0, |(_, e)| e));
 }
 
-fn get_last(r: &mut Reader) -> Result<Option<(BandId, u64)>, CheckpointError> {
+fn get_last(r: &mut RegionReader) -> Result<Option<(BandId, u64)>, EngineError> {
     let b = r.opt_u32()?;
     let e = r.u64()?;
     Ok(b.map(|b| (BandId(b), e)))
@@ -113,21 +113,20 @@ fn put_p2l(w: &mut Writer, p2l: &[(u32, u64)]) {
     }
 }
 
-fn get_p2l(r: &mut Reader, blocks: usize) -> Result<Vec<(u32, u64)>, CheckpointError> {
+fn get_p2l(r: &mut RegionReader, blocks: usize) -> Result<Vec<(u32, u64)>, EngineError> {
     (0..blocks).map(|_| Ok((r.u32()?, r.u64()?))).collect()
 }
 
 /// (`maps`: every volume's, empty, from `new_maps`: the checkpoint fills
 /// them, or for paged maps says which pages the region holds.)
 pub(super) fn decode_checkpoint(
-    body: &[u8],
+    mut r: RegionReader<'_>,
     cfg: EngineConfig,
     geo: CapGeometry,
     sb: Superblock,
     maps: Vec<L2p>,
 ) -> Result<Inner, EngineError> {
-    let mut r = Reader::new(body);
-    let bad = |r: &Reader| EngineError::Checkpoint(CheckpointError(r.at()));
+    let bad = |r: &RegionReader| EngineError::Checkpoint(CheckpointError(r.at()));
     let seq = r.u64()?;
     let lsn = r.u64()?;
     let mark_gen = r.u64()?;
@@ -214,7 +213,7 @@ pub(super) fn decode_checkpoint(
     for _ in 0..n {
         free_bands.push_back(BandId(r.u32()?));
     }
-    if r.at() != body.len() {
+    if r.at() != r.len() {
         return Err(bad(&r));
     }
     let inner = Inner {
@@ -255,4 +254,97 @@ pub(super) fn decode_checkpoint(
     };
     inner.check_invariants_unless_paged();
     Ok(inner)
+}
+
+/// Bytes the checkpoint reader holds at once.
+const WINDOW_BYTES: usize = 1 << 20;
+
+/// The checkpoint's body read from the capacity device a window at a time
+/// (zone by zone on a zoned device: `zoned::read_region_part`), decoded as
+/// it goes: little-endian integers, as `persist::Reader` reads a slice.
+pub(super) struct RegionReader<'a> {
+    dev: &'a dyn BlockDevice,
+    geo: &'a CapGeometry,
+    start: u64,
+    /// Body bytes (the region holds them padded to whole blocks).
+    len: usize,
+    /// Body bytes `[buf_at, buf_at + buf.len())`.
+    buf: Vec<u8>,
+    buf_at: usize,
+    at: usize,
+}
+
+impl<'a> RegionReader<'a> {
+    pub(super) fn new(dev: &'a dyn BlockDevice, geo: &'a CapGeometry, start: u64, len: usize) -> RegionReader<'a> {
+        RegionReader { dev, geo, start, len, buf: Vec::new(), buf_at: 0, at: 0 }
+    }
+
+    pub(super) fn at(&self) -> usize {
+        self.at
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The rest of the current window from `at` (reading the next one if
+    /// none is left), consumed: for a pass over the body (its CRC).
+    pub(super) fn window(&mut self) -> Result<&[u8], EngineError> {
+        if self.at >= self.buf_at + self.buf.len() {
+            self.fill()?;
+        }
+        let from = self.at - self.buf_at;
+        let end = self.buf.len().min(self.len - self.buf_at);
+        self.at = self.buf_at + end;
+        Ok(&self.buf[from..end])
+    }
+
+    /// Read the window holding `at` (block aligned, whole blocks).
+    fn fill(&mut self) -> Result<(), EngineError> {
+        let bs = BLOCK_BYTES;
+        let first = self.at / bs * bs;
+        let padded = self.len.div_ceil(bs) * bs;
+        let n = WINDOW_BYTES.min(padded - first);
+        self.buf = zoned::read_region_part(self.dev, self.geo, self.start, first as u64, n)?;
+        self.buf_at = first;
+        Ok(())
+    }
+
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], EngineError> {
+        if self.at + N > self.len {
+            return Err(EngineError::Checkpoint(CheckpointError(self.at)));
+        }
+        let mut out = [0u8; N];
+        let from = self.at.wrapping_sub(self.buf_at);
+        if self.at >= self.buf_at && from + N <= self.buf.len() {
+            out.copy_from_slice(&self.buf[from..from + N]);
+            self.at += N;
+            return Ok(out);
+        }
+        for b in out.iter_mut() {
+            if self.at >= self.buf_at + self.buf.len() {
+                self.fill()?;
+            }
+            *b = self.buf[self.at - self.buf_at];
+            self.at += 1;
+        }
+        Ok(out)
+    }
+
+    pub(super) fn u8(&mut self) -> Result<u8, EngineError> {
+        Ok(self.take::<1>()?[0])
+    }
+
+    pub(super) fn u32(&mut self) -> Result<u32, EngineError> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+
+    pub(super) fn u64(&mut self) -> Result<u64, EngineError> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+
+    pub(super) fn opt_u32(&mut self) -> Result<Option<u32>, EngineError> {
+        let v = self.u32()?;
+        Ok((v != u32::MAX).then_some(v))
+    }
 }

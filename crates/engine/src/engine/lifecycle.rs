@@ -160,7 +160,7 @@ impl Engine {
         let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
         let checkpoint = if sb.clean {
             match read_checkpoint(&*capacity, &geo, &sb) {
-                Ok(body) => Some(decode_checkpoint(&body, cfg.clone(), geo, sb.clone(), new_maps(&sb, &cache))),
+                Ok(body) => Some(decode_checkpoint(body, cfg.clone(), geo, sb.clone(), new_maps(&sb, &cache))),
                 Err(e) => Some(Err(e)),
             }
         } else {
@@ -294,16 +294,23 @@ impl Engine {
 }
 
 /// The clean-shutdown checkpoint's body, checked against its CRC.
-pub(super) fn read_checkpoint(
-    capacity: &dyn BlockDevice,
-    geo: &CapGeometry,
+///
+/// Read twice, a window at a time: once for its CRC, then by the decoder
+/// (`RegionReader`), so that a clean open never holds the whole body
+/// beside the state it decodes into, and decodes nothing unchecked.
+pub(super) fn read_checkpoint<'a>(
+    capacity: &'a dyn BlockDevice,
+    geo: &'a CapGeometry,
     sb: &Superblock,
-) -> Result<Vec<u8>, EngineError> {
-    let len = sb.checkpoint_bytes.div_ceil(BS) as usize * BLOCK_BYTES;
-    let mut raw = zoned::read_region(capacity, geo, sb.checkpoint_offset, len)?;
-    raw.truncate(sb.checkpoint_bytes as usize);
-    if crc32c(&raw) != sb.checkpoint_crc {
+) -> Result<RegionReader<'a>, EngineError> {
+    let mut r = RegionReader::new(capacity, geo, sb.checkpoint_offset, sb.checkpoint_bytes as usize);
+    let mut crc = 0u32;
+    while r.at() < r.len() {
+        let part = r.window()?;
+        crc = crc32c::crc32c_append(crc, part);
+    }
+    if crc != sb.checkpoint_crc {
         return Err(EngineError::CheckpointChecksum);
     }
-    Ok(raw)
+    Ok(RegionReader::new(capacity, geo, sb.checkpoint_offset, sb.checkpoint_bytes as usize))
 }

@@ -93,23 +93,25 @@ pub(super) fn write_region(dev: &dyn BlockDevice, g: &CapGeometry, start: u64, d
     Ok(())
 }
 
-/// Read `len` bytes (whole blocks) of a region written by `write_region`.
-pub(super) fn read_region(
+/// Bytes `[from, from + len)` of the region written by `write_region` at
+/// `start` (whole blocks).
+pub(super) fn read_region_part(
     dev: &dyn BlockDevice,
     g: &CapGeometry,
     start: u64,
+    from: u64,
     len: usize,
 ) -> Result<Vec<u8>, DeviceError> {
     if !g.zoned {
-        return read_at(dev, start, len).map(|b| b.to_vec());
+        return read_at(dev, start + from, len).map(|b| b.to_vec());
     }
-    let per = (g.usable_blocks * BS) as usize;
+    let per = g.usable_blocks * BS;
     let mut out = Vec::with_capacity(len);
-    let mut i = 0u64;
     while out.len() < len {
-        let n = per.min(len - out.len());
-        out.extend_from_slice(&read_at(dev, start + i * g.band_bytes, n)?);
-        i += 1;
+        let at = from + out.len() as u64;
+        let (zone, within) = (at / per, at % per);
+        let n = ((per - within) as usize).min(len - out.len());
+        out.extend_from_slice(&read_at(dev, start + zone * g.band_bytes + within, n)?);
     }
     Ok(out)
 }
