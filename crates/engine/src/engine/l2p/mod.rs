@@ -597,6 +597,42 @@ mod tests {
         }
     }
 
+    /// A fault whose read fails leaves its frame empty: evicting that frame
+    /// later must not unmap the page it held before from the frame that
+    /// holds it by then (that page's newer entries would be lost to its
+    /// older copy in the region). Random sets and reads, a page read
+    /// failing now and then, checked against a model.
+    #[test]
+    fn a_failed_page_read_leaves_no_frame_claiming_a_page() {
+        let width = Width::Wide;
+        let blocks = 16 * PAGE_ENTRIES;
+        let dev = Arc::new(CrashDevice::new(L2p::region_bytes(blocks as u64, width), 4096));
+        let store = PageStore { dev: dev.clone(), base: 0, frames: 4 };
+        let mut m = L2p::paged(blocks, width, store);
+        let mut model = std::collections::HashMap::new();
+        let mut rng = SplitMix64(9);
+        let mut failed = 0;
+        for i in 0..20_000u64 {
+            let lba = (rng.below(16) as usize) * PAGE_ENTRIES + rng.below(4) as usize;
+            if i % 7 == 0 {
+                dev.inject(sluice_media::FaultPlan::nth_read(1));
+                match m.entry(lba) {
+                    Ok(e) => assert_eq!(e, model.get(&lba).copied().unwrap_or((Loc::NONE, 0)), "op {i}"),
+                    Err(VolumeError::Io(_)) => failed += 1,
+                    Err(e) => panic!("op {i}: {e}"),
+                }
+                dev.inject(sluice_media::FaultPlan::none());
+            } else {
+                m.set(lba, Loc::capacity(i), i as u32).unwrap();
+                model.insert(lba, (Loc::capacity(i), i as u32));
+            }
+        }
+        assert!(failed > 100, "{failed} failed faults");
+        for (&lba, &e) in &model {
+            assert_eq!(m.entry(lba).unwrap(), e, "LBA {lba}");
+        }
+    }
+
     #[test]
     fn a_page_damaged_in_the_region_is_reported_never_used() {
         let (mut m, dev) = paged(4 * PAGE_ENTRIES, Width::Wide);

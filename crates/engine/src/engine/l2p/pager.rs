@@ -28,6 +28,9 @@ use std::sync::Arc;
 /// Entries per map page.
 pub(in crate::engine) const PAGE_ENTRIES: usize = 1024;
 
+/// `Frame::page` of a frame holding no page (a fault into it failed).
+const NO_PAGE: u64 = u64::MAX;
+
 /// One page in DRAM.
 struct Frame {
     page: u64,
@@ -102,15 +105,21 @@ impl Pager {
         }
         let len = self.bytes_per_page();
         let f = if self.frames.len() < self.store.frames {
-            self.frames.push(Frame { page, dirty: false, used: true, bytes: vec![0u8; len].into_boxed_slice() });
+            let bytes = vec![0u8; len].into_boxed_slice();
+            self.frames.push(Frame { page: NO_PAGE, dirty: false, used: false, bytes });
             self.frames.len() - 1
         } else {
             let f = self.victim();
             self.write_back(f)?;
-            let old = self.frames[f].page;
-            self.resident.remove(&old);
+            let old = std::mem::replace(&mut self.frames[f].page, NO_PAGE);
+            if old != NO_PAGE {
+                self.resident.remove(&old);
+            }
             f
         };
+        // From here the frame holds no page until the fault succeeds: a
+        // failed read leaves it empty, never named by a page it does not
+        // hold (evicting it later would unmap that page's real frame).
         self.faults += 1;
         let offset = self.store.base + page * len as u64;
         if self.written(page) {
