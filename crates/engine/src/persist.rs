@@ -289,42 +289,9 @@ impl Writer {
     }
 }
 
-/// The matching reader: every read is bounds-checked.
-pub struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("checkpoint truncated or malformed at byte {0}")]
 pub struct CheckpointError(pub usize);
-
-impl<'a> Reader<'a> {
-    pub fn new(b: &'a [u8]) -> Reader<'a> {
-        Reader { b, at: 0 }
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], CheckpointError> {
-        let s = self.b.get(self.at..self.at + n).ok_or(CheckpointError(self.at))?;
-        self.at += n;
-        Ok(s)
-    }
-    pub fn u8(&mut self) -> Result<u8, CheckpointError> {
-        Ok(self.take(1)?[0])
-    }
-    pub fn u32(&mut self) -> Result<u32, CheckpointError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    pub fn u64(&mut self) -> Result<u64, CheckpointError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-    pub fn opt_u32(&mut self) -> Result<Option<u32>, CheckpointError> {
-        let v = self.u32()?;
-        Ok((v != u32::MAX).then_some(v))
-    }
-    pub fn at(&self) -> usize {
-        self.at
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -389,16 +356,5 @@ mod tests {
         assert_eq!(CapacityLabel::decode(&sb().encode()), Err(SuperblockError::NoMagic));
         assert_ne!(new_uuid(), new_uuid());
         assert_eq!(uuid_text(&[0xab; 16]).len(), 36);
-    }
-
-    #[test]
-    fn reader_rejects_truncation() {
-        let mut w = Writer::default();
-        w.u64(5);
-        w.opt_u32(None);
-        let mut r = Reader::new(&w.0);
-        assert_eq!(r.u64(), Ok(5));
-        assert_eq!(r.opt_u32(), Ok(None));
-        assert_eq!(r.u8(), Err(CheckpointError(12)));
     }
 }

@@ -547,12 +547,12 @@ impl Sim {
     }
 }
 
-/// A fresh small engine on two crash devices.
-fn crash_world(sizes: &[u64]) -> (Arc<CrashDevice>, Arc<CrashDevice>, World) {
+/// A fresh small engine on two crash devices, configured by `cfg`.
+fn crash_world(sizes: &[u64], cfg: crate::EngineConfig) -> (Arc<CrashDevice>, Arc<CrashDevice>, World) {
     let (cb, pb) = small_device_bytes(sizes);
     let cache = Arc::new(CrashDevice::new(cb, 4096));
     let capacity = Arc::new(CrashDevice::new(pb, 4096));
-    let world = small_world_on(cache.clone(), capacity.clone(), sizes);
+    let world = small_world_with(cache.clone(), capacity.clone(), sizes, cfg);
     (cache, capacity, world)
 }
 
@@ -578,12 +578,8 @@ fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Re
     let mut sizes: Vec<u64> = (0..3).map(|_| 32 + rng.below(160)).collect();
     let (cache, capacity, zns, world) = if opts.paged && !zoned {
         sizes = (0..3).map(|_| 1024 + rng.below(2048)).collect();
-        let (cb, pb) = small_device_bytes(&sizes);
-        let cache = Arc::new(CrashDevice::new(cb, 4096));
-        let capacity = Arc::new(CrashDevice::new(pb, 4096));
         // (The smallest budget: two pages per volume.)
-        let cfg = crate::EngineConfig { l2p_dram_bytes: 1, ..small_config() };
-        let world = small_world_with(cache.clone(), capacity.clone(), &sizes, cfg);
+        let (cache, capacity, world) = crash_world(&sizes, crate::EngineConfig { l2p_dram_bytes: 1, ..small_config() });
         (cache, capacity, None, world)
     } else if opts.swarm && !zoned {
         let (cache, capacity, world, s) = swarm_world(&mut rng);
@@ -598,7 +594,7 @@ fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Re
         let world = small_world_on(cache.clone(), zns.clone(), &sizes);
         (cache, backend, Some(zns), world)
     } else {
-        let (cache, capacity, world) = crash_world(&sizes);
+        let (cache, capacity, world) = crash_world(&sizes, small_config());
         (cache, capacity, None, world)
     };
     let model = sizes.iter().map(|&n| vec![BlockModel::default(); n as usize]).collect();
@@ -772,7 +768,7 @@ mod tests {
 
     #[test]
     fn a_device_error_stops_changes_until_reopen_and_keeps_flushed_data() {
-        let (cache, capacity, w) = crash_world(&[64]);
+        let (cache, capacity, w) = crash_world(&[64], small_config());
         let v = &w.volumes[0];
         v.write(0, &pattern(0, 0, 1), false).unwrap();
         v.flush().unwrap();
@@ -798,7 +794,7 @@ mod tests {
 
     #[test]
     fn a_read_error_is_typed_and_harmless() {
-        let (cache, _capacity, w) = crash_world(&[64]);
+        let (cache, _capacity, w) = crash_world(&[64], small_config());
         let v = &w.volumes[0];
         v.write(0, &pattern(0, 0, 1), false).unwrap();
         cache.inject(FaultPlan::nth_read(1));

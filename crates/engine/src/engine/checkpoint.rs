@@ -348,3 +348,41 @@ impl<'a> RegionReader<'a> {
         Ok((v != u32::MAX).then_some(v))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_media::MemoryDevice;
+
+    /// What `Writer` wrote reads back through the window, across a window
+    /// boundary, and a read past the body's end is refused with its offset.
+    #[test]
+    fn the_region_reader_reads_back_across_windows_and_rejects_truncation() {
+        let mut w = Writer::default();
+        w.u64(5);
+        w.opt_u32(None);
+        // 12 bytes, then u32s up to 4 bytes short of the first window.
+        let filler = WINDOW_BYTES / 4 - 4;
+        (0..filler).for_each(|i| w.u32(i as u32));
+        w.u64(u64::MAX - 1);
+        let len = w.0.len();
+        let dev = MemoryDevice::new(2 * WINDOW_BYTES as u64, BS);
+        let mut body = w.0.clone();
+        body.resize(len.div_ceil(BLOCK_BYTES) * BLOCK_BYTES, 0);
+        write_at(&dev, 0, &body).unwrap();
+        let geo = CapGeometry::of(&dev, 1 << 20);
+        let mut r = RegionReader::new(&dev, &geo, 0, len);
+        assert_eq!(r.u64().unwrap(), 5);
+        assert_eq!(r.opt_u32().unwrap(), None);
+        for i in 0..filler {
+            assert_eq!(r.u32().unwrap(), i as u32);
+        }
+        // This one straddles the first window's end.
+        assert_eq!(r.u64().unwrap(), u64::MAX - 1);
+        assert_eq!(r.at(), len);
+        match r.u8() {
+            Err(EngineError::Checkpoint(CheckpointError(at))) => assert_eq!(at, len),
+            other => panic!("read past the end: {other:?}"),
+        }
+    }
+}
