@@ -37,14 +37,14 @@ pub(super) enum CompactStep {
 impl Inner {
     /// Where the next compaction step starts: the oldest full chunk, at the
     /// cursor a bounded step left in it (else its start).
-    pub(super) fn compact_next(&self) -> Option<CompactCursor> {
+    fn compact_next(&self) -> Option<CompactCursor> {
         let &chunk = self.log.full.front()?;
         let pos = self.compact_cursor.filter(|k| k.chunk == chunk).map_or(0, |k| k.pos);
         Some(CompactCursor { chunk, pos })
     }
 
     /// Blocks a compaction step reads first from `pos` of its chunk.
-    pub(super) fn compact_read_blocks(&self, pos: u64, blocks_max: u64) -> u64 {
+    fn compact_read_blocks(&self, pos: u64, blocks_max: u64) -> u64 {
         blocks_max.max(1).min(self.blocks_per_chunk() - pos)
     }
 

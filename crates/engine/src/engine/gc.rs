@@ -37,13 +37,13 @@ pub(super) enum GcStep {
 impl Inner {
     /// Where the next GC step walks: the victim in progress, else the one
     /// `gc_victim` chooses, from its start.
-    pub(super) fn gc_next(&self) -> Option<GcCursor> {
+    fn gc_next(&self) -> Option<GcCursor> {
         self.gc_cursor.or_else(|| Engine::gc_victim(self).map(|victim| GcCursor { victim, pos: 0 }))
     }
 
     /// Whether GC reclaims victim `v` without reading it: nothing valid and
     /// no tombstone is left in it (`Band::tombstones`).
-    pub(super) fn gc_skips_reading(&self, v: BandId) -> bool {
+    fn gc_skips_reading(&self, v: BandId) -> bool {
         let b = &self.bands[v];
         b.valid == 0 && b.tombstones == 0
     }
@@ -51,7 +51,7 @@ impl Inner {
     /// Blocks a GC step reads at `pos` of a victim `written` blocks long: a
     /// step bounded below a window reads only what it may walk (but always
     /// enough for the largest segment).
-    pub(super) fn gc_read_blocks(&self, pos: u64, blocks_max: u64, written: u64) -> u64 {
+    fn gc_read_blocks(&self, pos: u64, blocks_max: u64, written: u64) -> u64 {
         self.gc_window_blocks().min(blocks_max.max(1).max(self.segment_blocks_max())).min(written - pos)
     }
 
@@ -93,7 +93,7 @@ impl Engine {
     /// cost-benefit would prefer an older half-full band to a younger empty
     /// one: a sequentially rewritten tenant's zones die whole, a moment
     /// after they are old enough to be chosen).
-    pub(super) fn gc_victim(inner: &Inner) -> Option<BandId> {
+    fn gc_victim(inner: &Inner) -> Option<BandId> {
         let usable = inner.band_usable();
         let now = inner.seq;
         inner

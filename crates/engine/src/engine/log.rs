@@ -73,7 +73,7 @@ impl Engine {
 
     /// One write record of `blocks` (LBA, data) for `vol`, then the maps.
     /// `crcs` are the blocks' CRC32Cs, computed before the lock was taken.
-    pub(super) fn append_record(
+    fn append_record(
         &self,
         inner: &mut Inner,
         vol: u32,
@@ -116,7 +116,7 @@ impl Engine {
     }
 
     /// Point the maps at a record's blocks (LBA, CRC), which follow its header block.
-    pub(super) fn map_record(
+    fn map_record(
         inner: &mut Inner,
         vol: u32,
         header_block: u64,
@@ -186,7 +186,7 @@ impl Engine {
 
     /// `log_record` of data already in `rec` after its first block, where
     /// the header goes. Gives `rec` back, whatever happened.
-    pub(super) fn log_record_in(
+    fn log_record_in(
         &self,
         inner: &mut Inner,
         vol: u32,
@@ -233,7 +233,7 @@ impl Engine {
 
     /// A place for `need` blocks in the log: the open chunk, or a fresh one
     /// (compacting the oldest chunks when free chunks run low).
-    pub(super) fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(ChunkId, u64), VolumeError> {
+    fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(ChunkId, u64), VolumeError> {
         if let Some((c, off)) = inner.log.open {
             if off + need <= inner.blocks_per_chunk() {
                 return Ok((c, off));

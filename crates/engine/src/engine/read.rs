@@ -70,8 +70,7 @@ impl Engine {
     ) -> Result<(), VolumeError> {
         let Some(_permit) = permit else {
             // No room for another request outside the lock: read under it.
-            let r = self.read_mapped(&inner.vols[vol].l2p, lbas.clone(), offset, buf);
-            return r;
+            return self.read_mapped(&inner.vols[vol].l2p, lbas, offset, buf);
         };
         // Under the lock: where the blocks are, their CRCs, and the
         // generation of each place. Then the device reads without the
@@ -99,15 +98,14 @@ impl Engine {
         let reused = snap.locs.iter().zip(&snap.gens).any(|(&l, &g)| inner.generation(l) != g);
         SNAPSHOT.with(|s| s.replace(snap));
         if reused {
-            let r = self.read_mapped(&inner.vols[vol].l2p, lbas.clone(), offset, buf);
-            return r;
+            return self.read_mapped(&inner.vols[vol].l2p, lbas, offset, buf);
         }
         unlocked
     }
 
     /// `read_blocks` of the entries `range` of `l2p` (under the lock), their
     /// places decoded into the thread's own vector.
-    pub(super) fn read_mapped(
+    fn read_mapped(
         &self,
         l2p: &L2p,
         range: std::ops::Range<usize>,

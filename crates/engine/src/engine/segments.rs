@@ -177,7 +177,7 @@ impl Engine {
 
     /// Submit a segment write to the capacity device without waiting (at most
     /// `CAP_QUEUE_DEPTH` in flight); `drain_capacity` reaps them.
-    pub(super) fn submit_capacity(&self, inner: &mut Inner, offset: u64, buf: IoBuf) -> Result<(), VolumeError> {
+    fn submit_capacity(&self, inner: &mut Inner, offset: u64, buf: IoBuf) -> Result<(), VolumeError> {
         if inner.cap.inflight >= CAP_QUEUE_DEPTH {
             self.reap_capacity(inner, 1)?;
         }
@@ -188,7 +188,7 @@ impl Engine {
     }
 
     /// Reap at least `min` in-flight capacity writes; the first error fails the call.
-    pub(super) fn reap_capacity(&self, inner: &mut Inner, min: usize) -> Result<(), VolumeError> {
+    fn reap_capacity(&self, inner: &mut Inner, min: usize) -> Result<(), VolumeError> {
         let mut out = Vec::with_capacity(inner.cap.inflight);
         let mut got = 0;
         while got < min {

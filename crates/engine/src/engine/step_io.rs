@@ -92,7 +92,7 @@ impl PendingIo {
     }
 
     /// On the submitting thread: submit what the step queued, in order.
-    pub(super) fn submit_queued(&self, dev: &dyn BlockDevice) {
+    fn submit_queued(&self, dev: &dyn BlockDevice) {
         let queued = std::mem::take(&mut *self.queued.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         queued.into_iter().for_each(|r| dev.submit(r));
     }
@@ -143,7 +143,7 @@ impl Inner {
     /// stays as it is (its copy is garbage in the band).
     /// Applies each remap whose block is still where it was copied from;
     /// returns how many were dropped (their copies are garbage).
-    pub(super) fn apply_remaps(&mut self, remaps: &[Remap]) -> Result<u64, VolumeError> {
+    fn apply_remaps(&mut self, remaps: &[Remap]) -> Result<u64, VolumeError> {
         let bpb = self.blocks_per_band();
         let mut dropped = 0;
         for &(vol, lba, from, to) in remaps {
@@ -181,7 +181,7 @@ impl Engine {
     /// Completed segment writes (their buffers, the first error): buffers
     /// back to the pool, then, if all succeeded, the remaps that waited for
     /// them; those dropped (the block moved on) are counted as superseded.
-    pub(super) fn finish_writes(
+    fn finish_writes(
         &self,
         inner: &mut Inner,
         (bufs, err): (Vec<IoBuf>, Option<DeviceError>),
@@ -270,7 +270,7 @@ mod tests {
     /// of 0xAB is taken when it matches and refused (the device read again)
     /// when the generation moved on.
     #[test]
-    pub(super) fn a_window_read_outside_the_lock_is_used_only_for_the_same_generation() {
+    fn a_window_read_outside_the_lock_is_used_only_for_the_same_generation() {
         let w = small_world(&[256]);
         for lba in 0..256 {
             w.volumes[0].write(lba * 4096, &pattern(0, lba, 1), false).unwrap();
@@ -296,7 +296,7 @@ mod tests {
     /// Bounded compaction and GC steps, as the simulations take them, read
     /// their windows outside the lock, and every block still reads back.
     #[test]
-    pub(super) fn compaction_and_gc_steps_read_their_windows_outside_the_lock() {
+    fn compaction_and_gc_steps_read_their_windows_outside_the_lock() {
         let w = small_world(&[200, 200]);
         let mut rng = Rng(7);
         let mut model = vec![vec![0u64; 200]; 2];
@@ -320,7 +320,7 @@ mod tests {
     /// settle are dropped, counted as superseded, and every block reads its
     /// latest version (the rewrite's, or zeros after the trim).
     #[test]
-    pub(super) fn copies_overtaken_before_settling_are_counted_and_not_remapped() {
+    fn copies_overtaken_before_settling_are_counted_and_not_remapped() {
         let w = small_world(&[256]);
         let mut model = vec![vec![0u64; 256]];
         // Two of the log's seven chunks (a single write is a header and a
@@ -351,7 +351,7 @@ mod tests {
     /// request settling it under the engine lock gets an error instead of
     /// waiting forever.
     #[test]
-    pub(super) fn a_pending_step_whose_reap_panics_is_published_as_failed() {
+    fn a_pending_step_whose_reap_panics_is_published_as_failed() {
         use sluice_media::MemoryDevice;
         struct PanicsOnReap(MemoryDevice);
         impl BlockDevice for PanicsOnReap {
@@ -390,7 +390,7 @@ mod tests {
     /// copies the data at submission), while inline compaction, which runs
     /// inside a request, writes under it.
     #[test]
-    pub(super) fn background_steps_submit_their_segment_writes_without_the_lock() {
+    fn background_steps_submit_their_segment_writes_without_the_lock() {
         use crate::testkit::{small_device_bytes, small_world_on};
         use sluice_media::MemoryDevice;
         use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};

@@ -70,7 +70,7 @@ impl SegmentReader<'_> {
     /// engine's that fits the band and the volumes; Err(true) if the block
     /// holds something else that is not zeros (garbage), Err(false) if
     /// zeros or another engine's header.
-    pub(super) fn segment_at(&self, band: u64, pos: u64) -> Result<Result<Header, bool>, EngineError> {
+    fn segment_at(&self, band: u64, pos: u64) -> Result<Result<Header, bool>, EngineError> {
         let hb = read_at(self.capacity, (band * self.bpb + pos) * BS, BLOCK_BYTES)?;
         let h = decode_header(&hb, self.tag);
         Ok(match h {
