@@ -54,13 +54,17 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 mod bands;
+mod caching;
 mod check;
 mod checkpoint;
+mod cleaning;
 mod compaction;
 mod config;
 mod gc;
 mod handle;
 mod identity;
+#[cfg(test)]
+mod in_place_tests;
 mod invariants;
 mod l2p;
 mod lifecycle;
@@ -82,6 +86,7 @@ mod worker;
 mod zoned;
 
 use bands::{Band, BandId, BandState, Bands};
+pub use caching::{CacheMode, CachePolicy, CacheReport, CacheStats, SeqCutoff};
 pub use check::CheckReport;
 use compaction::CompactCursor;
 use gc::GcCursor;
@@ -99,8 +104,8 @@ pub use throttle::Throttle;
 pub use worker::{Compactor, CompactorConfig, CompactorSnapshot};
 
 use checkpoint::{checkpoint_bytes_max, checkpoint_page_bytes, decode_checkpoint, encode_checkpoint, RegionReader};
-use config::on_media_config;
-pub use config::{EngineConfig, EngineError, OpenOptions, VolumeSpec};
+use config::{band_count, on_media_config};
+pub use config::{EngineConfig, EngineError, Layout, OpenOptions, VolumeSpec};
 use l2p::region::{chunk_count, l2p_width, new_maps};
 use lifecycle::read_checkpoint;
 use sim_gate::SimGate;
@@ -125,6 +130,8 @@ struct Vol {
     /// device since the engine was opened (not persisted): per-tenant
     /// capacity write amplification.
     moved: Moves,
+    /// In place: the volume's cache policy, home and counters (caching.rs).
+    cache: caching::VolCache,
 }
 
 /// The engine's state, behind its one lock: each part owned by the module
@@ -272,7 +279,7 @@ impl Inner {
         maps: Vec<L2p>,
     ) -> Inner {
         let blocks_per_chunk = (cfg.chunk_bytes / BS) as usize;
-        Inner {
+        let mut inner = Inner {
             vols: (sb.volumes.iter().zip(maps))
                 .map(|((name, _), l2p)| Vol {
                     name: name.clone(),
@@ -280,6 +287,7 @@ impl Inner {
                     open_band: None,
                     last_band: None,
                     moved: Moves::default(),
+                    cache: Default::default(),
                 })
                 .collect(),
             log: Log::empty(chunk_count, blocks_per_chunk),
@@ -301,7 +309,9 @@ impl Inner {
             cfg,
             geo,
             sim: None,
-        }
+        };
+        inner.place_homes();
+        inner
     }
 
     /// Pass `r` on; if it is a device error (or corrupt data), stop all
@@ -325,9 +335,15 @@ impl Inner {
     fn invalidate(&mut self, loc: Loc) {
         if let Some(cb) = loc.cache_block() {
             let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
-            debug_assert_ne!(self.log.chunks[c].p2l[i].0, u32::MAX);
-            self.log.chunks[c].p2l[i].0 = u32::MAX;
-            self.log.chunks[c].valid -= 1;
+            let ch = &mut self.log.chunks[c];
+            debug_assert_ne!(ch.p2l[i].0, u32::MAX);
+            ch.p2l[i].0 = u32::MAX;
+            ch.valid -= 1;
+            if std::mem::take(&mut ch.clean[i]) {
+                // Its home held the same: nothing was left to clean.
+            } else {
+                ch.dirty -= 1;
+            }
         } else if let Some(pb) = loc.capacity_block() {
             let b = (pb / self.blocks_per_band()) as usize;
             self.bands[b].valid -= 1;

@@ -12,7 +12,8 @@ mod testkit;
 pub mod volume;
 
 pub use engine::{
-    BandPlacement, CheckReport, Compactor, CompactorConfig, CompactorSnapshot, Damage, Engine, EngineConfig,
-    EngineError, EngineSnapshot, EngineStats, EngineVolume, L2pStats, OpenOptions, VolumeSnapshot, VolumeSpec,
+    BandPlacement, CacheMode, CachePolicy, CacheReport, CacheStats, CheckReport, Compactor, CompactorConfig,
+    CompactorSnapshot, Damage, Engine, EngineConfig, EngineError, EngineSnapshot, EngineStats, EngineVolume, L2pStats,
+    Layout, OpenOptions, SeqCutoff, VolumeSnapshot, VolumeSpec,
 };
 pub use volume::{Extent, Volume, VolumeError, WriteBuf};

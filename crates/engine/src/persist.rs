@@ -23,7 +23,7 @@ use sluice_media::device::{flush, write_at};
 use sluice_media::{BlockDevice, DeviceError};
 
 pub const SUPERBLOCK_MAGIC: u32 = 0x534c_5342; // "SLSB"
-pub const SUPERBLOCK_VERSION: u16 = 5;
+pub const SUPERBLOCK_VERSION: u16 = 6;
 pub const LABEL_MAGIC: u32 = 0x534c_4341; // "SLCA"
 pub const NAME_BYTES_MAX: usize = 63;
 /// Fixed part of the superblock before the volume table.
@@ -59,8 +59,18 @@ pub struct Superblock {
     /// a region at the end of the cache device); 0: every map in DRAM.
     /// (Version 5; version 4 kept these bytes zero.)
     pub l2p_dram_bytes: u64,
+    /// How the capacity device holds the volumes' blocks: `LAYOUT_BANDS`
+    /// (log-structured bands or zones, written by compaction) or
+    /// `LAYOUT_IN_PLACE` (each block at its own LBA, written by cleaning).
+    /// (Version 6; versions 4 and 5 kept this byte zero: bands.)
+    pub layout: u8,
     pub volumes: Vec<(String, u64)>,
 }
+
+/// `Superblock::layout`: log-structured bands (zones on a zoned device).
+pub const LAYOUT_BANDS: u8 = 0;
+/// `Superblock::layout`: each volume block at its own LBA (a plain disk).
+pub const LAYOUT_IN_PLACE: u8 = 1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SuperblockError {
@@ -69,7 +79,7 @@ pub enum SuperblockError {
     #[error("superblock checksum mismatch")]
     Checksum,
     #[error(
-        "unsupported superblock version {0} (this Sluice reads versions 4 and {SUPERBLOCK_VERSION}; \
+        "unsupported superblock version {0} (this Sluice reads versions 4 to {SUPERBLOCK_VERSION}; \
          version 2 engines have no capacity label and must be re-created)"
     )]
     Version(u16),
@@ -113,7 +123,8 @@ impl Superblock {
         put(&self.seq_floor.to_le_bytes());
         put(&self.uuid);
         put(&self.l2p_dram_bytes.to_le_bytes());
-        put(&[0u8; 8]); // reserved
+        put(&[self.layout]);
+        put(&[0u8; 7]); // reserved
         debug_assert_eq!(w, SB_FIXED_BYTES);
         for (i, (name, size)) in self.volumes.iter().enumerate() {
             let o = SB_FIXED_BYTES + i * SB_VOLUME_BYTES;
@@ -138,8 +149,9 @@ impl Superblock {
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
         let version = u16_at(4);
-        // Version 4 differs only in `l2p_dram_bytes`, zero there.
-        if version != SUPERBLOCK_VERSION && version != 4 {
+        // Versions 4 and 5 differ only in `l2p_dram_bytes` (4) and
+        // `layout` (4 and 5), zero there.
+        if !(4..=SUPERBLOCK_VERSION).contains(&version) {
             return Err(SuperblockError::Version(version));
         }
         let count = u32_at(84) as usize;
@@ -172,6 +184,10 @@ impl Superblock {
             checkpoint_crc: u32_at(80),
             seq_floor: u64_at(88),
             l2p_dram_bytes: u64_at(112),
+            layout: match b[120] {
+                l @ (LAYOUT_BANDS | LAYOUT_IN_PLACE) => l,
+                _ => return Err(SuperblockError::Malformed),
+            },
             volumes,
         })
     }
@@ -308,6 +324,7 @@ mod tests {
             log_free_chunks_min: 2,
             gc_free_bands_min: 2,
             l2p_dram_bytes: 0,
+            layout: LAYOUT_BANDS,
             cache_bytes: 1 << 33,
             capacity_bytes: 1 << 40,
             checkpoint_offset: 12345 << 12,
@@ -329,6 +346,13 @@ mod tests {
         // A budget round-trips; a version 4 superblock reads as one without.
         let paged = Superblock { l2p_dram_bytes: 1 << 30, ..sb() };
         assert_eq!(Superblock::decode(&paged.encode()), Ok(paged));
+        let in_place = Superblock { layout: LAYOUT_IN_PLACE, ..sb() };
+        assert_eq!(Superblock::decode(&in_place.encode()), Ok(in_place));
+        let mut unknown = sb().encode();
+        unknown[120] = 7;
+        let c = crc32c(&unknown[..BLOCK_BYTES - 4]);
+        unknown[BLOCK_BYTES - 4..].copy_from_slice(&c.to_le_bytes());
+        assert_eq!(Superblock::decode(&unknown), Err(SuperblockError::Malformed));
         let mut v4 = sb().encode();
         v4[4..6].copy_from_slice(&4u16.to_le_bytes());
         let c = crc32c(&v4[..BLOCK_BYTES - 4]);

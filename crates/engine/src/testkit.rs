@@ -53,6 +53,7 @@ pub fn small_config() -> EngineConfig {
         log_free_chunks_min: 2,
         gc_free_bands_min: 2,
         l2p_dram_bytes: 0,
+        layout: Default::default(),
     }
 }
 
@@ -125,4 +126,23 @@ pub fn write_owned(vol: &dyn Volume, offset: u64, data: &[u8], fua: bool) -> Res
     let mut buf = vol.write_buffer(data.len());
     buf.data_mut().copy_from_slice(data);
     vol.write_owned(offset, buf, fua)
+}
+
+/// Device sizes (cache, capacity) of an in-place world: an 8-chunk log,
+/// and the volumes' homes plus room for the checkpoint and the label.
+pub fn in_place_device_bytes(volume_blocks: &[u64]) -> (u64, u64) {
+    let cfg = small_config();
+    let total: u64 = volume_blocks.iter().sum();
+    (8 * cfg.chunk_bytes, (total + 256) * BS as u64 + (1 << 20))
+}
+
+/// A fresh in-place engine (`Layout::InPlace`, write-back) on the given
+/// devices (sized by `in_place_device_bytes`).
+pub fn in_place_world_on(cache: Arc<dyn BlockDevice>, capacity: Arc<dyn BlockDevice>, volume_blocks: &[u64]) -> World {
+    small_world_with(cache, capacity, volume_blocks, EngineConfig { layout: crate::Layout::InPlace, ..small_config() })
+}
+
+pub fn in_place_world(volume_blocks: &[u64]) -> World {
+    let (c, p) = in_place_device_bytes(volume_blocks);
+    in_place_world_on(Arc::new(MemoryDevice::new(c, 4096)), Arc::new(MemoryDevice::new(p, 4096)), volume_blocks)
 }

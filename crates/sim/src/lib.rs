@@ -11,7 +11,7 @@
 //! same seed replays it exactly (`sluice sim --seed-start S --seeds 1`).
 
 pub use sluice_engine::{
-    Engine, EngineConfig, EngineError, EngineVolume, OpenOptions, Volume, VolumeError, VolumeSpec,
+    Engine, EngineConfig, EngineError, EngineVolume, Layout, OpenOptions, Volume, VolumeError, VolumeSpec,
 };
 
 pub mod crashsim;

@@ -99,6 +99,10 @@ pub struct EngineSection {
     /// when the engine is created: beyond it the map is paged through a
     /// region at the end of the cache device (docs/engine.md).
     pub l2p_dram: String,
+    /// "bands" (default: write shaping for QLC/ZNS) or "in-place" (caching
+    /// over a plain disk: each volume block at its own LBA, volume after
+    /// volume from byte 0). Set when the engine is created (docs/caching.md).
+    pub layout: String,
 }
 
 /// `[server]`: bounds of the NBD server (per listener).
@@ -143,6 +147,40 @@ pub struct TlsSection {
 pub struct VolumeConfig {
     pub name: String,
     pub size: String,
+    /// In-place engines: the cache mode (wb, wt, wa, wi, pt; default wb).
+    #[serde(default)]
+    pub mode: String,
+    /// In-place engines: sequential cutoff policy (always, full, never) and
+    /// threshold (fio size syntax; default 1m).
+    #[serde(default)]
+    pub seq_cutoff: String,
+    #[serde(default)]
+    pub seq_cutoff_size: String,
+    /// In-place engines: promote a block read from the disk on its n-th
+    /// miss (default 1; 0: never).
+    #[serde(default)]
+    pub promote_after: Option<u32>,
+}
+
+impl VolumeConfig {
+    /// The cache policy this volume asks for (in-place engines).
+    pub fn cache_policy(&self) -> Result<sluice_engine::CachePolicy, ServeError> {
+        let bad = |msg: String| ServeError::Config { path: format!("volume {}", self.name), msg };
+        let mut p = sluice_engine::CachePolicy::default();
+        if !self.mode.is_empty() {
+            p.mode = self.mode.parse().map_err(|e: EngineError| bad(e.to_string()))?;
+        }
+        if !self.seq_cutoff.is_empty() {
+            p.seq_cutoff = self.seq_cutoff.parse().map_err(|e: EngineError| bad(e.to_string()))?;
+        }
+        if !self.seq_cutoff_size.is_empty() {
+            p.seq_cutoff_bytes = size_of(&format!("volume {} seq_cutoff_size", self.name), &self.seq_cutoff_size)?;
+        }
+        if let Some(n) = self.promote_after {
+            p.promote_after_misses = n;
+        }
+        Ok(p)
+    }
 }
 
 impl Default for EngineSection {
@@ -155,6 +193,7 @@ impl Default for EngineSection {
             compaction_start: CompactorConfig::default().start_free,
             compaction_setpoint: CompactorConfig::default().setpoint_free,
             l2p_dram: String::new(),
+            layout: "bands".into(),
         }
     }
 }
@@ -183,7 +222,14 @@ impl Default for Config {
             engine: EngineSection::default(),
             server: ServerSection::default(),
             tls: TlsSection::default(),
-            volumes: vec![VolumeConfig { name: "default".into(), size: "4g".into() }],
+            volumes: vec![VolumeConfig {
+                name: "default".into(),
+                size: "4g".into(),
+                mode: String::new(),
+                seq_cutoff: String::new(),
+                seq_cutoff_size: String::new(),
+                promote_after: None,
+            }],
         }
     }
 }
@@ -245,6 +291,7 @@ impl Config {
                 "" | "0" => 0,
                 s => size_of("engine.l2p_dram", s)?,
             },
+            layout: self.layout()?,
             ..Default::default()
         };
         let specs = self
@@ -397,8 +444,22 @@ impl Config {
 
     /// What in this config differs from the engine on the devices, one line
     /// each (empty: nothing).
+    /// `[engine] layout`, parsed.
+    fn layout(&self) -> Result<sluice_engine::Layout, ServeError> {
+        (self.engine.layout.parse())
+            .map_err(|e: EngineError| ServeError::Config { path: "engine.layout".into(), msg: e.to_string() })
+    }
+
     fn differences(&self, sb: &Superblock, zoned: bool) -> Result<Vec<String>, ServeError> {
         let mut out = Vec::new();
+        let in_place = sb.layout == sluice_engine::persist::LAYOUT_IN_PLACE;
+        if in_place != (self.layout()? == sluice_engine::Layout::InPlace) {
+            let have = if in_place { "in-place" } else { "bands" };
+            out.push(format!(
+                "engine.layout: the config says {:?}, the engine on the devices is {have:?}",
+                self.engine.layout
+            ));
+        }
         let e = &self.engine;
         let mut geometry = vec![
             ("engine.chunk_size", size_of("engine.chunk_size", &e.chunk_size)?, sb.chunk_bytes),
@@ -735,6 +796,18 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
         (Opened::Created, _) => eprintln!("sluice: created a new engine on {}", cfg.devices_text()),
         _ => eprintln!("sluice: reopened the engine on {}", cfg.devices_text()),
     }
+    for v in &cfg.volumes {
+        let policy = v.cache_policy()?;
+        if cfg.layout()? == sluice_engine::Layout::InPlace {
+            engine.set_cache_policy(&v.name, policy)?;
+        } else if policy != sluice_engine::CachePolicy::default() {
+            return Err(ServeError::Config {
+                path: format!("volume {}", v.name),
+                msg: "mode, seq_cutoff and promote_after apply to an in-place engine ([engine] layout = \"in-place\")"
+                    .into(),
+            });
+        }
+    }
     let compactor = match compactor_cfg {
         Some(c) => Some(engine.start_compactor(c)?),
         None => None,
@@ -808,6 +881,34 @@ mod tests {
             assert_eq!(default.device_label(which), sized.device_label(which), "{which}");
         }
         assert!(sized.device_label("cache").ends_with("sluice-data/cache.img"));
+    }
+
+    /// `[engine] layout = "in-place"` creates an engine whose volume is at
+    /// home on the capacity device; volumes' cache settings parse into a
+    /// policy, a bad one is refused, and a config whose layout differs
+    /// from the engine's is reported before anything is opened.
+    #[test]
+    fn an_in_place_layout_and_cache_settings_are_configured() {
+        let text = "[engine]\nlayout = \"in-place\"\nchunk_size = \"1m\"\n\n[[volume]]\nname = \"v\"\nsize = \"64m\"\nmode = \"wt\"\nseq_cutoff_size = \"256k\"\npromote_after = 2\n";
+        let cfg: Config = toml::from_str(text).unwrap();
+        let p = cfg.volumes[0].cache_policy().unwrap();
+        assert_eq!(
+            (p.mode, p.seq_cutoff_bytes, p.promote_after_misses),
+            (sluice_engine::CacheMode::WriteThrough, 256 << 10, 2)
+        );
+        let cache: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(16 << 20, 4096));
+        let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(80 << 20, 4096));
+        let engine = cfg.create_engine(cache.clone(), capacity.clone()).unwrap();
+        assert_eq!(engine.home_offset("v"), Some(0));
+        let sb = Engine::inspect(&*cache, &*capacity).unwrap();
+        assert!(cfg.differences(&sb, false).unwrap().is_empty());
+        let bands: Config = toml::from_str(&text.replace("layout = \"in-place\"\n", "")).unwrap();
+        let diff = bands.differences(&sb, false).unwrap();
+        assert!(diff.len() == 1 && diff[0].starts_with("engine.layout"), "{diff:?}");
+        let bad: Config = toml::from_str(&text.replace("\"wt\"", "\"fast\"")).unwrap();
+        assert!(matches!(bad.volumes[0].cache_policy(), Err(ServeError::Config { .. })));
+        let bad: Config = toml::from_str(&text.replace("in-place", "sideways")).unwrap();
+        assert!(matches!(bad.layout(), Err(ServeError::Config { .. })));
     }
 
     /// `[engine] l2p_dram` pages the maps of an engine created with it, and

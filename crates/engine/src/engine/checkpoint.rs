@@ -166,15 +166,21 @@ pub(super) fn decode_checkpoint(
             let on_media = (0..pages.div_ceil(64)).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
             let crcs = (0..pages).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
             l2p.adopt_pages(on_media, crcs).map_err(|()| bad(&r))?;
-            vols.push(Vol { name: name.clone(), l2p, open_band, last_band, moved: Moves::default() });
-            continue;
+        } else {
+            for lba in 0..n as usize {
+                let raw = if width == Width::Wide { r.u64()? } else { r.u32()? as u64 };
+                let crc = r.u32()?;
+                l2p.set_stored(lba, raw, crc).map_err(|()| bad(&r))?;
+            }
         }
-        for lba in 0..n as usize {
-            let raw = if width == Width::Wide { r.u64()? } else { r.u32()? as u64 };
-            let crc = r.u32()?;
-            l2p.set_stored(lba, raw, crc).map_err(|()| bad(&r))?;
-        }
-        vols.push(Vol { name: name.clone(), l2p, open_band, last_band, moved: Moves::default() });
+        vols.push(Vol {
+            name: name.clone(),
+            l2p,
+            open_band,
+            last_band,
+            moved: Moves::default(),
+            cache: Default::default(),
+        });
     }
     let bpc = (cfg.chunk_bytes / BS) as usize;
     let nc = r.u32()? as usize;
@@ -185,7 +191,8 @@ pub(super) fn decode_checkpoint(
         let valid = r.u32()?;
         let first_lsn = r.u64()?;
         let p2l = get_p2l(&mut r, bpc)?;
-        chunks.push(Chunk { state, epoch, p2l, valid, first_lsn });
+        // Which blocks were clean is not saved: all are cleaned again.
+        chunks.push(Chunk { state, epoch, p2l, valid, first_lsn, clean: vec![false; bpc], dirty: valid });
     }
     let mut lists = [VecDeque::new(), VecDeque::new()];
     for list in lists.iter_mut() {
@@ -216,7 +223,7 @@ pub(super) fn decode_checkpoint(
     if r.at() != r.len() {
         return Err(bad(&r));
     }
-    let inner = Inner {
+    let mut inner = Inner {
         cfg,
         vols,
         log: Log {
@@ -252,6 +259,7 @@ pub(super) fn decode_checkpoint(
         sim: None,
         placement: BandPlacement::PerVolume,
     };
+    inner.place_homes();
     inner.check_invariants_unless_paged();
     Ok(inner)
 }

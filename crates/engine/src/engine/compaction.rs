@@ -84,6 +84,9 @@ impl Engine {
         defer: bool,
     ) -> Result<CompactStep, VolumeError> {
         self.settle(inner)?;
+        if inner.in_place() {
+            return self.reclaim_step(inner, blocks_max);
+        }
         let Some(CompactCursor { chunk: c, mut pos }) = inner.compact_next() else { return Ok(CompactStep::Idle) };
         // `defer`: the step's segment writes are left in flight with their
         // remaps (`Pending`), for the caller to finish without the lock.
@@ -198,8 +201,14 @@ impl Engine {
         if inner.cap.dirty {
             self.flush_capacity(inner)?;
         }
-        // What the capacity device now holds durably, for recovery to tell
-        // damage from a torn write (marks.rs); durable with the chunk's flush.
+        self.free_oldest(inner, c)
+    }
+
+    /// Free `c`, the oldest full chunk, whose blocks all live elsewhere
+    /// durably: after a mark of what the capacity device now holds (for
+    /// recovery to tell damage from a torn write, marks.rs, and to start
+    /// past the chunk), durable with the chunk's flush.
+    pub(super) fn free_oldest(&self, inner: &mut Inner, c: ChunkId) -> Result<CompactStep, VolumeError> {
         self.write_mark(inner, Some(c), None)?;
         self.flush_cache(inner)?;
         assert_eq!(inner.log.full.pop_front(), Some(c));

@@ -22,6 +22,43 @@ pub struct EngineConfig {
     /// not fit, the maps are paged: this much of them stays in DRAM, the
     /// rest lives in a region at the end of the cache device (l2p/pager.rs).
     pub l2p_dram_bytes: u64,
+    /// How the capacity device holds the volumes (chosen at create,
+    /// recorded in the superblock).
+    pub layout: Layout,
+}
+
+/// How the capacity device holds the volumes' blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layout {
+    /// Write shaping (CSAL): log-structured bands, zones on a zoned device,
+    /// written only by compaction and GC in large sequential segments.
+    #[default]
+    Bands,
+    /// Caching over a plain disk: each volume block has a home at its own
+    /// LBA (volume after volume from byte 0); the log holds dirty and clean
+    /// copies and cleaning writes the dirty ones home (cleaning.rs).
+    InPlace,
+}
+
+impl Layout {
+    pub(super) fn on_media(self) -> u8 {
+        match self {
+            Layout::Bands => crate::persist::LAYOUT_BANDS,
+            Layout::InPlace => crate::persist::LAYOUT_IN_PLACE,
+        }
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Layout, EngineError> {
+        match s {
+            "bands" => Ok(Layout::Bands),
+            "in-place" => Ok(Layout::InPlace),
+            _ => Err(EngineError::Config("layout is \"bands\" or \"in-place\"")),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -33,6 +70,7 @@ impl Default for EngineConfig {
             log_free_chunks_min: 2,
             gc_free_bands_min: 2,
             l2p_dram_bytes: 0,
+            layout: Layout::Bands,
         }
     }
 }
@@ -49,6 +87,9 @@ pub enum EngineError {
         max = CAPACITY_BYTES_MAX
     )]
     CapacityTooLarge(u64),
+    /// A request the engine was asked to carry out failed.
+    #[error("{0}")]
+    Request(VolumeError),
     #[error("no volume named {0:?}")]
     NoVolume(String),
     #[error("device: {0}")]
@@ -146,6 +187,16 @@ pub(super) fn on_media_config(
         log_free_chunks_min: sb.log_free_chunks_min as usize,
         gc_free_bands_min: sb.gc_free_bands_min as usize,
         l2p_dram_bytes: sb.l2p_dram_bytes,
+        layout: if sb.layout == crate::persist::LAYOUT_IN_PLACE { Layout::InPlace } else { Layout::Bands },
     };
     Ok((cfg, geo))
+}
+
+/// Bands on the capacity device: those before the checkpoint region; none
+/// in place, where that space is the volumes' homes.
+pub(super) fn band_count(sb: &Superblock, cfg: &EngineConfig) -> u64 {
+    match cfg.layout {
+        Layout::Bands => sb.checkpoint_offset / cfg.band_bytes,
+        Layout::InPlace => 0,
+    }
 }

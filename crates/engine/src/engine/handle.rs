@@ -23,6 +23,7 @@ impl Engine {
             size_bytes,
             record_blocks_max: inner.record_blocks_max(),
             metrics: self.metrics[id].clone(),
+            in_place: inner.in_place(),
         })
     }
 
@@ -126,6 +127,8 @@ pub struct EngineVolume {
     /// Most data blocks one log record holds (`Inner::record_blocks_max`).
     record_blocks_max: usize,
     metrics: Arc<VolumeMetrics>,
+    /// The engine holds its volumes in place (caching.rs routes writes).
+    in_place: bool,
 }
 
 /// One volume in an [`EngineSnapshot`].
@@ -175,7 +178,11 @@ impl EngineVolume {
         let crcs: Vec<u32> = writes.iter().flat_map(|w| w.1.chunks(BLOCK_BYTES).map(crc32c)).collect();
         self.engine.pace_write(bytes);
         self.change(|e, inner| {
-            e.append(inner, self.id, &blocks, &crcs, fua)?;
+            if self.in_place {
+                e.write_in_place(inner, self.id, &blocks, &crcs, fua)?;
+            } else {
+                e.append(inner, self.id, &blocks, &crcs, fua)?;
+            }
             inner.stats.user_write_bytes += bytes;
             Ok(())
         })
@@ -184,7 +191,7 @@ impl EngineVolume {
     /// A read that found a block whose data does not match its CRC: counted
     /// in the volume's metrics and logged (at most a few lines a second,
     /// with how many were not), then answered as it is (EIO for NBD).
-    fn report_corruption(&self, r: Result<(), VolumeError>) -> Result<(), VolumeError> {
+    fn report_corruption<T>(&self, r: Result<T, VolumeError>) -> Result<T, VolumeError> {
         if let Err(VolumeError::Corrupt { offset, device, device_offset }) = &r {
             self.metrics.count_checksum_error();
             static LIMIT: crate::report::LogLimit = crate::report::LogLimit::new();
@@ -212,10 +219,27 @@ impl EngineVolume {
     fn trim_blocks(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
         check(self, offset, len)?;
         self.change(|e, inner| {
-            e.trim_logged(inner, self.id, offset / BS..(offset + len) / BS)?;
+            e.trim_logged(inner, self.id, offset / BS..(offset + len) / BS, true)?;
             inner.stats.user_trim_bytes += len;
             Ok(())
         })
+    }
+
+    /// In place, after a read that found `at_home` blocks at home: count
+    /// hits and misses, and promote what is due (a failed promotion leaves
+    /// the read answered; the engine stops changes as after any device
+    /// error). `gen`: the volume's home generation when the read looked.
+    fn after_read_in_place(&self, offset: u64, data: &[u8], at_home: u64, gen: u64) {
+        let bytes = data.len() as u64;
+        let _ = self.change(|e, inner| {
+            let s = &mut inner.vols[self.id as usize].cache.stats;
+            s.read_miss_bytes += at_home * BS;
+            s.read_hit_bytes += bytes - at_home * BS;
+            if at_home > 0 {
+                e.promote(inner, self.id, offset / BS, data, gen)?;
+            }
+            Ok(())
+        });
     }
 
     fn flush_both(&self) -> Result<(), VolumeError> {
@@ -243,8 +267,13 @@ impl Volume for EngineVolume {
             let permit = e.unlocked_read_permit();
             let mut inner = self.live()?;
             inner.stats.user_read_bytes += buf.len() as u64;
+            let gen = inner.vols[vol].cache.home_gen;
             let r = e.read_volume(inner, permit, vol, lba0..lba0 + n, offset, buf);
-            self.report_corruption(r)
+            let at_home = self.report_corruption(r)?;
+            if self.in_place {
+                self.after_read_in_place(offset, buf, at_home, gen);
+            }
+            Ok(())
         })
     }
 
@@ -255,7 +284,8 @@ impl Volume for EngineVolume {
     /// Room for a record header in front, from the engine's pool, when the
     /// write fits one record.
     fn write_buffer(&self, len: usize) -> WriteBuf {
-        if !owned_fits(BLOCK_BYTES, len, self.record_blocks_max) {
+        // In place a write may go home instead of into the log.
+        if self.in_place || !owned_fits(BLOCK_BYTES, len, self.record_blocks_max) {
             return WriteBuf::plain(len);
         }
         let buf = self.engine.write_bufs.lock().unwrap_or_else(|p| p.into_inner()).take(BLOCK_BYTES + len);
@@ -265,7 +295,7 @@ impl Volume for EngineVolume {
     /// Logs the buffer as it is (header written into its first block): no
     /// copy of the data, and CRCs computed before the lock is taken.
     fn write_owned(&self, offset: u64, data: WriteBuf, fua: bool) -> Result<(), VolumeError> {
-        if !owned_fits(data.head(), data.len(), self.record_blocks_max) {
+        if self.in_place || !owned_fits(data.head(), data.len(), self.record_blocks_max) {
             return self.write(offset, data.data(), fua);
         }
         let len = data.len() as u64;
@@ -295,6 +325,21 @@ impl Volume for EngineVolume {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolumeError> {
+        if self.in_place {
+            // An unmapped block reads from home: zeros are written there.
+            return self.timed(Op::Trim, len, || {
+                check(self, offset, len)?;
+                self.change(|e, inner| {
+                    e.write_past_log(inner, self.id, offset / BS, len / BS, None)?;
+                    inner.stats.user_trim_bytes += len;
+                    if fua {
+                        e.flush_cache(inner)?;
+                        e.flush_capacity(inner)?;
+                    }
+                    Ok(())
+                })
+            });
+        }
         // Unmapped blocks read as zeros, so zeroing is deallocation.
         self.timed(Op::Trim, len, || {
             self.trim_blocks(offset, len)?;
@@ -337,6 +382,10 @@ impl Volume for EngineVolume {
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {
         check(self, offset, len)?;
+        if self.in_place {
+            // Every block reads from the log or from its home.
+            return Ok(vec![Extent { len, allocated: true }]);
+        }
         let inner = self.live()?;
         let l2p = &inner.vols[self.id as usize].l2p;
         let mut out: Vec<Extent> = Vec::new();

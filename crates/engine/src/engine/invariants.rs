@@ -55,6 +55,12 @@ impl Inner {
         }
         for (c, ch) in self.log.chunks.iter().enumerate() {
             assert_eq!(ch.valid, chunk_valid[c], "chunk {c} valid count");
+            let dirty = ch.p2l.iter().zip(&ch.clean).filter(|(o, &clean)| o.0 != u32::MAX && !clean).count();
+            assert_eq!(ch.dirty as usize, dirty, "chunk {c} dirty count");
+            assert!(
+                ch.clean.iter().zip(&ch.p2l).all(|(&clean, o)| !clean || o.0 != u32::MAX),
+                "only current blocks are clean"
+            );
         }
         for (b, band) in self.bands.iter().enumerate() {
             assert_eq!(band.valid, band_valid[b], "band {b} valid count");

@@ -60,37 +60,38 @@ impl Engine {
         if capacity_bytes > CAPACITY_BYTES_MAX {
             return Err(EngineError::CapacityTooLarge(capacity_bytes));
         }
-        let all_bands = capacity_bytes / cfg.band_bytes;
-        if all_bands >= u32::MAX as u64 || chunk_count >= u32::MAX as u64 {
-            return Err(EngineError::Config("more than 2^32 - 1 bands or chunks: make them larger"));
-        }
-        // The checkpoint region at the end of the capacity device, whole
-        // bands, and the label after it (`label_offset`): in the last two
-        // blocks of a conventional device, in a zone of its own on a zoned one.
-        let map_bytes = if paged { checkpoint_page_bytes(vols_blocks, volumes.len() as u64) } else { 12 * vols_blocks };
-        let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, all_bands, volumes.len() as u64, map_bytes);
-        let ckpt_bands = if geo.zoned {
-            ckpt_bytes.div_ceil(geo.usable_blocks * BS) + 1
-        } else {
-            (ckpt_bytes + 2 * BS).div_ceil(cfg.band_bytes)
-        };
-        let band_count = all_bands.saturating_sub(ckpt_bands);
-        if band_count == 0 {
-            return Err(EngineError::Config("capacity device too small for one band and the checkpoint"));
-        }
-        // Every volume may hold an open band, GC holds one, and GC needs its reserve.
-        let reserve = volumes.len() as u64 + 1 + cfg.gc_free_bands_min as u64;
-        // A band holds at least one segment header per RECORD_BLOCKS_MAX
-        // data blocks: small bands lose a large share to them (a 4-block
-        // band holds at most 3 blocks of data).
-        let headers = geo.usable_blocks.div_ceil(RECORD_BLOCKS_MAX as u64 + 1);
-        let usable_blocks = band_count.saturating_sub(reserve) * geo.usable_blocks.saturating_sub(headers);
         if let Some(v) = volumes.iter().find(|v| v.size_bytes % BS != 0 || v.size_bytes == 0) {
             return Err(EngineError::TooBig(v.name.clone()));
         }
-        if vols_blocks > usable_blocks {
-            return Err(EngineError::TooBig(volumes.last().map(|v| v.name.clone()).unwrap_or_default()));
-        }
+        let map_bytes = if paged { checkpoint_page_bytes(vols_blocks, volumes.len() as u64) } else { 12 * vols_blocks };
+        let (band_count, checkpoint_offset) = match cfg.layout {
+            Layout::Bands => {
+                let all_bands = capacity_bytes / cfg.band_bytes;
+                if all_bands >= u32::MAX as u64 || chunk_count >= u32::MAX as u64 {
+                    return Err(EngineError::Config("more than 2^32 - 1 bands or chunks: make them larger"));
+                }
+                let band_count = bands_for(&cfg, &geo, chunk_count, all_bands, volumes, map_bytes)?;
+                (band_count, band_count * cfg.band_bytes)
+            }
+            Layout::InPlace => {
+                // The volumes' homes from byte 0, the checkpoint after them,
+                // the label in the last two blocks.
+                if geo.zoned {
+                    return Err(EngineError::Config(
+                        "a zoned capacity device cannot hold blocks in place: use the bands layout",
+                    ));
+                }
+                if chunk_count >= u32::MAX as u64 {
+                    return Err(EngineError::Config("more than 2^32 - 1 chunks: make them larger"));
+                }
+                let homes = vols_blocks * BS;
+                let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, 0, volumes.len() as u64, map_bytes);
+                if homes + ckpt_bytes.div_ceil(BS) * BS + 2 * BS > capacity_bytes {
+                    return Err(EngineError::TooBig(volumes.last().map(|v| v.name.clone()).unwrap_or_default()));
+                }
+                (0, homes)
+            }
+        };
         // Never over another engine: `sluice format --force` wipes first.
         if let Some(uuid) = superblock_present(&*cache)? {
             return Err(EngineError::AlreadyFormatted { device: "cache", uuid });
@@ -110,11 +111,12 @@ impl Engine {
             gc_free_bands_min: cfg.gc_free_bands_min as u32,
             cache_bytes: cache.info().capacity_bytes,
             capacity_bytes: capacity.info().capacity_bytes,
-            checkpoint_offset: band_count * cfg.band_bytes,
+            checkpoint_offset,
             checkpoint_bytes: 0,
             checkpoint_crc: 0,
             seq_floor: 0,
             l2p_dram_bytes: if paged { cfg.l2p_dram_bytes } else { 0 },
+            layout: cfg.layout.on_media(),
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
         };
         let label = CapacityLabel {
@@ -313,4 +315,41 @@ pub(super) fn read_checkpoint<'a>(
         return Err(EngineError::CheckpointChecksum);
     }
     Ok(RegionReader::new(capacity, geo, sb.checkpoint_offset, sb.checkpoint_bytes as usize))
+}
+
+/// Bands of a banded capacity device of `all_bands`: what the checkpoint
+/// region at its end leaves, whole bands, checked to hold the volumes.
+fn bands_for(
+    cfg: &EngineConfig,
+    geo: &CapGeometry,
+    chunk_count: u64,
+    all_bands: u64,
+    volumes: &[VolumeSpec],
+    map_bytes: u64,
+) -> Result<u64, EngineError> {
+    let vols_blocks: u64 = volumes.iter().map(|v| v.size_bytes / BS).sum();
+    // The checkpoint region at the end of the capacity device, whole
+    // bands, and the label after it (`label_offset`): in the last two
+    // blocks of a conventional device, in a zone of its own on a zoned one.
+    let ckpt_bytes = checkpoint_bytes_max(cfg, chunk_count, all_bands, volumes.len() as u64, map_bytes);
+    let ckpt_bands = if geo.zoned {
+        ckpt_bytes.div_ceil(geo.usable_blocks * BS) + 1
+    } else {
+        (ckpt_bytes + 2 * BS).div_ceil(cfg.band_bytes)
+    };
+    let band_count = all_bands.saturating_sub(ckpt_bands);
+    if band_count == 0 {
+        return Err(EngineError::Config("capacity device too small for one band and the checkpoint"));
+    }
+    // Every volume may hold an open band, GC holds one, and GC needs its reserve.
+    let reserve = volumes.len() as u64 + 1 + cfg.gc_free_bands_min as u64;
+    // A band holds at least one segment header per RECORD_BLOCKS_MAX
+    // data blocks: small bands lose a large share to them (a 4-block
+    // band holds at most 3 blocks of data).
+    let headers = geo.usable_blocks.div_ceil(RECORD_BLOCKS_MAX as u64 + 1);
+    let usable_blocks = band_count.saturating_sub(reserve) * geo.usable_blocks.saturating_sub(headers);
+    if vols_blocks > usable_blocks {
+        return Err(EngineError::TooBig(volumes.last().map(|v| v.name.clone()).unwrap_or_default()));
+    }
+    Ok(band_count)
 }

@@ -131,16 +131,20 @@ impl Engine {
             let ch = &mut inner.log.chunks[chunk];
             ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
             ch.valid += 1;
+            ch.dirty += 1;
         }
         Ok(())
     }
 
     /// Log a trim of `lbas` of `vol` (header-only records), then unmap them.
+    /// `discard`: a user's trim, whose dirty cached blocks (in place) are
+    /// counted as never written home.
     pub(super) fn trim_logged(
         &self,
         inner: &mut Inner,
         vol: u32,
         lbas: std::ops::Range<u64>,
+        discard: bool,
     ) -> Result<(), VolumeError> {
         let l2p = &inner.vols[vol as usize].l2p;
         let mut mapped: Vec<u64> = Vec::new();
@@ -150,13 +154,28 @@ impl Engine {
             }
         }
         for part in mapped.chunks(RECORD_BLOCKS_MAX) {
-            let entries: Vec<Entry> = part.iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }).collect();
-            self.log_record(inner, vol, RecordKind::Trim, entries, &[])?;
+            self.log_tombstones(inner, vol, part)?;
             for &lba in part {
                 let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
+                if let (true, Some(cb)) = (discard && inner.in_place(), old.cache_block()) {
+                    let bpc = inner.blocks_per_chunk();
+                    if !inner.log.chunks[(cb / bpc) as usize].clean[(cb % bpc) as usize] {
+                        inner.vols[vol as usize].cache.stats.discarded_dirty_bytes += BS;
+                    }
+                }
                 inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
                 inner.invalidate(old);
             }
+        }
+        Ok(())
+    }
+
+    /// Log tombstones for `lbas` of `vol` (header-only records); the maps
+    /// are the caller's.
+    pub(super) fn log_tombstones(&self, inner: &mut Inner, vol: u32, lbas: &[u64]) -> Result<(), VolumeError> {
+        for part in lbas.chunks(RECORD_BLOCKS_MAX) {
+            let entries: Vec<Entry> = part.iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }).collect();
+            self.log_record(inner, vol, RecordKind::Trim, entries, &[])?;
         }
         Ok(())
     }
@@ -254,6 +273,7 @@ impl Engine {
         // The record about to be written into it is its first.
         ch.first_lsn = inner.log.lsn + 1;
         ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
+        ch.clean.iter_mut().for_each(|c| *c = false);
         inner.log.open = Some((c, 0));
         Ok((c, 0))
     }
@@ -314,6 +334,8 @@ impl Log {
             p2l: vec![(u32::MAX, 0); blocks_per_chunk],
             valid: 0,
             first_lsn: 0,
+            clean: vec![false; blocks_per_chunk],
+            dirty: 0,
         };
         Log {
             chunks: (0..chunk_count).map(chunk).collect(),
@@ -373,6 +395,15 @@ pub(super) struct Chunk {
     pub(super) valid: u32,
     /// LSN of the first record written into the chunk since it was opened.
     pub(super) first_lsn: u64,
+    /// In place (cleaning.rs): per block, whether the block's home holds
+    /// the same data (cleaned, written through, or promoted by a read), so
+    /// freeing the chunk writes nothing. Not persisted: after a reopen
+    /// every cached block counts as dirty and is cleaned again (the same
+    /// bytes). Unused with bands.
+    pub(super) clean: Vec<bool>,
+    /// Current blocks of the chunk that are not `clean`: what cleaning it
+    /// must still write home.
+    pub(super) dirty: u32,
 }
 
 impl Inner {
@@ -415,7 +446,7 @@ impl Engine {
                 self.log_record(&mut inner, vol, RecordKind::Trim, vec![e], &[])?;
             } else {
                 let mut b = vec![0u8; BLOCK_BYTES];
-                self.read_blocks(&[loc], &[crc], lba * BS, &mut b)?;
+                self.read_blocks(&[loc], &[crc], lba * BS, &mut b, None)?;
                 self.append(&mut inner, vol, &[(lba, &b)], &[crc], false)?;
             }
         }

@@ -58,7 +58,8 @@ impl Engine {
 
     /// Read blocks `lbas` of volume `vol` into `buf` (`offset`: their byte
     /// in the volume, for errors). `inner` is the lock, taken after
-    /// `permit`; with a permit the device reads happen without it.
+    /// `permit`; with a permit the device reads happen without it. Returns
+    /// how many blocks were read from their homes (in place).
     pub(super) fn read_volume(
         &self,
         inner: std::sync::MutexGuard<'_, Inner>,
@@ -67,10 +68,11 @@ impl Engine {
         lbas: std::ops::Range<usize>,
         offset: u64,
         buf: &mut [u8],
-    ) -> Result<(), VolumeError> {
+    ) -> Result<u64, VolumeError> {
+        let home = inner.in_place().then(|| inner.home(vol, lbas.start as u64));
         let Some(_permit) = permit else {
             // No room for another request outside the lock: read under it.
-            return self.read_mapped(&inner.vols[vol].l2p, lbas, offset, buf);
+            return self.read_mapped(&inner.vols[vol].l2p, lbas, offset, buf, home);
         };
         // Under the lock: where the blocks are, their CRCs, and the
         // generation of each place. Then the device reads without the
@@ -86,7 +88,7 @@ impl Engine {
         snap.gens.clear();
         snap.gens.extend(snap.locs.iter().map(|&l| inner.generation(l)));
         drop(inner);
-        let unlocked = self.read_blocks(&snap.locs, &snap.crcs, offset, buf);
+        let unlocked = self.read_blocks(&snap.locs, &snap.crcs, offset, buf, home);
         // A place reused meanwhile (its chunk reopened, its band
         // discarded) may have handed back someone else's data or an
         // error: read again under the lock. A block merely rewritten or
@@ -98,7 +100,7 @@ impl Engine {
         let reused = snap.locs.iter().zip(&snap.gens).any(|(&l, &g)| inner.generation(l) != g);
         SNAPSHOT.with(|s| s.replace(snap));
         if reused {
-            return self.read_mapped(&inner.vols[vol].l2p, lbas, offset, buf);
+            return self.read_mapped(&inner.vols[vol].l2p, lbas, offset, buf, home);
         }
         unlocked
     }
@@ -111,9 +113,10 @@ impl Engine {
         range: std::ops::Range<usize>,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(), VolumeError> {
+        home: Option<u64>,
+    ) -> Result<u64, VolumeError> {
         let mut snap = SNAPSHOT.with(|s| s.take());
-        let r = snap.load(l2p, range).and_then(|()| self.read_blocks(&snap.locs, &snap.crcs, offset, out));
+        let r = snap.load(l2p, range).and_then(|()| self.read_blocks(&snap.locs, &snap.crcs, offset, out, home));
         SNAPSHOT.with(|s| s.replace(snap));
         r
     }
@@ -126,29 +129,45 @@ impl Engine {
     /// mismatch is `VolumeError::Corrupt` naming the first bad block (its
     /// byte in the volume, from `offset`, and where it is stored), and the
     /// bad bytes stay in `out` only for the caller to discard.
+    ///
+    /// `home`: in place, the capacity block of the first block's home, where
+    /// an unmapped block is read from (unchecked: a plain disk carries no
+    /// CRCs); otherwise unmapped blocks read as zeros. Returns the blocks
+    /// read from home.
     pub(super) fn read_blocks(
         &self,
         locs: &[Loc],
         crcs: &[u32],
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(), VolumeError> {
-        let place = |l: Loc| -> Option<(bool, u64)> {
-            l.cache_block().map(|b| (true, b)).or_else(|| l.capacity_block().map(|b| (false, b)))
+        home: Option<u64>,
+    ) -> Result<u64, VolumeError> {
+        // (on the cache device, block, checked)
+        let place = |i: usize| -> Option<(bool, u64, bool)> {
+            let l = locs[i];
+            (l.cache_block().map(|b| (true, b, true)))
+                .or_else(|| l.capacity_block().map(|b| (false, b, true)))
+                .or_else(|| home.map(|h| (false, h + i as u64, false)))
         };
         let mut i = 0;
+        let mut at_home = 0;
         while i < locs.len() {
-            let Some((in_cache, first)) = place(locs[i]) else {
+            let Some((in_cache, first, checked)) = place(i) else {
                 out[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES].fill(0);
                 i += 1;
                 continue;
             };
             let mut n = 1;
-            while i + n < locs.len() && place(locs[i + n]) == Some((in_cache, first + n as u64)) {
+            while i + n < locs.len() && place(i + n) == Some((in_cache, first + n as u64, checked)) {
                 n += 1;
             }
             let dev = if in_cache { &self.cache } else { &self.capacity };
             read_into(&**dev, first * BS, &mut out[i * BLOCK_BYTES..(i + n) * BLOCK_BYTES])?;
+            if !checked {
+                at_home += n as u64;
+                i += n;
+                continue;
+            }
             for k in i..i + n {
                 if crc32c(&out[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES]) != crcs[k] {
                     return Err(VolumeError::Corrupt {
@@ -160,7 +179,7 @@ impl Engine {
             }
             i += n;
         }
-        Ok(())
+        Ok(at_home)
     }
 }
 

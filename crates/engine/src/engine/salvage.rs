@@ -28,7 +28,7 @@ impl Engine {
         for d in damage {
             if let Damage::LogBlock { volume, lba, .. } = d {
                 if let Some(v) = vol_id(&inner, volume) {
-                    self.trim_logged(&mut inner, v, *lba..*lba + 1)?;
+                    self.trim_logged(&mut inner, v, *lba..*lba + 1, false)?;
                 }
             }
         }
@@ -56,9 +56,9 @@ impl Engine {
             }
             for (v, lba, loc, crc) in held {
                 let mut data = vec![0u8; BLOCK_BYTES];
-                match self.read_blocks(&[loc], &[crc], lba * BS, &mut data) {
-                    Ok(()) => self.append(inner, v, &[(lba, &data)], &[crc], false)?,
-                    Err(VolumeError::Corrupt { .. }) => self.trim_logged(inner, v, lba..lba + 1)?,
+                match self.read_blocks(&[loc], &[crc], lba * BS, &mut data, None) {
+                    Ok(_) => self.append(inner, v, &[(lba, &data)], &[crc], false)?,
+                    Err(VolumeError::Corrupt { .. }) => self.trim_logged(inner, v, lba..lba + 1, false)?,
                     Err(e) => return Err(e),
                 }
             }

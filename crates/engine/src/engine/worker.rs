@@ -301,7 +301,8 @@ impl Engine {
         let start = self.bg.start_chunks.load(Ordering::Relaxed);
         let compact_due = inner.log.free.len() < start && !inner.log.full.is_empty();
         let (free_bands, gc_min) = (inner.bands.free.len(), inner.cfg.gc_free_bands_min);
-        let gc_due = inner.gc_cursor.is_some() || free_bands <= gc_min + GC_AHEAD_BANDS;
+        // In place there are no bands, and nothing to collect.
+        let gc_due = !inner.in_place() && (inner.gc_cursor.is_some() || free_bands <= gc_min + GC_AHEAD_BANDS);
         // Urgent GC goes first for at most as many victims in a row as there
         // are bands (the bound `open_band` puts on inline GC): victims that
         // free no more than their relocation takes cannot starve compaction.

@@ -155,7 +155,7 @@ fn scan_with(
     head_guess: Option<u64>,
 ) -> Result<Result<Recovered, u64>, EngineError> {
     let chunk_count = chunk_count(&sb);
-    let band_count = sb.checkpoint_offset / cfg.band_bytes;
+    let band_count = band_count(&sb, &cfg);
     let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count, maps);
     let (bpc, bpb) = (inner.blocks_per_chunk(), inner.blocks_per_band());
     let vol_blocks: Vec<usize> = inner.vols.iter().map(|v| v.l2p.len()).collect();
@@ -282,6 +282,7 @@ fn scan_with(
                     let ch = &mut inner.log.chunks[(cb / bpc) as usize];
                     ch.p2l[(cb % bpc) as usize] = owner;
                     ch.valid += 1;
+                    ch.dirty += 1;
                 } else if let Some(pb) = loc.capacity_block() {
                     inner.bands[(pb / bpb) as usize].valid += 1;
                     live[(pb / bpb) as usize] = true;

@@ -1,0 +1,399 @@
+//! Cache policy in front of the log for volumes held in place (cleaning.rs):
+//! each volume's mode, its sequential cutoff, read promotion and spill, and
+//! what they did (`CacheStats`).
+//!
+//! A write of an in-place volume goes one of three ways:
+//! - **log** (write-back): into the log, dirty; cleaning writes it home
+//!   later, unless it is overwritten or trimmed first;
+//! - **through** (write-through; write-around for blocks already cached):
+//!   into the log, then home, then marked clean;
+//! - **past** (write-around and write-invalidate for uncached blocks,
+//!   pass-through, a stream past the sequential cutoff, or a spill when the
+//!   log could take it only after cleaning): home only, and the blocks the
+//!   log held are dropped by a tombstone.
+//!
+//! Modes follow Open CAS: `wb`, `wt`, `wa`, `wi`, `pt`. A mode may change
+//! at any time: dirty blocks stay where they are and are cleaned as usual,
+//! and every mode reads a cached block from the log, so no mode ever
+//! returns an older copy. A read that found blocks at home promotes them
+//! into the log (clean) in every mode but pass-through, at once or after
+//! `n` misses of the same block; the promotion is dropped if any home of
+//! the volume was written since the read looked (`home_gen`).
+//!
+//! The policy is not persisted (the server's configuration sets it at
+//! start); the counters restart with the engine.
+
+use super::*;
+use std::collections::HashMap;
+
+/// How an in-place volume's writes and reads use the cache (Open CAS's set).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheMode {
+    /// Writes land in the log; cleaning writes them home later.
+    #[default]
+    WriteBack,
+    /// Writes go home and into the log (clean).
+    WriteThrough,
+    /// Writes go home; blocks already cached are updated there too.
+    WriteAround,
+    /// Writes go home; cached copies of them are dropped.
+    WriteInvalidate,
+    /// Nothing new is cached: writes go home (cached copies dropped), reads
+    /// are not promoted.
+    PassThrough,
+}
+
+impl std::str::FromStr for CacheMode {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<CacheMode, EngineError> {
+        Ok(match s {
+            "wb" | "write-back" => CacheMode::WriteBack,
+            "wt" | "write-through" => CacheMode::WriteThrough,
+            "wa" | "write-around" => CacheMode::WriteAround,
+            "wi" | "write-invalidate" => CacheMode::WriteInvalidate,
+            "pt" | "pass-through" => CacheMode::PassThrough,
+            _ => return Err(EngineError::Config("cache mode is one of wb, wt, wa, wi, pt")),
+        })
+    }
+}
+
+/// When a sequential stream bypasses the cache (Open CAS's policies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SeqCutoff {
+    /// Whenever a stream passes the threshold.
+    #[default]
+    Always,
+    /// Only while the log could take the write after cleaning only.
+    Full,
+    /// Never.
+    Never,
+}
+
+impl std::str::FromStr for SeqCutoff {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<SeqCutoff, EngineError> {
+        Ok(match s {
+            "always" => SeqCutoff::Always,
+            "full" => SeqCutoff::Full,
+            "never" => SeqCutoff::Never,
+            _ => return Err(EngineError::Config("seq_cutoff is one of always, full, never")),
+        })
+    }
+}
+
+/// An in-place volume's cache policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CachePolicy {
+    pub mode: CacheMode,
+    pub seq_cutoff: SeqCutoff,
+    /// A stream longer than this bypasses the cache (`seq_cutoff`).
+    pub seq_cutoff_bytes: u64,
+    /// A block read from home is promoted into the log on its n-th miss
+    /// (1: at once; 0: never) among the last `PROMOTE_WINDOW` misses.
+    pub promote_after_misses: u32,
+    /// When the log could take a write only after cleaning, write it home
+    /// instead (counted as spilled) rather than wait for the disk.
+    pub spill: bool,
+}
+
+impl Default for CachePolicy {
+    fn default() -> CachePolicy {
+        CachePolicy {
+            mode: CacheMode::WriteBack,
+            seq_cutoff: SeqCutoff::Always,
+            seq_cutoff_bytes: 1 << 20,
+            promote_after_misses: 1,
+            spill: true,
+        }
+    }
+}
+
+/// Distinct blocks whose misses are remembered for promotion: the window
+/// `promote_after_misses` counts in (then forgotten all at once).
+const PROMOTE_WINDOW: usize = 1 << 16;
+
+/// What an in-place volume's cache did (bytes), since the engine opened.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Read bytes found in the log, and read from home.
+    pub read_hit_bytes: u64,
+    pub read_miss_bytes: u64,
+    /// Written into the log (write-back), and home and log (write-through).
+    pub write_back_bytes: u64,
+    pub write_through_bytes: u64,
+    /// Written home past the log by the mode (write-around, -invalidate,
+    /// pass-through).
+    pub write_past_bytes: u64,
+    /// Written home past the log because the stream passed the cutoff.
+    pub cutoff_bypass_bytes: u64,
+    /// Written home past the log because the log was full of dirty data.
+    pub spill_bytes: u64,
+    /// Read from home and promoted into the log.
+    pub promoted_bytes: u64,
+    /// Dirty blocks written home by cleaning.
+    pub cleaned_bytes: u64,
+    /// Dirty blocks trimmed before cleaning reached them: bytes the disk
+    /// never had to write.
+    pub discarded_dirty_bytes: u64,
+}
+
+/// One in-place volume's policy and state (`Vol::cache`).
+#[derive(Default)]
+pub(super) struct VolCache {
+    pub(super) policy: CachePolicy,
+    pub(super) stats: CacheStats,
+    /// The capacity block of LBA 0's home.
+    pub(super) home: u64,
+    /// Bumped by every write to a home of the volume.
+    pub(super) home_gen: u64,
+    /// The byte after the last write, and how long the run of writes
+    /// ending there is (sequential cutoff).
+    stream_end: u64,
+    stream_bytes: u64,
+    /// Misses per block since the window opened (promotion).
+    misses: HashMap<u64, u32>,
+}
+
+/// Where one write of an in-place volume goes (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Log,
+    Through,
+    Past(PastWhy),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PastWhy {
+    Mode,
+    Cutoff,
+    Spill,
+}
+
+impl Inner {
+    /// Where a write of `blocks` from `lba0` of `vol` goes, and the stream
+    /// it continues.
+    fn route(&mut self, vol: usize, lba0: u64, blocks: u64, spill_ok: bool) -> Result<Route, VolumeError> {
+        let full = self.log_needs_cleaning(blocks);
+        let vc = &mut self.vols[vol].cache;
+        let (offset, len) = (lba0 * BS, blocks * BS);
+        vc.stream_bytes = if offset == vc.stream_end { vc.stream_bytes + len } else { len };
+        vc.stream_end = offset + len;
+        let p = vc.policy;
+        let streaming = vc.stream_bytes > p.seq_cutoff_bytes;
+        let cut = match p.seq_cutoff {
+            SeqCutoff::Always => streaming,
+            SeqCutoff::Full => streaming && full,
+            SeqCutoff::Never => false,
+        };
+        let cached = || -> Result<bool, VolumeError> {
+            let l2p = &self.vols[vol].l2p;
+            for lba in lba0..lba0 + blocks {
+                if !l2p.get(lba as usize)?.is_none() {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        };
+        Ok(match p.mode {
+            CacheMode::PassThrough | CacheMode::WriteInvalidate => Route::Past(PastWhy::Mode),
+            _ if cut => Route::Past(PastWhy::Cutoff),
+            CacheMode::WriteAround if cached()? => Route::Through,
+            CacheMode::WriteAround => Route::Past(PastWhy::Mode),
+            CacheMode::WriteThrough => Route::Through,
+            CacheMode::WriteBack if full && p.spill && spill_ok => Route::Past(PastWhy::Spill),
+            CacheMode::WriteBack => Route::Log,
+        })
+    }
+}
+
+impl Engine {
+    /// Writes (LBA, data) of in-place volume `vol`, each routed by its
+    /// policy (module doc); `crcs` per block.
+    pub(super) fn write_in_place(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        writes: &[(u64, &[u8])],
+        crcs: &[u32],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        // Spill only while the compactor cleans in the background;
+        // otherwise the log is cleaned here, as compaction would be.
+        let spill_ok = self.bg.on.load(std::sync::atomic::Ordering::Relaxed);
+        let mut first = 0;
+        let mut home_written = false;
+        for &(lba0, data) in writes {
+            let blocks = (data.len() / BLOCK_BYTES) as u64;
+            let crc = &crcs[first..first + blocks as usize];
+            first += blocks as usize;
+            let v = vol as usize;
+            match inner.route(v, lba0, blocks, spill_ok)? {
+                Route::Log => {
+                    self.append(inner, vol, &[(lba0, data)], crc, false)?;
+                    inner.vols[v].cache.stats.write_back_bytes += data.len() as u64;
+                }
+                Route::Through => {
+                    // Logged first: logging may clean the oldest chunk, and
+                    // an older copy must not be written over this home.
+                    self.append(inner, vol, &[(lba0, data)], crc, false)?;
+                    self.write_home(inner, v, lba0, data)?;
+                    self.mark_range_clean(inner, v, lba0, blocks)?;
+                    inner.vols[v].cache.stats.write_through_bytes += data.len() as u64;
+                    home_written = true;
+                }
+                Route::Past(why) => {
+                    self.write_past_log(inner, vol, lba0, blocks, Some(data))?;
+                    let s = &mut inner.vols[v].cache.stats;
+                    *match why {
+                        PastWhy::Mode => &mut s.write_past_bytes,
+                        PastWhy::Cutoff => &mut s.cutoff_bypass_bytes,
+                        PastWhy::Spill => &mut s.spill_bytes,
+                    } += data.len() as u64;
+                    home_written = true;
+                }
+            }
+        }
+        if fua {
+            self.flush_cache(inner)?;
+            if home_written {
+                self.flush_capacity(inner)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Mark the cached copies of `blocks` from `lba0` of `vol` clean.
+    fn mark_range_clean(&self, inner: &mut Inner, vol: usize, lba0: u64, blocks: u64) -> Result<(), VolumeError> {
+        for lba in lba0..lba0 + blocks {
+            if let Some(cb) = inner.vols[vol].l2p.get(lba as usize)?.cache_block() {
+                inner.mark_clean(cb);
+            }
+        }
+        Ok(())
+    }
+
+    /// After a read of `data` from `lba0` of `vol` that found blocks at
+    /// home, when no home of the volume was written since (`gen`): log the
+    /// blocks still at home whose promotion is due, marked clean.
+    pub(super) fn promote(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        lba0: u64,
+        data: &[u8],
+        gen: u64,
+    ) -> Result<(), VolumeError> {
+        let v = vol as usize;
+        let p = inner.vols[v].cache.policy;
+        if p.mode == CacheMode::PassThrough || p.promote_after_misses == 0 || inner.vols[v].cache.home_gen != gen {
+            return Ok(());
+        }
+        let mut due: Vec<(u64, &[u8])> = Vec::new();
+        for (i, block) in data.chunks(BLOCK_BYTES).enumerate() {
+            let lba = lba0 + i as u64;
+            if !inner.vols[v].l2p.get(lba as usize)?.is_none() {
+                continue;
+            }
+            let vc = &mut inner.vols[v].cache;
+            if vc.misses.len() >= PROMOTE_WINDOW {
+                vc.misses.clear();
+            }
+            let n = vc.misses.entry(lba).or_insert(0);
+            *n += 1;
+            if *n >= p.promote_after_misses {
+                vc.misses.remove(&lba);
+                due.push((lba, block));
+            }
+        }
+        // A promotion never waits for cleaning: it is skipped instead.
+        if due.is_empty() || inner.log_needs_cleaning(due.len() as u64) {
+            return Ok(());
+        }
+        let crcs: Vec<u32> = due.iter().map(|d| crc32c(d.1)).collect();
+        self.append(inner, vol, &due, &crcs, false)?;
+        for &(lba, _) in &due {
+            self.mark_range_clean(inner, v, lba, 1)?;
+        }
+        inner.vols[v].cache.stats.promoted_bytes += due.len() as u64 * BS;
+        Ok(())
+    }
+
+    /// Set the cache policy of in-place volume `name`. Dirty blocks stay
+    /// and are cleaned as usual (every mode reads them from the log).
+    pub fn set_cache_policy(&self, name: &str, policy: CachePolicy) -> Result<(), EngineError> {
+        let mut inner = self.lock();
+        if !inner.in_place() {
+            return Err(EngineError::Config("cache policies apply to an in-place engine (layout = in-place)"));
+        }
+        let v = inner.vols.iter().position(|v| v.name == name).ok_or_else(|| EngineError::NoVolume(name.into()))?;
+        inner.vols[v].cache.policy = policy;
+        Ok(())
+    }
+
+    /// Each volume's cache policy and counters, with its dirty and cached
+    /// bytes (in-place engines; empty otherwise).
+    pub fn cache_report(&self) -> Vec<CacheReport> {
+        let inner = self.lock();
+        if !inner.in_place() {
+            return Vec::new();
+        }
+        let mut rep: Vec<CacheReport> = (inner.vols.iter())
+            .map(|v| CacheReport {
+                volume: v.name.clone(),
+                policy: v.cache.policy,
+                stats: v.cache.stats,
+                cached_bytes: 0,
+                dirty_bytes: 0,
+            })
+            .collect();
+        for ch in &inner.log.chunks {
+            for (i, &(v, _)) in ch.p2l.iter().enumerate() {
+                if v != u32::MAX {
+                    rep[v as usize].cached_bytes += BS;
+                    if !ch.clean[i] {
+                        rep[v as usize].dirty_bytes += BS;
+                    }
+                }
+            }
+        }
+        rep
+    }
+
+    /// Write every dirty block home and make the disk durable; then, with
+    /// `detach`, stop caching (every volume pass-through): the disk alone
+    /// is a complete copy of every volume (`Engine::home_offset` says where
+    /// each starts). Returns the bytes written home.
+    pub fn clean(&self, detach: bool) -> Result<u64, EngineError> {
+        if !self.lock().in_place() {
+            return Err(EngineError::Config("cleaning applies to an in-place engine (layout = in-place)"));
+        }
+        self.change(|e, inner| {
+            if detach {
+                inner.vols.iter_mut().for_each(|v| v.cache.policy.mode = CacheMode::PassThrough);
+            }
+            let n = e.clean_all(inner)?;
+            Ok(n * BS)
+        })
+        .map_err(EngineError::Request)
+    }
+
+    /// Where volume `name` starts on the capacity device (in place).
+    pub fn home_offset(&self, name: &str) -> Option<u64> {
+        let inner = self.lock();
+        let v = inner.vols.iter().position(|v| v.name == name)?;
+        inner.in_place().then(|| inner.vols[v].cache.home * BS)
+    }
+}
+
+/// One volume in `Engine::cache_report`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CacheReport {
+    pub volume: String,
+    pub policy: CachePolicy,
+    pub stats: CacheStats,
+    /// Bytes of the volume current in the log, and of those, dirty.
+    pub cached_bytes: u64,
+    pub dirty_bytes: u64,
+}

@@ -1,0 +1,249 @@
+//! Cleaning: writing dirty cached blocks to their homes on a plain backing
+//! disk (the in-place layout, `Layout::InPlace`), and freeing log chunks
+//! whose blocks all have a current home.
+//!
+//! In place, every volume block has a home at its own LBA on the capacity
+//! device (volume after volume from byte 0), so the disk alone is a plain,
+//! readable copy of each volume once nothing is dirty. An L2P entry that
+//! points nowhere means "at home"; one that points into the log is the
+//! current copy, *dirty* (its home is older) or *clean* (its home holds the
+//! same bytes: cleaned, written through, or promoted by a read). The log
+//! stays a FIFO: compaction's place is taken by a reclaim step that cleans
+//! the oldest chunk's dirty blocks — sorted by home and merged into runs,
+//! so an HDD writes them with few seeks — then drops the chunk's copies and
+//! frees it. Blocks trimmed or overwritten before their chunk reaches the
+//! head are never written home.
+//!
+//! Invariants:
+//! - A chunk is freed only after the homes of its dirty blocks are durable
+//!   (capacity flush), and the capacity mark that moves the log's head past
+//!   it is durable (cache flush): recovery never replays a freed chunk, so
+//!   a stale cached copy can never be cleaned over a newer home.
+//! - A direct home write (write-around, pass-through, spill, cutoff,
+//!   write-zeroes) first drops the log's copies of its blocks from the maps
+//!   (so no cleaning can write them over the new home), then goes to the
+//!   disk and, if there were copies, is made durable (capacity flush)
+//!   before their tombstones are logged: a crash then loses at most the
+//!   unflushed home write, and never keeps a tombstone whose home write it
+//!   lost (the block would read a home older than the copy it dropped).
+//! - A write-through logs the new copy (dirty) before it writes home, then
+//!   marks it clean: logging may clean the oldest chunk, and an older copy
+//!   of the block must be out of the maps by then.
+//! - Every home write bumps the volume's `home_gen`; a read's promotion
+//!   into the log is dropped if the generation moved under it.
+//!
+//! Cleaning runs under the engine lock (like every change here): a bounded
+//! step writes at most `blocks_max` blocks. Clean bits are not persisted:
+//! after any reopen every cached block counts as dirty and is cleaned again
+//! (the same bytes), which is correct and costs only disk writes.
+
+use super::compaction::CompactStep;
+use super::*;
+
+impl Inner {
+    /// Whether the capacity device holds the volumes in place.
+    pub(super) fn in_place(&self) -> bool {
+        self.cfg.layout == Layout::InPlace
+    }
+
+    /// The capacity block that is the home of `lba` of `vol` (in place).
+    pub(super) fn home(&self, vol: usize, lba: u64) -> u64 {
+        self.vols[vol].cache.home + lba
+    }
+
+    /// Every volume's first home block: volume after volume from block 0.
+    pub(super) fn place_homes(&mut self) {
+        let mut at = 0;
+        for v in &mut self.vols {
+            v.cache.home = at;
+            at += v.l2p.len() as u64;
+        }
+    }
+
+    /// Cache block `cb` (current) now has its bytes at home too.
+    pub(super) fn mark_clean(&mut self, cb: u64) {
+        let bpc = self.blocks_per_chunk();
+        let ch = &mut self.log.chunks[(cb / bpc) as usize];
+        let i = (cb % bpc) as usize;
+        debug_assert_ne!(ch.p2l[i].0, u32::MAX, "only a current block is cleaned");
+        if !std::mem::replace(&mut ch.clean[i], true) {
+            ch.dirty -= 1;
+        }
+    }
+
+    /// Whether the next `blocks` logged would have to wait for cleaning:
+    /// the open chunk has no room, free chunks are at the reserve, and the
+    /// oldest chunk still holds dirty blocks.
+    pub(super) fn log_needs_cleaning(&self, blocks: u64) -> bool {
+        let room = self.log.open.is_some_and(|(_, off)| off + 1 + blocks <= self.blocks_per_chunk());
+        !room
+            && self.log.free.len() <= self.cfg.log_free_chunks_min
+            && self.log.full.front().is_some_and(|&c| self.log.chunks[c].dirty > 0)
+    }
+}
+
+impl Engine {
+    /// Write `data` (whole blocks from `lba0` of `vol`) to its home, and
+    /// count it; the caller deals with cached copies.
+    pub(super) fn write_home(&self, inner: &mut Inner, vol: usize, lba0: u64, data: &[u8]) -> Result<(), VolumeError> {
+        let at = inner.home(vol, lba0) * BS;
+        inner.sim_wait(None, None);
+        write_at(&*self.capacity, at, data)?;
+        inner.cap.dirty = true;
+        inner.stats.capacity_write_bytes += data.len() as u64;
+        inner.vols[vol].cache.home_gen += 1;
+        Ok(())
+    }
+
+    /// Write at most `blocks_max` dirty blocks of chunk `c` home: read from
+    /// the log (one read over their span), checked against their CRCs,
+    /// sorted by home and written as runs of adjacent blocks; then marked
+    /// clean. Returns the blocks cleaned.
+    pub(super) fn clean_chunk(&self, inner: &mut Inner, c: ChunkId, blocks_max: u64) -> Result<u64, VolumeError> {
+        let bpc = inner.blocks_per_chunk();
+        let base = c.0 as u64 * bpc;
+        let ch = &inner.log.chunks[c];
+        let todo: Vec<(u32, u64, u64)> = (ch.p2l.iter().zip(&ch.clean).enumerate())
+            .filter(|(_, ((v, _), &clean))| *v != u32::MAX && !clean)
+            .take(blocks_max.max(1) as usize)
+            .map(|(i, (&(v, lba), _))| (v, lba, base + i as u64))
+            .collect();
+        let (Some(first), Some(last)) = (todo.first(), todo.last()) else { return Ok(0) };
+        let (first, span) = (first.2, last.2 + 1 - first.2);
+        let data = read_at(&*self.cache, first * BS, (span * BS) as usize)?;
+        let mut homes: Vec<(u64, u32, u64, &[u8])> = Vec::with_capacity(todo.len());
+        for &(v, lba, cb) in &todo {
+            let block = &data[((cb - first) * BS) as usize..][..BLOCK_BYTES];
+            let crc = inner.vols[v as usize].l2p.entry(lba as usize)?.1;
+            if crc32c(block) != crc {
+                // Never written home as data: the block stays dirty and
+                // reading it fails the same way.
+                return Err(VolumeError::Corrupt { offset: lba * BS, device: "cache", device_offset: cb * BS });
+            }
+            homes.push((inner.home(v as usize, lba), v, cb, block));
+        }
+        homes.sort_unstable_by_key(|h| h.0);
+        let mut i = 0;
+        let mut run = Vec::new();
+        while i < homes.len() {
+            let mut n = 1;
+            while i + n < homes.len() && homes[i + n].0 == homes[i].0 + n as u64 && n < RUN_BLOCKS_MAX {
+                n += 1;
+            }
+            run.clear();
+            for h in &homes[i..i + n] {
+                run.extend_from_slice(h.3);
+            }
+            inner.sim_wait(None, None);
+            write_at(&*self.capacity, homes[i].0 * BS, &run)?;
+            inner.cap.dirty = true;
+            inner.stats.capacity_write_bytes += run.len() as u64;
+            for h in &homes[i..i + n] {
+                let vc = &mut inner.vols[h.1 as usize].cache;
+                vc.stats.cleaned_bytes += BS;
+                vc.home_gen += 1;
+            }
+            inner.stats.compaction_bytes += run.len() as u64;
+            i += n;
+        }
+        for &(_, _, cb) in &todo {
+            inner.mark_clean(cb);
+        }
+        Ok(todo.len() as u64)
+    }
+
+    /// In place, compaction's step: clean at most `blocks_max` dirty blocks
+    /// of the oldest full chunk; once none is left, make their homes
+    /// durable, drop the chunk's copies (they read from home now) and free
+    /// it, after the mark that moves the log's head past it.
+    pub(super) fn reclaim_step(&self, inner: &mut Inner, blocks_max: u64) -> Result<CompactStep, VolumeError> {
+        let Some(&c) = inner.log.full.front() else { return Ok(CompactStep::Idle) };
+        if inner.log.chunks[c].state == ChunkState::Sealed {
+            inner.log.chunks[c].to(ChunkState::Sealed, ChunkState::Compacting);
+        }
+        if inner.log.chunks[c].dirty > 0 {
+            self.clean_chunk(inner, c, blocks_max)?;
+            if inner.log.chunks[c].dirty > 0 {
+                return Ok(CompactStep::Progress);
+            }
+        }
+        if inner.cap.dirty {
+            self.flush_capacity(inner)?;
+        }
+        let bpc = inner.blocks_per_chunk();
+        for i in 0..bpc {
+            let (v, lba) = inner.log.chunks[c].p2l[i as usize];
+            if v == u32::MAX {
+                continue;
+            }
+            let cb = c.0 as u64 * bpc + i;
+            inner.vols[v as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
+            inner.invalidate(Loc::cache(cb));
+        }
+        self.free_oldest(inner, c)
+    }
+
+    /// Clean every dirty block in the log, oldest chunk first (the open
+    /// chunk last), and make the homes durable: the disk alone is then a
+    /// complete copy of every volume. Returns the blocks written.
+    pub(super) fn clean_all(&self, inner: &mut Inner) -> Result<u64, VolumeError> {
+        let order: Vec<ChunkId> = inner.log.full.iter().copied().chain(inner.log.open.map(|(c, _)| c)).collect();
+        let mut n = 0;
+        for c in order {
+            while inner.log.chunks[c].dirty > 0 {
+                n += self.clean_chunk(inner, c, u64::MAX)?;
+            }
+        }
+        if inner.cap.dirty {
+            self.flush_capacity(inner)?;
+        }
+        Ok(n)
+    }
+
+    /// Write whole blocks home past the log (write-around, pass-through,
+    /// spill, cutoff, write-zeroes), dropping the copies the log held: out
+    /// of the maps first (so that no cleaning started by what follows can
+    /// write an old copy over the new home), then the disk, durable, then a
+    /// tombstone for each of them (module doc). `data` is `None` for zeros.
+    pub(super) fn write_past_log(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        lba0: u64,
+        blocks: u64,
+        data: Option<&[u8]>,
+    ) -> Result<(), VolumeError> {
+        let mut dropped = Vec::new();
+        for lba in lba0..lba0 + blocks {
+            let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
+            if !old.is_none() {
+                inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
+                inner.invalidate(old);
+                dropped.push(lba);
+            }
+        }
+        match data {
+            Some(d) => self.write_home(inner, vol as usize, lba0, d)?,
+            None => {
+                let zeros = vec![0u8; (RUN_BLOCKS_MAX as u64).min(blocks) as usize * BLOCK_BYTES];
+                let mut at = 0;
+                while at < blocks {
+                    let n = (blocks - at).min(RUN_BLOCKS_MAX as u64);
+                    self.write_home(inner, vol as usize, lba0 + at, &zeros[..(n * BS) as usize])?;
+                    at += n;
+                }
+            }
+        }
+        // The tombstones must not become durable before the home write: a
+        // crash could keep them and lose the write, and the blocks would
+        // read a home older than the copies they dropped.
+        if !dropped.is_empty() {
+            self.flush_capacity(inner)?;
+            self.log_tombstones(inner, vol, &dropped)?;
+        }
+        Ok(())
+    }
+}
+
+/// Most blocks one home write carries (1 MiB).
+const RUN_BLOCKS_MAX: usize = 256;

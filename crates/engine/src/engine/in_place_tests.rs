@@ -1,0 +1,355 @@
+//! Tests of the in-place layout (cleaning.rs) and its cache policy
+//! (caching.rs): the disk as a plain copy, modes, promotion, cutoff,
+//! trims, reopen and crashes.
+
+use super::*;
+use crate::testkit::{in_place_device_bytes, in_place_world, in_place_world_on, pattern, World};
+use sluice_media::CrashDevice;
+
+fn policy(mode: CacheMode) -> CachePolicy {
+    CachePolicy { mode, ..CachePolicy::default() }
+}
+
+/// Block `lba` of volume `v` as the capacity device holds it at its home.
+fn at_home(w: &World, v: usize, lba: u64) -> Vec<u8> {
+    let home = w.engine.home_offset(&format!("v{v}")).expect("in place");
+    read_at(&*w.engine.devices().1, home + lba * BS, BLOCK_BYTES).unwrap().to_vec()
+}
+
+fn read(w: &World, v: usize, lba: u64) -> Vec<u8> {
+    let mut b = vec![0u8; BLOCK_BYTES];
+    w.volumes[v].read(lba * BS, &mut b).unwrap();
+    b
+}
+
+fn stats(w: &World, v: usize) -> CacheStats {
+    w.engine.cache_report()[v].stats
+}
+
+/// Version 0 is zeros (never written, or zeroed).
+fn want(v: usize, lba: u64, ver: u64) -> Vec<u8> {
+    if ver == 0 {
+        vec![0u8; BLOCK_BYTES]
+    } else {
+        pattern(v, lba, ver)
+    }
+}
+
+/// Write-back over a log far smaller than the volumes: every block reads
+/// back its last version throughout; cleaning writes homes in runs; after
+/// `clean(detach)` the capacity device alone, read at each volume's home,
+/// is the volumes; and detached, writes go straight home.
+#[test]
+fn after_a_detach_the_disk_alone_is_every_volume() {
+    let sizes = [300u64, 200];
+    let w = in_place_world(&sizes);
+    let mut model: Vec<Vec<u64>> = sizes.iter().map(|&n| vec![0; n as usize]).collect();
+    let mut rng = sluice_media::rng::SplitMix64(7);
+    for ver in 1..=2000u64 {
+        let v = rng.below(2) as usize;
+        let lba = rng.below(sizes[v]);
+        let n = (1 + rng.below(4)).min(sizes[v] - lba);
+        if ver % 97 == 0 {
+            w.volumes[v].write_zeroes(lba * BS, n * BS, false).unwrap();
+            (lba..lba + n).for_each(|l| model[v][l as usize] = 0);
+            continue;
+        }
+        let data: Vec<u8> = (lba..lba + n).flat_map(|l| pattern(v, l, ver)).collect();
+        w.volumes[v].write(lba * BS, &data, false).unwrap();
+        (lba..lba + n).for_each(|l| model[v][l as usize] = ver);
+    }
+    for (v, m) in model.iter().enumerate() {
+        for (lba, &ver) in m.iter().enumerate() {
+            assert!(read(&w, v, lba as u64) == want(v, lba as u64, ver), "volume {v} block {lba}");
+        }
+    }
+    w.engine.lock().check_invariants();
+    let before = w.engine.cache_report();
+    assert!(before.iter().all(|r| r.stats.cleaned_bytes > 0), "the log is smaller than the data: {before:?}");
+    assert!(before.iter().any(|r| r.dirty_bytes > 0));
+    let wrote = w.engine.clean(true).unwrap();
+    assert_eq!(wrote, before.iter().map(|r| r.dirty_bytes).sum::<u64>(), "exactly the dirty blocks went home");
+    assert!(w.engine.cache_report().iter().all(|r| r.dirty_bytes == 0 && r.policy.mode == CacheMode::PassThrough));
+    for (v, m) in model.iter().enumerate() {
+        for (lba, &ver) in m.iter().enumerate() {
+            assert!(at_home(&w, v, lba as u64) == want(v, lba as u64, ver), "home of volume {v} block {lba}");
+        }
+    }
+    // Detached: a write is on the disk at once, and not in the log (a
+    // cached block's copy is dropped by a tombstone, header only).
+    let is_cached = |lba: u64| w.engine.lock().vols[1].l2p.get(lba as usize).unwrap().cache_block().is_some();
+    let cached = (0..200).find(|&l| is_cached(l)).expect("clean copies stay cached");
+    let uncached = (0..200).find(|&l| !is_cached(l)).expect("some blocks are at home");
+    for (lba, logged) in [(cached, BS), (uncached, 0)] {
+        let cache_before = w.engine.stats().cache_write_bytes;
+        w.volumes[1].write(lba * BS, &pattern(1, lba, 9999), false).unwrap();
+        assert!(at_home(&w, 1, lba) == pattern(1, lba, 9999));
+        assert!(read(&w, 1, lba) == pattern(1, lba, 9999));
+        assert_eq!(w.engine.stats().cache_write_bytes - cache_before, logged);
+    }
+    w.engine.lock().check_invariants();
+}
+
+/// Each mode sends writes where Open CAS does, and reads of any cached
+/// block come from the log whatever the mode.
+#[test]
+fn each_mode_routes_writes_and_a_mode_change_keeps_dirty_data() {
+    let w = in_place_world(&[64]);
+    let (e, v) = (&w.engine, &w.volumes[0]);
+    // Write-back: in the log, the home untouched.
+    v.write(0, &pattern(0, 0, 1), false).unwrap();
+    assert!(at_home(&w, 0, 0) == vec![0u8; BLOCK_BYTES]);
+    assert_eq!(e.cache_report()[0].dirty_bytes, BS);
+    // Write-through: home and log, clean.
+    e.set_cache_policy("v0", policy(CacheMode::WriteThrough)).unwrap();
+    v.write(BS, &pattern(0, 1, 1), false).unwrap();
+    assert!(at_home(&w, 0, 1) == pattern(0, 1, 1));
+    assert_eq!((e.cache_report()[0].cached_bytes, e.cache_report()[0].dirty_bytes), (2 * BS, BS));
+    // Write-around: an uncached block goes home only; a cached one is
+    // updated in both places.
+    e.set_cache_policy("v0", policy(CacheMode::WriteAround)).unwrap();
+    let cached_before = e.cache_report()[0].cached_bytes;
+    v.write(2 * BS, &pattern(0, 2, 1), false).unwrap();
+    assert!(at_home(&w, 0, 2) == pattern(0, 2, 1));
+    assert_eq!(e.cache_report()[0].cached_bytes, cached_before);
+    v.write(0, &pattern(0, 0, 2), false).unwrap();
+    assert!(at_home(&w, 0, 0) == pattern(0, 0, 2));
+    assert!(read(&w, 0, 0) == pattern(0, 0, 2));
+    assert_eq!(e.cache_report()[0].dirty_bytes, 0, "the dirty copy was replaced by a clean one");
+    // Write-invalidate: home, the cached copy dropped.
+    e.set_cache_policy("v0", policy(CacheMode::WriteInvalidate)).unwrap();
+    v.write(BS, &pattern(0, 1, 2), false).unwrap();
+    assert!(at_home(&w, 0, 1) == pattern(0, 1, 2) && read(&w, 0, 1) == pattern(0, 1, 2));
+    // A mode change leaves dirty data where it is, and reads find it.
+    e.set_cache_policy("v0", policy(CacheMode::WriteBack)).unwrap();
+    v.write(3 * BS, &pattern(0, 3, 1), false).unwrap();
+    e.set_cache_policy("v0", policy(CacheMode::PassThrough)).unwrap();
+    assert!(read(&w, 0, 3) == pattern(0, 3, 1), "pass-through reads the dirty copy");
+    assert!(at_home(&w, 0, 3) == vec![0u8; BLOCK_BYTES]);
+    let s = stats(&w, 0);
+    assert_eq!((s.write_back_bytes, s.write_through_bytes, s.write_past_bytes), (2 * BS, 2 * BS, 2 * BS), "{s:?}");
+    // Bands engines have no cache policy.
+    let bands = crate::testkit::small_world(&[64]);
+    assert!(matches!(bands.engine.set_cache_policy("v0", CachePolicy::default()), Err(EngineError::Config(_))));
+    assert!(matches!(bands.engine.clean(false), Err(EngineError::Config(_))));
+    e.lock().check_invariants();
+}
+
+/// A block read from home is promoted into the log (clean) on its n-th
+/// miss, then hits; pass-through never promotes; a home written between
+/// the read and its promotion voids it.
+#[test]
+fn reads_promote_blocks_from_home_after_their_misses() {
+    let w = in_place_world(&[64]);
+    let e = &w.engine;
+    // The disk already holds data (as a plain disk would).
+    let home = e.home_offset("v0").unwrap();
+    for lba in 0..64 {
+        write_at(&*e.devices().1, home + lba * BS, &pattern(0, lba, 5)).unwrap();
+    }
+    assert!(read(&w, 0, 1) == pattern(0, 1, 5));
+    assert_eq!((stats(&w, 0).read_miss_bytes, stats(&w, 0).promoted_bytes), (BS, BS));
+    assert!(read(&w, 0, 1) == pattern(0, 1, 5));
+    assert_eq!(stats(&w, 0).read_hit_bytes, BS);
+    assert_eq!(e.cache_report()[0].dirty_bytes, 0, "promoted blocks are clean");
+    e.set_cache_policy("v0", CachePolicy { promote_after_misses: 2, ..CachePolicy::default() }).unwrap();
+    read(&w, 0, 2);
+    assert_eq!(stats(&w, 0).promoted_bytes, BS, "one miss is not enough");
+    read(&w, 0, 2);
+    assert_eq!(stats(&w, 0).promoted_bytes, 2 * BS);
+    e.set_cache_policy("v0", policy(CacheMode::PassThrough)).unwrap();
+    read(&w, 0, 3);
+    assert_eq!(stats(&w, 0).promoted_bytes, 2 * BS, "pass-through promotes nothing");
+    // A stale promotion is dropped.
+    e.set_cache_policy("v0", CachePolicy::default()).unwrap();
+    let gen = e.lock().vols[0].cache.home_gen;
+    e.change(|e, inner| e.write_past_log(inner, 0, 4, 1, Some(&pattern(0, 4, 6)))).unwrap();
+    e.change(|e, inner| e.promote(inner, 0, 4, &pattern(0, 4, 5), gen)).unwrap();
+    assert!(read(&w, 0, 4) == pattern(0, 4, 6), "the old bytes were not promoted over the new home");
+    e.lock().check_invariants();
+}
+
+/// Trimmed dirty blocks are never written home, and counted; zeroed
+/// blocks read as zeros (written home).
+#[test]
+fn a_trim_frees_dirty_blocks_without_touching_the_disk() {
+    let w = in_place_world(&[128]);
+    let (e, v) = (&w.engine, &w.volumes[0]);
+    let data: Vec<u8> = (0..16).flat_map(|l| pattern(0, l, 1)).collect();
+    v.write(0, &data, false).unwrap();
+    v.trim(0, 8 * BS).unwrap();
+    assert_eq!(stats(&w, 0).discarded_dirty_bytes, 8 * BS);
+    v.write_zeroes(8 * BS, 4 * BS, false).unwrap();
+    assert!(read(&w, 0, 9) == vec![0u8; BLOCK_BYTES]);
+    let cap = e.devices().1.stats().host_write_bytes;
+    assert_eq!(e.clean(false).unwrap(), 4 * BS, "only the four blocks neither trimmed nor zeroed");
+    assert!(e.devices().1.stats().host_write_bytes - cap == 4 * BS);
+    assert!(at_home(&w, 0, 12) == pattern(0, 12, 1) && at_home(&w, 0, 2) == vec![0u8; BLOCK_BYTES]);
+}
+
+/// A stream longer than the cutoff goes home past the log (stale cached
+/// copies dropped); random writes stay cached.
+#[test]
+fn a_long_sequential_stream_bypasses_the_cache() {
+    let w = in_place_world(&[1024]);
+    let (e, v) = (&w.engine, &w.volumes[0]);
+    e.set_cache_policy("v0", CachePolicy { seq_cutoff_bytes: 256 << 10, ..CachePolicy::default() }).unwrap();
+    v.write(100 * BS, &pattern(0, 100, 1), false).unwrap();
+    for i in 0..32u64 {
+        let data: Vec<u8> = (i * 16..i * 16 + 16).flat_map(|l| pattern(0, l, 2)).collect();
+        v.write(i * 16 * BS, &data, false).unwrap();
+    }
+    let s = stats(&w, 0);
+    assert_eq!(s.write_back_bytes, BS + (256 << 10), "{s:?}");
+    assert_eq!(s.cutoff_bypass_bytes, (2 << 20) - (256 << 10));
+    assert!(read(&w, 0, 100) == pattern(0, 100, 2) && at_home(&w, 0, 100) == pattern(0, 100, 2));
+    e.set_cache_policy("v0", CachePolicy { seq_cutoff: SeqCutoff::Never, ..CachePolicy::default() }).unwrap();
+    v.write(500 * BS, &vec![1u8; 1 << 20], false).unwrap();
+    v.write((500 + 256) * BS, &vec![1u8; 1 << 20], false).unwrap();
+    assert_eq!(stats(&w, 0).cutoff_bypass_bytes, s.cutoff_bypass_bytes);
+    e.lock().check_invariants();
+}
+
+/// The hazard the head mark guards: a block cached, cleaned and its chunk
+/// freed, then written home past the log (no tombstone: nothing cached)
+/// and flushed. A crash must not bring the freed chunk's old copy back.
+#[test]
+fn a_home_write_after_its_cached_copy_was_freed_survives_a_crash() {
+    let (c, p) = in_place_device_bytes(&[256]);
+    let (cache, capacity) = (Arc::new(CrashDevice::new(c, 4096)), Arc::new(CrashDevice::new(p, 4096)));
+    let w = in_place_world_on(cache.clone(), capacity.clone(), &[256]);
+    let v = &w.volumes[0];
+    v.write(7 * BS, &pattern(0, 7, 1), false).unwrap();
+    // Enough other writes that block 7's chunk is cleaned and freed.
+    for i in 0..600u64 {
+        v.write((100 + i % 150) * BS, &pattern(0, 100 + i % 150, 2), false).unwrap();
+    }
+    assert!(w.engine.lock().vols[0].l2p.get(7).unwrap().is_none(), "block 7 is at home");
+    w.engine.set_cache_policy("v0", policy(CacheMode::WriteAround)).unwrap();
+    v.write(7 * BS, &pattern(0, 7, 3), false).unwrap();
+    v.flush().unwrap();
+    for seed in 0..8 {
+        let (c2, p2) = (Arc::new(cache.crash(seed)), Arc::new(capacity.crash(seed)));
+        let e = Engine::open(c2, p2).unwrap();
+        let mut b = vec![0u8; BLOCK_BYTES];
+        e.volume("v0").unwrap().read(7 * BS, &mut b).unwrap();
+        assert!(b == pattern(0, 7, 3), "seed {seed}: the flushed home write survives");
+    }
+}
+
+/// Crash simulation of the in-place layout: random writes (every mode,
+/// with mode changes), zeroing, trims, flushes, reads and cleaning, then a
+/// crash at a random point and a reopen. Every block must read as its last
+/// flushed version or a version written after it; reopening cleanly after
+/// that must change nothing. Seeds replay exactly (printed on failure);
+/// `SLUICE_IN_PLACE_SEEDS` runs more than the default 400.
+#[test]
+fn in_place_crash_simulation() {
+    let seeds: u64 = std::env::var("SLUICE_IN_PLACE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
+    for seed in 0..seeds {
+        in_place_crash_seed(seed);
+    }
+}
+
+fn in_place_crash_seed(seed: u64) {
+    let mut rng = sluice_media::rng::SplitMix64(seed);
+    let sizes = [96u64, 160];
+    let (c, p) = in_place_device_bytes(&sizes);
+    let (cache, capacity) = (Arc::new(CrashDevice::new(c, 4096)), Arc::new(CrashDevice::new(p, 4096)));
+    let w = in_place_world_on(cache.clone(), capacity.clone(), &sizes);
+    // Per block: the version a flush made durable, and every version since
+    // (u64::MAX: trimmed, anything goes).
+    let mut ok: Vec<Vec<Vec<u64>>> = sizes.iter().map(|&n| vec![vec![0]; n as usize]).collect();
+    let modes = [CacheMode::WriteBack, CacheMode::WriteThrough, CacheMode::WriteAround, CacheMode::WriteInvalidate];
+    let ops = 20 + rng.below(400);
+    for ver in 1..=ops {
+        let v = rng.below(2) as usize;
+        let lba = rng.below(sizes[v]);
+        let n = (1 + rng.below(8)).min(sizes[v] - lba);
+        match rng.below(100) {
+            0..=5 => {
+                let mode = modes[rng.below(4) as usize];
+                let cutoff = [4096, 64 << 10, 1 << 20][rng.below(3) as usize];
+                let p = CachePolicy { mode, seq_cutoff_bytes: cutoff, ..CachePolicy::default() };
+                w.engine.set_cache_policy(&format!("v{v}"), p).unwrap();
+            }
+            6..=7 => {
+                w.volumes[v].trim(lba * BS, n * BS).unwrap();
+                (lba..lba + n).for_each(|l| ok[v][l as usize] = vec![u64::MAX]);
+            }
+            8..=9 => {
+                w.volumes[v].write_zeroes(lba * BS, n * BS, false).unwrap();
+                (lba..lba + n).for_each(|l| ok[v][l as usize].push(0));
+            }
+            10..=14 => {
+                w.volumes[v].flush().unwrap();
+                for m in ok.iter_mut() {
+                    for b in m.iter_mut() {
+                        let last = *b.last().unwrap();
+                        *b = vec![last];
+                    }
+                }
+            }
+            15..=16 => {
+                w.engine.clean(false).unwrap();
+            }
+            17..=24 => {
+                let mut b = vec![0u8; (n * BS) as usize];
+                w.volumes[v].read(lba * BS, &mut b).unwrap();
+                for (i, got) in b.chunks(BLOCK_BYTES).enumerate() {
+                    let l = lba + i as u64;
+                    let last = *ok[v][l as usize].last().unwrap();
+                    assert!(last == u64::MAX || got == want(v, l, last), "seed {seed}: read of volume {v} block {l}");
+                }
+            }
+            _ => {
+                let data: Vec<u8> = (lba..lba + n).flat_map(|l| pattern(v, l, ver)).collect();
+                w.volumes[v].write(lba * BS, &data, rng.below(20) == 0).unwrap();
+                (lba..lba + n).for_each(|l| ok[v][l as usize].push(ver));
+                if rng.below(20) == 0 {
+                    // (a FUA write made everything before it durable too)
+                }
+            }
+        }
+    }
+    w.engine.lock().check_invariants();
+    let crash = rng.next_u64();
+    let (c2, p2) = (Arc::new(cache.crash(crash)), Arc::new(capacity.crash(crash)));
+    let e = Engine::open(c2.clone(), p2.clone()).unwrap_or_else(|err| panic!("seed {seed}: reopen: {err}"));
+    e.lock().check_invariants();
+    let check = |e: &Arc<Engine>, when: &str| {
+        for (v, m) in ok.iter().enumerate() {
+            let vol = e.volume(&format!("v{v}")).unwrap();
+            for (lba, vers) in m.iter().enumerate() {
+                let mut b = vec![0u8; BLOCK_BYTES];
+                vol.read(lba as u64 * BS, &mut b).unwrap();
+                if vers[0] == u64::MAX {
+                    continue;
+                }
+                assert!(
+                    vers.iter().any(|&ver| ver != u64::MAX && b == want(v, lba as u64, ver)),
+                    "seed {seed} {when}: volume {v} block {lba} reads none of versions {vers:?}"
+                );
+            }
+        }
+    };
+    check(&e, "after the crash");
+    // What the reopened engine serves, it keeps through a clean restart and
+    // a detach.
+    let snap: Vec<Vec<u8>> = (0..2)
+        .map(|v| {
+            let mut b = vec![0u8; (sizes[v] * BS) as usize];
+            e.volume(&format!("v{v}")).unwrap().read(0, &mut b).unwrap();
+            b
+        })
+        .collect();
+    e.shutdown().unwrap();
+    drop(e);
+    let e = Engine::open(c2, p2.clone()).unwrap();
+    e.clean(true).unwrap();
+    for (v, want) in snap.iter().enumerate() {
+        let home = e.home_offset(&format!("v{v}")).unwrap();
+        let got = read_at(&*p2, home, want.len()).unwrap();
+        assert!(got[..] == want[..], "seed {seed}: volume {v} on the disk after the detach");
+    }
+}
