@@ -128,6 +128,16 @@ pub struct JobResult {
     pub write_bytes: u64,
     pub read_lat_ns: Histogram,
     pub write_lat_ns: Histogram,
+    /// Device time of the job's first submission and last completion.
+    pub first_ns: Option<u64>,
+    pub last_ns: u64,
+}
+
+impl JobResult {
+    /// Device time from the job's first submission to its last completion.
+    pub fn span_ns(&self) -> u64 {
+        self.first_ns.map_or(0, |f| self.last_ns.saturating_sub(f))
+    }
 }
 
 /// The outcome of a run.
@@ -248,6 +258,8 @@ pub fn run(
             }
             first_ns = Some(first_ns.map_or(c.submitted_ns, |f| f.min(c.submitted_ns)));
             last_ns = last_ns.max(c.completed_ns);
+            result.first_ns = Some(result.first_ns.map_or(c.submitted_ns, |f| f.min(c.submitted_ns)));
+            result.last_ns = result.last_ns.max(c.completed_ns);
             let lat = c.completed_ns - c.submitted_ns;
             let len = c.user_data & ((1 << JOB_SHIFT) - 1);
             match c.op {

@@ -180,6 +180,8 @@ struct Inner {
     sim: Option<SimGate>,
     /// Where compaction puts each volume's blocks (`Engine::set_band_placement`).
     placement: BandPlacement,
+    /// In place: writes spilled while the log's oldest chunk stayed (caching.rs).
+    spill: caching::SpillDebt,
 }
 
 /// The engine: owns the devices and every volume's map.
@@ -309,6 +311,7 @@ impl Inner {
             cfg,
             geo,
             sim: None,
+            spill: Default::default(),
         };
         inner.place_homes();
         inner

@@ -156,6 +156,20 @@ enum Bench {
         #[arg(long)]
         measure: Option<String>,
     },
+    /// Caching over an emulated HDD (the in-place layout): temporary data
+    /// and HDFS-like streams, no cache vs cache-all vs selective caching vs
+    /// SCM only, in virtual time (docs/caching.md).
+    Caching {
+        /// A smaller run (about a minute).
+        #[arg(long)]
+        quick: bool,
+        /// Where to write the JSON rows.
+        #[arg(long, default_value = "target/bench/caching.json")]
+        json: PathBuf,
+        /// Only these cases (comma-separated).
+        #[arg(long)]
+        only: Option<String>,
+    },
     /// Run a fio-style job file on an emulated system in virtual time.
     Job {
         /// The job file ([global] and job sections; see docs/workloads.md).
@@ -586,6 +600,25 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Bench { what } => match what {
             Bench::Media { quick, json, only } => bench_media(quick, &json, only.as_deref()),
             Bench::Csal { quick, json, only, measure } => bench_csal(quick, &json, only.as_deref(), measure.as_deref()),
+            Bench::Caching { quick, json, only } => {
+                use sluice_bench::caching;
+                let o = if quick { caching::CachingOpts::quick() } else { caching::CachingOpts::full() };
+                let t0 = Instant::now();
+                let rows = caching::run_all(&o, only.as_deref())?;
+                println!(
+                    "sluice bench caching ({}): {} MiB of temporary files ({} alive at most), {} HDFS files of {} MiB, \
+                     QD{} per job, emulated SCM cache over a 7200 rpm HDD, virtual time\n",
+                    if quick { "quick" } else { "full" },
+                    o.temp_bytes >> 20,
+                    o.live_files,
+                    o.hdfs_files,
+                    o.hdfs_file_bytes >> 20,
+                    o.iodepth
+                );
+                print!("{}", caching::table(&rows));
+                println!("(wall {:.1} s)", t0.elapsed().as_secs_f64());
+                write_json(&json, &rows)
+            }
             Bench::Job { file, system, capacity, steady_state_drive_writes, json } => {
                 bench_job(&file, &system, capacity.as_deref(), steady_state_drive_writes, json.as_deref())
             }

@@ -12,6 +12,14 @@
 //!   log could take it only after cleaning): home only, and the blocks the
 //!   log held are dropped by a tombstone.
 //!
+//! Spill keeps writes from waiting for the disk's cleaning when the log is
+//! full of dirty data. The background compactor cleans the log meanwhile;
+//! without it, once a log's worth of writes has spilled while the oldest
+//! chunk stayed put, each spilled write cleans as many blocks of it as it
+//! carries (at least `SPILL_CLEAN_BLOCKS_MIN`), so the log always drains —
+//! but short-lived data that trims free first is never written home. Sequential streams are tracked per volume, `STREAMS` at once,
+//! so writers interleaved on one volume keep their own streams.
+//!
 //! Modes follow Open CAS: `wb`, `wt`, `wa`, `wi`, `pt`. A mode may change
 //! at any time: dirty blocks stay where they are and are cleaned as usual,
 //! and every mode reads a cached block from the log, so no mode ever
@@ -94,7 +102,8 @@ pub struct CachePolicy {
     /// (1: at once; 0: never) among the last `PROMOTE_WINDOW` misses.
     pub promote_after_misses: u32,
     /// When the log could take a write only after cleaning, write it home
-    /// instead (counted as spilled) rather than wait for the disk.
+    /// instead (counted as spilled) rather than wait for the disk's
+    /// cleaning (module doc).
     pub spill: bool,
 }
 
@@ -109,6 +118,9 @@ impl Default for CachePolicy {
         }
     }
 }
+
+/// Blocks a spilled write cleans at least when no background compactor runs.
+const SPILL_CLEAN_BLOCKS_MIN: u64 = 16;
 
 /// Distinct blocks whose misses are remembered for promotion: the window
 /// `promote_after_misses` counts in (then forgotten all at once).
@@ -148,12 +160,52 @@ pub(super) struct VolCache {
     pub(super) home: u64,
     /// Bumped by every write to a home of the volume.
     pub(super) home_gen: u64,
-    /// The byte after the last write, and how long the run of writes
-    /// ending there is (sequential cutoff).
-    stream_end: u64,
-    stream_bytes: u64,
+    /// The sequential streams last seen (cutoff): where each ends, how
+    /// long it is, and when it was last extended (`stream_tick`).
+    streams: [Stream; STREAMS],
+    stream_tick: u64,
     /// Misses per block since the window opened (promotion).
     misses: HashMap<u64, u32>,
+}
+
+/// Sequential streams tracked per volume: interleaved writers (a file
+/// system writing several files at once) each keep their own.
+const STREAMS: usize = 16;
+
+#[derive(Clone, Copy, Default)]
+struct Stream {
+    end: u64,
+    bytes: u64,
+    used: u64,
+}
+
+impl VolCache {
+    /// The length of the stream a write of `len` bytes at `offset` extends
+    /// (or starts, in the least recently used slot).
+    fn extend_stream(&mut self, offset: u64, len: u64) -> u64 {
+        self.stream_tick += 1;
+        let slot = match self.streams.iter().position(|s| s.end == offset && s.bytes > 0) {
+            Some(i) => i,
+            None => {
+                let lru = (0..STREAMS).min_by_key(|&i| self.streams[i].used).expect("streams");
+                self.streams[lru] = Stream::default();
+                lru
+            }
+        };
+        let s = &mut self.streams[slot];
+        s.end = offset + len;
+        s.bytes += len;
+        s.used = self.stream_tick;
+        s.bytes
+    }
+}
+
+/// Writes spilled while the oldest chunk (and its epoch) stayed the same
+/// (`Engine::clean_for_spill`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct SpillDebt {
+    head: Option<(ChunkId, u64)>,
+    blocks: u64,
 }
 
 /// Where one write of an in-place volume goes (module doc).
@@ -174,14 +226,11 @@ enum PastWhy {
 impl Inner {
     /// Where a write of `blocks` from `lba0` of `vol` goes, and the stream
     /// it continues.
-    fn route(&mut self, vol: usize, lba0: u64, blocks: u64, spill_ok: bool) -> Result<Route, VolumeError> {
+    fn route(&mut self, vol: usize, lba0: u64, blocks: u64) -> Result<Route, VolumeError> {
         let full = self.log_needs_cleaning(blocks);
         let vc = &mut self.vols[vol].cache;
-        let (offset, len) = (lba0 * BS, blocks * BS);
-        vc.stream_bytes = if offset == vc.stream_end { vc.stream_bytes + len } else { len };
-        vc.stream_end = offset + len;
+        let streaming = vc.extend_stream(lba0 * BS, blocks * BS) > vc.policy.seq_cutoff_bytes;
         let p = vc.policy;
-        let streaming = vc.stream_bytes > p.seq_cutoff_bytes;
         let cut = match p.seq_cutoff {
             SeqCutoff::Always => streaming,
             SeqCutoff::Full => streaming && full,
@@ -202,7 +251,7 @@ impl Inner {
             CacheMode::WriteAround if cached()? => Route::Through,
             CacheMode::WriteAround => Route::Past(PastWhy::Mode),
             CacheMode::WriteThrough => Route::Through,
-            CacheMode::WriteBack if full && p.spill && spill_ok => Route::Past(PastWhy::Spill),
+            CacheMode::WriteBack if full && p.spill => Route::Past(PastWhy::Spill),
             CacheMode::WriteBack => Route::Log,
         })
     }
@@ -219,9 +268,7 @@ impl Engine {
         crcs: &[u32],
         fua: bool,
     ) -> Result<(), VolumeError> {
-        // Spill only while the compactor cleans in the background;
-        // otherwise the log is cleaned here, as compaction would be.
-        let spill_ok = self.bg.on.load(std::sync::atomic::Ordering::Relaxed);
+        let bg = self.bg.on.load(std::sync::atomic::Ordering::Relaxed);
         let mut first = 0;
         let mut home_written = false;
         for &(lba0, data) in writes {
@@ -229,7 +276,7 @@ impl Engine {
             let crc = &crcs[first..first + blocks as usize];
             first += blocks as usize;
             let v = vol as usize;
-            match inner.route(v, lba0, blocks, spill_ok)? {
+            match inner.route(v, lba0, blocks)? {
                 Route::Log => {
                     self.append(inner, vol, &[(lba0, data)], crc, false)?;
                     inner.vols[v].cache.stats.write_back_bytes += data.len() as u64;
@@ -245,6 +292,9 @@ impl Engine {
                 }
                 Route::Past(why) => {
                     self.write_past_log(inner, vol, lba0, blocks, Some(data))?;
+                    if why == PastWhy::Spill && !bg {
+                        self.clean_for_spill(inner, blocks)?;
+                    }
                     let s = &mut inner.vols[v].cache.stats;
                     *match why {
                         PastWhy::Mode => &mut s.write_past_bytes,
@@ -264,6 +314,26 @@ impl Engine {
         Ok(())
     }
 
+    /// A write of `blocks` spilled and no background compactor runs: once
+    /// a whole log's worth of writes has spilled while the oldest chunk
+    /// stayed (nothing else, such as trims of short-lived data, freed it),
+    /// clean as many of its blocks as the write carried (at least
+    /// `SPILL_CLEAN_BLOCKS_MIN`), so the log drains as fast as writes spill.
+    /// Cleaning sooner would write home data about to be deleted.
+    fn clean_for_spill(&self, inner: &mut Inner, blocks: u64) -> Result<(), VolumeError> {
+        let Some(&c) = inner.log.full.front() else { return Ok(()) };
+        let head = (c, inner.log.chunks[c].epoch);
+        if inner.spill.head != Some(head) {
+            inner.spill = SpillDebt { head: Some(head), blocks: 0 };
+        }
+        inner.spill.blocks += blocks;
+        let log_blocks = inner.log.chunks.len() as u64 * inner.blocks_per_chunk();
+        if inner.spill.blocks > log_blocks {
+            self.clean_chunk(inner, c, blocks.max(SPILL_CLEAN_BLOCKS_MIN))?;
+        }
+        Ok(())
+    }
+
     /// Mark the cached copies of `blocks` from `lba0` of `vol` clean.
     fn mark_range_clean(&self, inner: &mut Inner, vol: usize, lba0: u64, blocks: u64) -> Result<(), VolumeError> {
         for lba in lba0..lba0 + blocks {
@@ -274,9 +344,10 @@ impl Engine {
         Ok(())
     }
 
-    /// After a read of `data` from `lba0` of `vol` that found blocks at
-    /// home, when no home of the volume was written since (`gen`): log the
-    /// blocks still at home whose promotion is due, marked clean.
+    /// After a read of `data` from `lba0` of `vol` (`missed`: it found
+    /// blocks at home), when no home of the volume was written since
+    /// (`gen`) and the read is not part of a stream past the cutoff: log
+    /// the blocks still at home whose promotion is due, marked clean.
     pub(super) fn promote(
         &self,
         inner: &mut Inner,
@@ -284,10 +355,16 @@ impl Engine {
         lba0: u64,
         data: &[u8],
         gen: u64,
+        missed: bool,
     ) -> Result<(), VolumeError> {
         let v = vol as usize;
         let p = inner.vols[v].cache.policy;
-        if p.mode == CacheMode::PassThrough || p.promote_after_misses == 0 || inner.vols[v].cache.home_gen != gen {
+        // Reads are streams too: a sequential read past the cutoff (a
+        // scan, a bulk file read back) is not promoted.
+        let vc = &mut inner.vols[v].cache;
+        let stream = vc.extend_stream(lba0 * BS, data.len() as u64);
+        let cut = p.seq_cutoff != SeqCutoff::Never && stream > p.seq_cutoff_bytes;
+        if !missed || cut || p.mode == CacheMode::PassThrough || p.promote_after_misses == 0 || vc.home_gen != gen {
             return Ok(());
         }
         let mut due: Vec<(u64, &[u8])> = Vec::new();
@@ -307,8 +384,10 @@ impl Engine {
                 due.push((lba, block));
             }
         }
-        // A promotion never waits for cleaning: it is skipped instead.
-        if due.is_empty() || inner.log_needs_cleaning(due.len() as u64) {
+        // A promotion never makes the log reclaim a chunk (let alone clean
+        // one): it takes room the log has to spare, or is skipped.
+        let room = inner.log.open.is_some_and(|(_, off)| off + 1 + due.len() as u64 <= inner.blocks_per_chunk());
+        if due.is_empty() || (!room && inner.log.free.len() <= inner.cfg.log_free_chunks_min) {
             return Ok(());
         }
         let crcs: Vec<u32> = due.iter().map(|d| crc32c(d.1)).collect();

@@ -258,6 +258,7 @@ pub(super) fn decode_checkpoint(
         geo,
         sim: None,
         placement: BandPlacement::PerVolume,
+        spill: Default::default(),
     };
     inner.place_homes();
     inner.check_invariants_unless_paged();

@@ -71,14 +71,16 @@ impl Inner {
         }
     }
 
-    /// Whether the next `blocks` logged would have to wait for cleaning:
-    /// the open chunk has no room, free chunks are at the reserve, and the
-    /// oldest chunk still holds dirty blocks.
+    /// Whether the next `blocks` logged would have to wait for cleaning
+    /// worth avoiding: the open chunk has no room, free chunks are at the
+    /// reserve, and at least half the oldest chunk is dirty (a few dirty
+    /// blocks — the start of a long-lived file, say — are cheaper to clean
+    /// than every later write is to spill).
     pub(super) fn log_needs_cleaning(&self, blocks: u64) -> bool {
         let room = self.log.open.is_some_and(|(_, off)| off + 1 + blocks <= self.blocks_per_chunk());
         !room
             && self.log.free.len() <= self.cfg.log_free_chunks_min
-            && self.log.full.front().is_some_and(|&c| self.log.chunks[c].dirty > 0)
+            && self.log.full.front().is_some_and(|&c| 2 * self.log.chunks[c].dirty as u64 >= self.blocks_per_chunk())
     }
 }
 

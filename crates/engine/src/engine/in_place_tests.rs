@@ -164,7 +164,7 @@ fn reads_promote_blocks_from_home_after_their_misses() {
     e.set_cache_policy("v0", CachePolicy::default()).unwrap();
     let gen = e.lock().vols[0].cache.home_gen;
     e.change(|e, inner| e.write_past_log(inner, 0, 4, 1, Some(&pattern(0, 4, 6)))).unwrap();
-    e.change(|e, inner| e.promote(inner, 0, 4, &pattern(0, 4, 5), gen)).unwrap();
+    e.change(|e, inner| e.promote(inner, 0, 4, &pattern(0, 4, 5), gen, true)).unwrap();
     assert!(read(&w, 0, 4) == pattern(0, 4, 6), "the old bytes were not promoted over the new home");
     e.lock().check_invariants();
 }
@@ -306,9 +306,6 @@ fn in_place_crash_seed(seed: u64) {
                 let data: Vec<u8> = (lba..lba + n).flat_map(|l| pattern(v, l, ver)).collect();
                 w.volumes[v].write(lba * BS, &data, rng.below(20) == 0).unwrap();
                 (lba..lba + n).for_each(|l| ok[v][l as usize].push(ver));
-                if rng.below(20) == 0 {
-                    // (a FUA write made everything before it durable too)
-                }
             }
         }
     }
@@ -352,4 +349,56 @@ fn in_place_crash_seed(seed: u64) {
         let got = read_at(&*p2, home, want.len()).unwrap();
         assert!(got[..] == want[..], "seed {seed}: volume {v} on the disk after the detach");
     }
+}
+
+/// A log full of dirty data that lives on: writes spill home instead of
+/// waiting for cleaning, each spilled write cleans its share of the oldest
+/// chunk (no background compactor here), so the log drains and writes are
+/// cached again; every block reads its last version. Without spill, the
+/// same writes are cleaned into the log instead.
+#[test]
+fn a_full_log_spills_writes_home_and_drains() {
+    let blocks = 2048u64;
+    let w = in_place_world(&[blocks]);
+    let (e, v) = (&w.engine, &w.volumes[0]);
+    let mut model = vec![0u64; blocks as usize];
+    let mut rng = sluice_media::rng::SplitMix64(3);
+    for ver in 1..=3000u64 {
+        let lba = rng.below(blocks);
+        v.write(lba * BS, &pattern(0, lba, ver), false).unwrap();
+        model[lba as usize] = ver;
+    }
+    let s = stats(&w, 0);
+    assert!(s.spill_bytes > 0 && s.write_back_bytes > 0, "{s:?}");
+    assert!(s.cleaned_bytes > 0, "spilled writes cleaned the oldest chunk");
+    for (lba, &ver) in model.iter().enumerate() {
+        assert!(read(&w, 0, lba as u64) == want(0, lba as u64, ver), "block {lba}");
+    }
+    e.lock().check_invariants();
+    e.set_cache_policy("v0", CachePolicy { spill: false, ..CachePolicy::default() }).unwrap();
+    let spilled = stats(&w, 0).spill_bytes;
+    for ver in 3001..=3500u64 {
+        let lba = rng.below(blocks);
+        v.write(lba * BS, &pattern(0, lba, ver), false).unwrap();
+    }
+    assert_eq!(stats(&w, 0).spill_bytes, spilled, "no spill when it is off");
+}
+
+/// Two sequential writers interleaved on one volume each keep their
+/// stream: both pass the cutoff.
+#[test]
+fn interleaved_streams_are_each_cut_off() {
+    let w = in_place_world(&[2048]);
+    let (e, v) = (&w.engine, &w.volumes[0]);
+    e.set_cache_policy("v0", CachePolicy { seq_cutoff_bytes: 128 << 10, ..CachePolicy::default() }).unwrap();
+    for i in 0..32u64 {
+        for base in [0u64, 1024] {
+            let lba = base + i * 16;
+            let data: Vec<u8> = (lba..lba + 16).flat_map(|l| pattern(0, l, 1)).collect();
+            v.write(lba * BS, &data, false).unwrap();
+        }
+    }
+    let s = stats(&w, 0);
+    assert_eq!(s.write_back_bytes, 2 * (128 << 10), "{s:?}");
+    assert_eq!(s.cutoff_bypass_bytes, 2 * ((2 << 20) - (128 << 10)));
 }

@@ -153,8 +153,17 @@ impl Engine {
                 mapped.push(lba);
             }
         }
+        // In place, the copies leave the maps before the tombstones take log
+        // space: that may reclaim the oldest chunk, which must not clean
+        // home the very blocks being trimmed. (A crash before the
+        // tombstones are durable brings back older bytes, which a trim
+        // allows.) With bands, the tombstones come first (segments.rs,
+        // rule 3).
+        let in_place = inner.in_place();
         for part in mapped.chunks(RECORD_BLOCKS_MAX) {
-            self.log_tombstones(inner, vol, part)?;
+            if !in_place {
+                self.log_tombstones(inner, vol, part)?;
+            }
             for &lba in part {
                 let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
                 if let (true, Some(cb)) = (discard && inner.in_place(), old.cache_block()) {
@@ -165,6 +174,9 @@ impl Engine {
                 }
                 inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
                 inner.invalidate(old);
+            }
+            if in_place {
+                self.log_tombstones(inner, vol, part)?;
             }
         }
         Ok(())
