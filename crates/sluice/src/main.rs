@@ -73,6 +73,14 @@ enum Cmd {
         #[arg(long)]
         salvage: bool,
     },
+    /// In-place engines (docs/caching.md), with the server stopped: write
+    /// every dirty block home and shut down cleanly, so that the capacity
+    /// device alone holds every volume (each from the byte it prints).
+    Clean {
+        /// TOML config (docs/serve.md), as for `serve`.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Reproducible experiments.
     Bench {
         #[command(subcommand)]
@@ -591,6 +599,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 let _ = std::io::stdout().flush();
                 std::process::exit(1);
             }
+            Ok(())
+        }
+        Cmd::Clean { config } => {
+            print!("{}", serve::clean(&serve::Config::load(config.as_deref())?)?);
             Ok(())
         }
         Cmd::Format { config, force } => {

@@ -12,7 +12,7 @@
 
 use serde::Serialize;
 use sluice_engine::metrics::QUANTILES;
-use sluice_engine::{Engine, EngineSnapshot};
+use sluice_engine::{CacheMode, CacheReport, Engine, EngineSnapshot};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -196,7 +196,51 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
         let waf = if st.media_program_bytes == 0 && st.host_write_bytes > 0 { 1.0 } else { st.device_waf() };
         let _ = writeln!(o, "sluice_device_waf{{device=\"{dev}\"}} {waf}");
     }
+    render_cache(&mut o, s);
     o
+}
+
+/// The in-place cache's per-volume families (docs/caching.md): the mode,
+/// cached and dirty bytes, and every `CacheStats` counter.
+fn render_cache(o: &mut String, s: &EngineSnapshot) {
+    if s.cache.is_empty() {
+        return;
+    }
+    let family = |o: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    family(o, "sluice_cache_mode", "gauge", "1 for the volume's cache mode (wb, wt, wa, wi, pt).");
+    for c in &s.cache {
+        let mode = match c.policy.mode {
+            CacheMode::WriteBack => "wb",
+            CacheMode::WriteThrough => "wt",
+            CacheMode::WriteAround => "wa",
+            CacheMode::WriteInvalidate => "wi",
+            CacheMode::PassThrough => "pt",
+        };
+        let _ = writeln!(o, "sluice_cache_mode{{volume=\"{}\",mode=\"{mode}\"}} 1", c.volume);
+    }
+    for (name, help, get) in [
+        (
+            "sluice_cache_cached_bytes",
+            "Bytes of the volume current in the log.",
+            (|c: &CacheReport| c.cached_bytes) as fn(&CacheReport) -> u64,
+        ),
+        ("sluice_cache_dirty_bytes", "Bytes in the log not yet written home.", |c: &CacheReport| c.dirty_bytes),
+    ] {
+        family(o, name, "gauge", help);
+        for c in &s.cache {
+            let _ = writeln!(o, "{name}{{volume=\"{}\"}} {}", c.volume, get(c));
+        }
+    }
+    let per_volume: Vec<Vec<(String, f64)>> = s.cache.iter().map(|c| fields(&c.stats)).collect();
+    for (i, (k, _)) in per_volume.first().map(|f| f.as_slice()).unwrap_or(&[]).iter().enumerate() {
+        let name = format!("sluice_cache_{k}_total");
+        family(o, &name, "counter", "Cache counter (docs/caching.md).");
+        for (c, f) in s.cache.iter().zip(&per_volume) {
+            let _ = writeln!(o, "{name}{{volume=\"{}\"}} {}", c.volume, f[i].1);
+        }
+    }
 }
 
 /// Serve `GET /metrics` on `listener` from a background thread.
@@ -256,6 +300,11 @@ pub fn scrape(addr: &str) -> Result<BTreeMap<String, f64>, String> {
     if !head.starts_with("HTTP/1.1 200") {
         return Err(format!("metrics endpoint {addr}: {}", head.lines().next().unwrap_or("")));
     }
+    parse(body)
+}
+
+/// The samples of an exposition: metric name with labels → value.
+fn parse(body: &str) -> Result<BTreeMap<String, f64>, String> {
     let mut out = BTreeMap::new();
     for line in body.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
         let (k, v) = line.rsplit_once(' ').ok_or_else(|| format!("metrics line {line:?}"))?;
@@ -279,6 +328,27 @@ pub struct VolumeStats {
     pub read_p99_us: f64,
     pub write_p50_us: f64,
     pub write_p99_us: f64,
+    /// In-place engines: the cache's view of the volume over the interval.
+    pub cache: Option<CacheVolumeStats>,
+}
+
+/// One in-place volume's cache over a `sluice stats` interval (rates in
+/// MiB/s; occupancy now). The `casadm -P` report is the model.
+#[derive(Clone, Debug, Serialize)]
+pub struct CacheVolumeStats {
+    pub mode: String,
+    pub cached_mib: f64,
+    pub dirty_mib: f64,
+    /// Share of the interval's read bytes found in the log.
+    pub read_hit_ratio: f64,
+    pub write_back_mib_per_s: f64,
+    pub write_through_mib_per_s: f64,
+    pub write_past_mib_per_s: f64,
+    pub cutoff_bypass_mib_per_s: f64,
+    pub spill_mib_per_s: f64,
+    pub promoted_mib_per_s: f64,
+    pub cleaning_mib_per_s: f64,
+    pub discarded_dirty_mib_per_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -296,6 +366,39 @@ pub struct Stats {
     /// compactor, and the share of the interval writes spent paced by it.
     pub background_compaction_ratio: f64,
     pub throttled_seconds_per_s: f64,
+}
+
+/// The cache's counters of volume `v` over the interval, if it has any.
+fn cache_stats(
+    a: &BTreeMap<String, f64>,
+    b: &BTreeMap<String, f64>,
+    v: &str,
+    interval_s: f64,
+) -> Option<CacheVolumeStats> {
+    let mode = ["wb", "wt", "wa", "wi", "pt"]
+        .into_iter()
+        .find(|m| b.contains_key(&format!("sluice_cache_mode{{volume=\"{v}\",mode=\"{m}\"}}")))?;
+    let g = |m: &BTreeMap<String, f64>, k: &str| {
+        m.get(&format!("sluice_cache_{k}{{volume=\"{v}\"}}")).copied().unwrap_or(0.0)
+    };
+    let mib = 1024.0 * 1024.0;
+    let delta = |k: &str| g(b, k) - g(a, k);
+    let rate = |k: &str| delta(k) / interval_s / mib;
+    let (hit, miss) = (delta("read_hit_bytes_total"), delta("read_miss_bytes_total"));
+    Some(CacheVolumeStats {
+        mode: mode.to_string(),
+        cached_mib: g(b, "cached_bytes") / mib,
+        dirty_mib: g(b, "dirty_bytes") / mib,
+        read_hit_ratio: if hit + miss > 0.0 { hit / (hit + miss) } else { 0.0 },
+        write_back_mib_per_s: rate("write_back_bytes_total"),
+        write_through_mib_per_s: rate("write_through_bytes_total"),
+        write_past_mib_per_s: rate("write_past_bytes_total"),
+        cutoff_bypass_mib_per_s: rate("cutoff_bypass_bytes_total"),
+        spill_mib_per_s: rate("spill_bytes_total"),
+        promoted_mib_per_s: rate("promoted_bytes_total"),
+        cleaning_mib_per_s: rate("cleaned_bytes_total"),
+        discarded_dirty_mib_per_s: rate("discarded_dirty_bytes_total"),
+    })
 }
 
 /// Rates from two scrapes `interval_s` apart.
@@ -325,6 +428,7 @@ pub fn stats(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>, interval_s: f
                 read_p99_us: lat("read", "0.99"),
                 write_p50_us: lat("write", "0.5"),
                 write_p99_us: lat("write", "0.99"),
+                cache: cache_stats(a, b, &v, interval_s),
                 volume: v,
             }
         })
@@ -371,6 +475,41 @@ pub fn print_table(s: &Stats) {
             v.write_p99_us
         );
     }
+    if s.volumes.iter().any(|v| v.cache.is_some()) {
+        println!(
+            "{:<16} {:>4} {:>9} {:>9} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "cache (MiB/s)",
+            "mode",
+            "cached MiB",
+            "dirty MiB",
+            "hit %",
+            "wr back",
+            "wr thru",
+            "wr past",
+            "cutoff",
+            "spill",
+            "cleaned",
+            "discard"
+        );
+        for v in &s.volumes {
+            let Some(c) = &v.cache else { continue };
+            println!(
+                "{:<16} {:>4} {:>9.1} {:>9.1} {:>6.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+                v.volume,
+                c.mode,
+                c.cached_mib,
+                c.dirty_mib,
+                c.read_hit_ratio * 100.0,
+                c.write_back_mib_per_s,
+                c.write_through_mib_per_s,
+                c.write_past_mib_per_s,
+                c.cutoff_bypass_mib_per_s,
+                c.spill_mib_per_s,
+                c.cleaning_mib_per_s,
+                c.discarded_dirty_mib_per_s
+            );
+        }
+    }
     println!(
         "cache occupancy {:.1} %, host WAF {:.2}, device WAF cache {:.2} capacity {:.2}, \
          compaction {:.1} MiB/s ({:.0} % in the background), writes paced {:.2} s/s, GC {:.1} MiB/s, \
@@ -386,4 +525,43 @@ pub fn print_table(s: &Stats) {
         s.nbd_connections,
         s.interval_s
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_engine::{EngineConfig, Layout, Volume, VolumeSpec};
+    use sluice_media::{BlockDevice, MemoryDevice};
+
+    /// An in-place engine's cache counters reach the exposition, per volume,
+    /// and `sluice stats` turns two scrapes into the cache table's rates.
+    #[test]
+    fn the_cache_counters_are_exported_and_rated() {
+        let cache: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(16 << 20, 4096));
+        let capacity: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(80 << 20, 4096));
+        let cfg = EngineConfig { chunk_bytes: 1 << 20, layout: Layout::InPlace, ..EngineConfig::default() };
+        let e = Engine::create(cache, capacity, cfg, &[VolumeSpec { name: "v".into(), size_bytes: 64 << 20 }]).unwrap();
+        let v = e.volume("v").unwrap();
+        let a = parse(&render(&e.snapshot(), &NbdCounters::default())).unwrap();
+        v.write(0, &vec![7u8; 64 << 10], false).unwrap();
+        v.write(1 << 20, &vec![7u8; 2 << 20], false).unwrap();
+        v.trim(0, 32 << 10).unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        v.read(0, &mut buf).unwrap();
+        let text = render(&e.snapshot(), &NbdCounters::default());
+        assert!(text.contains("# TYPE sluice_cache_discarded_dirty_bytes_total counter"));
+        let b = parse(&text).unwrap();
+        assert_eq!(b["sluice_cache_mode{volume=\"v\",mode=\"wb\"}"], 1.0);
+        assert_eq!(b["sluice_cache_discarded_dirty_bytes_total{volume=\"v\"}"], (32 << 10) as f64);
+        let st = stats(&a, &b, 1.0);
+        let c = st.volumes[0].cache.as_ref().expect("an in-place volume has cache stats");
+        assert_eq!(c.mode, "wb");
+        // The 2 MiB write is a stream past the 1 MiB cutoff by itself; the
+        // 64 KiB one was cached, half of it then trimmed (and read back
+        // from home).
+        assert_eq!(c.cutoff_bypass_mib_per_s, 2.0);
+        assert_eq!(c.write_back_mib_per_s, 64.0 / 1024.0);
+        assert_eq!(c.dirty_mib, 32.0 / 1024.0);
+        assert_eq!(c.read_hit_ratio, 0.5);
+    }
 }

@@ -671,13 +671,44 @@ fn format_on(cfg: &Config, force: bool, opened: &[OpenedDevice]) -> Result<Strin
 /// `sluice check`: scan both devices read-only and report (text or JSON);
 /// with `salvage`, open accepting the damage (docs/serve.md) and shut down
 /// cleanly. Returns the report text and whether damage was found.
-pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), ServeError> {
+/// `sluice clean`: open an in-place engine (the server stopped), write every
+/// dirty block home, shut it down cleanly. The capacity device alone then
+/// holds every volume (docs/caching.md); returns what to tell the operator.
+pub fn clean(cfg: &Config) -> Result<String, ServeError> {
+    let (cache, capacity) = existing_devices(cfg, "sluice clean")?;
+    let _lock = DirLock::take(&cfg.data_dir)?;
+    let (cache, capacity) = (cfg.open_device("cache", cache)?.dev, cfg.open_device("capacity", capacity)?.dev);
+    let e = Engine::open(cache, capacity)?;
+    let wrote = match e.clean(true) {
+        Ok(n) => n,
+        Err(err) => {
+            // Leave it as found: shut down cleanly before reporting.
+            e.shutdown()?;
+            return Err(err.into());
+        }
+    };
+    let snap = e.snapshot();
+    e.shutdown()?;
+    let homes: Vec<String> = (snap.volumes.iter())
+        .map(|v| format!("{} at byte {} ({} bytes)", v.name, e.home_offset(&v.name).unwrap_or(0), v.size_bytes))
+        .collect();
+    Ok(format!(
+        "sluice: wrote {} bytes home; the capacity device {} alone now holds every volume: {}\n",
+        wrote,
+        cfg.device_label("capacity"),
+        homes.join(", ")
+    ))
+}
+
+/// The config's two devices, which must be files that exist (`what`: the
+/// command, for the error).
+fn existing_devices<'a>(cfg: &'a Config, what: &str) -> Result<(&'a DeviceConfig, &'a DeviceConfig), ServeError> {
     for which in ["cache", "capacity"] {
         let d = if which == "cache" { &cfg.cache } else { &cfg.capacity };
         if d.kind != "file" {
             return Err(ServeError::Config {
                 path: format!("{which}.kind"),
-                msg: "sluice check reads file or block devices (a memory device holds nothing between runs)".into(),
+                msg: format!("{what} reads file or block devices (a memory device holds nothing between runs)"),
             });
         }
         let path = cfg.in_data_dir(&d.file_path(which));
@@ -685,6 +716,11 @@ pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), 
             return Err(ServeError::Device(format!("the {which} device {} does not exist", path.display())));
         }
     }
+    Ok((&cfg.cache, &cfg.capacity))
+}
+
+pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), ServeError> {
+    existing_devices(cfg, "sluice check")?;
     let _lock = DirLock::take(&cfg.data_dir)?;
     let cache = cfg.open_device("cache", &cfg.cache)?.dev;
     let capacity = cfg.open_device("capacity", &cfg.capacity)?.dev;

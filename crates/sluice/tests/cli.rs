@@ -82,3 +82,53 @@ fn sim_runs_a_seed_range_and_reports_its_crashes() {
     let bad = sluice().args(["sim", "--seeds", "x"]).output().unwrap();
     assert!(!bad.status.success());
 }
+
+/// `sluice bench caching` writes the documented JSON keys for the cases it
+/// ran; `sluice clean` on an engine that is not in place refuses, clearly,
+/// and leaves it as it was (a later `sluice check` finds it clean).
+#[test]
+fn bench_caching_writes_its_rows_and_clean_refuses_a_bands_engine() {
+    let dir = tmp("caching");
+    let json = dir.join("caching.json");
+    let out = sluice()
+        .args(["bench", "caching", "--quick", "--only", "no-cache,selective-volume", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        for key in [
+            "case",
+            "hdd_bytes_written",
+            "hdd_busy_s",
+            "temp_mib_per_s",
+            "spill_bytes",
+            "cutoff_bypass_fraction",
+            "errors",
+        ] {
+            assert!(r.get(key).is_some(), "missing {key} in {r}");
+        }
+        assert!(r["errors"].as_array().unwrap().is_empty(), "{r}");
+    }
+    let config = dir.join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[cache]\nsize = \"64m\"\n[capacity]\nsize = \"1g\"\n[engine]\nchunk_size = \"4m\"\n\
+             band_size = \"32m\"\n[[volume]]\nname = \"default\"\nsize = \"256m\"\n",
+            dir.join("data")
+        ),
+    )
+    .unwrap();
+    let out = sluice().args(["format", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = sluice().args(["clean", "--config"]).arg(&config).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("in-place"), "{err}");
+    let out = sluice().args(["check", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let _ = std::fs::remove_dir_all(&dir);
+}

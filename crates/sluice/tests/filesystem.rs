@@ -53,6 +53,11 @@ struct Mounted {
 impl Mounted {
     /// nbdfuse + losetup (+ mkfs.ext4 when `format`) + mount.
     fn new(dir: &Path, port: u16, format: bool) -> Mounted {
+        Mounted::with_options(dir, port, format, "defaults")
+    }
+
+    /// `new`, mounting with `options` (`mount -o`).
+    fn with_options(dir: &Path, port: u16, format: bool, options: &str) -> Mounted {
         let (fuse_dir, mnt) = (dir.join("fuse"), dir.join("mnt"));
         std::fs::create_dir_all(&fuse_dir).unwrap();
         std::fs::create_dir_all(&mnt).unwrap();
@@ -81,7 +86,7 @@ impl Mounted {
         if format {
             sh("mkfs.ext4", &["-q", "-F", &dev]);
         }
-        sh("mount", &[&dev, m.mnt.to_str().unwrap()]);
+        sh("mount", &["-o", options, &dev, m.mnt.to_str().unwrap()]);
         m.mounted = true;
         m
     }
@@ -97,7 +102,20 @@ impl Mounted {
         self.mounted = false;
         let dev = self.loop_dev.take().unwrap();
         sh("losetup", &["-d", &dev]);
-        sh("umount", &[self.fuse_dir.to_str().unwrap()]);
+        // The loop device lets go of the file asynchronously: a moment of
+        // "target is busy" is expected, a lasting one is not.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let fuse = self.fuse_dir.to_str().unwrap().to_string();
+        while Command::new("umount")
+            .arg(&fuse)
+            .stdin(Stdio::null())
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            assert!(Instant::now() < deadline, "umount {fuse} stayed busy");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let mut child = self.nbdfuse.take().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         while child.try_wait().expect("nbdfuse status").is_none() {
@@ -123,6 +141,86 @@ impl Drop for Mounted {
     }
 }
 
+/// A file (or its first `bytes`) mounted read-only through a loop device
+/// of its own; dropping it unmounts and detaches.
+struct Direct {
+    mnt: PathBuf,
+    loop_dev: Option<String>,
+    mounted: bool,
+}
+
+impl Direct {
+    fn new(file: &Path, bytes: u64, mnt: &Path) -> Direct {
+        std::fs::create_dir_all(mnt).unwrap();
+        let size = bytes.to_string();
+        let args = ["-f", "--show", "-r", "--sizelimit", &size, "--sector-size", "4096", file.to_str().unwrap()];
+        let mut d = Direct { mnt: mnt.to_path_buf(), loop_dev: Some(sh("losetup", &args)), mounted: false };
+        let dev = d.loop_dev.clone().unwrap();
+        sh("mount", &["-o", "ro", &dev, mnt.to_str().unwrap()]);
+        d.mounted = true;
+        d
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        if self.mounted {
+            try_sh("umount", &[self.mnt.to_str().unwrap()]);
+        }
+        if let Some(dev) = self.loop_dev.take() {
+            try_sh("losetup", &["-d", &dev]);
+        }
+    }
+}
+
+/// A metrics sample (name with labels) from the server's endpoint.
+fn metric(addr: &str, key: &str) -> f64 {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    let line = text.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key} in the metrics"));
+    line.rsplit_once(' ').unwrap().1.parse().unwrap()
+}
+
+/// The tests here share the machine's loop devices and FUSE: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds the machine's loop devices and FUSE for one test, once the tools,
+/// root and /dev/fuse are there (fails, never skips, without them).
+fn prerequisites() -> std::sync::MutexGuard<'static, ()> {
+    let one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for bin in ["nbdfuse", "losetup", "mkfs.ext4", "mount", "umount", "timeout"] {
+        need(bin);
+    }
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (losetup, mount)");
+    assert!(Path::new("/dev/fuse").exists(), "this test needs /dev/fuse");
+    one
+}
+
+/// Twelve files in three directories, 1 byte to 5 MiB.
+fn sample_files() -> Vec<(String, Vec<u8>)> {
+    (0..12u64)
+        .map(|i| (format!("dir{}/file{i}", i % 3), contents(i, [5 << 20, 4096, 100_000, 1][i as usize % 4])))
+        .collect()
+}
+
+/// Start the server again, mount the filesystem and find every file as
+/// written; then stop and remove the test's directory.
+fn assert_served_after_restart(config: &Path, dir: &Path, files: &[(String, Vec<u8>)]) {
+    let (server, port) = start(config);
+    let fs = Mounted::new(dir, port, false);
+    for (name, data) in files {
+        let got = std::fs::read(fs.path(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(got == *data, "{name}: {} bytes read back differ from the {} written", got.len(), data.len());
+    }
+    fs.close();
+    stop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Deterministic file contents.
 fn contents(seed: u64, len: usize) -> Vec<u8> {
     let mut rng = sluice_media::rng::SplitMix64(seed);
@@ -131,16 +229,9 @@ fn contents(seed: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn ext4_on_nbdfuse_and_a_loop_device_survives_a_server_restart() {
-    for bin in ["nbdfuse", "losetup", "mkfs.ext4", "mount", "umount", "timeout"] {
-        need(bin);
-    }
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (losetup, mount)");
-    assert!(Path::new("/dev/fuse").exists(), "this test needs /dev/fuse");
+    let _one = prerequisites();
     let (dir, config) = small_config("ext4");
-    let files: Vec<(String, Vec<u8>)> = (0..12u64)
-        .map(|i| (format!("dir{}/file{i}", i % 3), contents(i, [5 << 20, 4096, 100_000, 1][i as usize % 4])))
-        .collect();
+    let files = sample_files();
 
     let (server, port) = start(&config);
     let fs = Mounted::new(&dir, port, true);
@@ -153,13 +244,62 @@ fn ext4_on_nbdfuse_and_a_loop_device_survives_a_server_restart() {
     fs.close();
     stop(server);
 
-    let (server, port) = start(&config);
-    let fs = Mounted::new(&dir, port, false);
+    assert_served_after_restart(&config, &dir, &files);
+}
+
+/// Caching over a plain disk, end to end: an in-place engine serves ext4
+/// mounted with `discard`. Big files go past the cache (sequential
+/// cutoff), small ones stay in it, deleted files' dirty blocks are dropped
+/// (trims) — each visible in the metrics. With the server stopped, `sluice
+/// clean` writes every dirty block home, and the capacity file alone,
+/// mounted through a loop device of its own, holds every file. The engine
+/// then still serves them.
+#[test]
+fn ext4_on_an_in_place_volume_is_on_the_disk_alone_after_sluice_clean() {
+    let _one = prerequisites();
+    let (dir, config) = small_config("ext4-in-place");
+    let text = std::fs::read_to_string(&config).unwrap().replace("[engine]\n", "[engine]\nlayout = \"in-place\"\n");
+    std::fs::write(&config, text).unwrap();
+    let files = sample_files();
+
+    let (server, port, metrics) = start_with_metrics(&config);
+    let fs = Mounted::with_options(&dir, port, true, "discard");
     for (name, data) in &files {
-        let got = std::fs::read(fs.path(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(got == *data, "{name}: {} bytes read back differ from the {} written", got.len(), data.len());
+        let p = fs.path(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, data).unwrap();
     }
+    // Temporary files: written, synced, deleted (ext4 sends the trims).
+    for i in 0..8u64 {
+        std::fs::write(fs.path(&format!("tmp{i}")), contents(100 + i, 256 << 10)).unwrap();
+    }
+    sh("sync", &[]);
+    for i in 0..8u64 {
+        std::fs::remove_file(fs.path(&format!("tmp{i}"))).unwrap();
+    }
+    sh("sync", &[]);
+    let key = |k: &str| format!("sluice_cache_{k}{{volume=\"default\"}}");
+    assert!(metric(&metrics, &key("cutoff_bypass_bytes_total")) >= (4 << 20) as f64, "big files bypass the cache");
+    assert!(metric(&metrics, &key("write_back_bytes_total")) > 0.0);
+    assert!(metric(&metrics, &key("discarded_dirty_bytes_total")) > 0.0, "deleted files were never written home");
     fs.close();
     stop(server);
-    let _ = std::fs::remove_dir_all(&dir);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["clean", "--config"]).arg(&config).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.contains("default at byte 0"), "sluice clean: {said}");
+    {
+        let disk = Direct::new(&dir.join("data").join("capacity.img"), 256 << 20, &dir.join("direct"));
+        for (name, data) in &files {
+            let got = std::fs::read(disk.mnt.join(name)).unwrap_or_else(|e| panic!("{name} on the disk alone: {e}"));
+            assert!(
+                got == *data,
+                "{name} on the disk alone: {} bytes differ from the {} written",
+                got.len(),
+                data.len()
+            );
+        }
+    }
+
+    assert_served_after_restart(&config, &dir, &files);
 }

@@ -414,30 +414,7 @@ impl Engine {
     /// Each volume's cache policy and counters, with its dirty and cached
     /// bytes (in-place engines; empty otherwise).
     pub fn cache_report(&self) -> Vec<CacheReport> {
-        let inner = self.lock();
-        if !inner.in_place() {
-            return Vec::new();
-        }
-        let mut rep: Vec<CacheReport> = (inner.vols.iter())
-            .map(|v| CacheReport {
-                volume: v.name.clone(),
-                policy: v.cache.policy,
-                stats: v.cache.stats,
-                cached_bytes: 0,
-                dirty_bytes: 0,
-            })
-            .collect();
-        for ch in &inner.log.chunks {
-            for (i, &(v, _)) in ch.p2l.iter().enumerate() {
-                if v != u32::MAX {
-                    rep[v as usize].cached_bytes += BS;
-                    if !ch.clean[i] {
-                        rep[v as usize].dirty_bytes += BS;
-                    }
-                }
-            }
-        }
-        rep
+        self.lock().cache_report()
     }
 
     /// Write every dirty block home and make the disk durable; then, with
@@ -463,6 +440,35 @@ impl Engine {
         let inner = self.lock();
         let v = inner.vols.iter().position(|v| v.name == name)?;
         inner.in_place().then(|| inner.vols[v].cache.home * BS)
+    }
+}
+
+impl Inner {
+    /// `Engine::cache_report` under the lock.
+    pub(super) fn cache_report(&self) -> Vec<CacheReport> {
+        if !self.in_place() {
+            return Vec::new();
+        }
+        let mut rep: Vec<CacheReport> = (self.vols.iter())
+            .map(|v| CacheReport {
+                volume: v.name.clone(),
+                policy: v.cache.policy,
+                stats: v.cache.stats,
+                cached_bytes: 0,
+                dirty_bytes: 0,
+            })
+            .collect();
+        for ch in &self.log.chunks {
+            for (i, &(v, _)) in ch.p2l.iter().enumerate() {
+                if v != u32::MAX {
+                    rep[v as usize].cached_bytes += BS;
+                    if !ch.clean[i] {
+                        rep[v as usize].dirty_bytes += BS;
+                    }
+                }
+            }
+        }
+        rep
     }
 }
 

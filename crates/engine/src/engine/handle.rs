@@ -61,6 +61,7 @@ impl Engine {
             capacity_device: self.capacity.stats(),
             volumes,
             compactor: self.compactor_snapshot(),
+            cache: inner.cache_report(),
         }
     }
 }
@@ -166,6 +167,8 @@ pub struct EngineSnapshot {
     pub capacity_device: DeviceStats,
     pub volumes: Vec<VolumeSnapshot>,
     pub compactor: CompactorSnapshot,
+    /// In place: each volume's cache policy and counters (empty with bands).
+    pub cache: Vec<CacheReport>,
 }
 
 impl EngineVolume {
