@@ -59,6 +59,24 @@ pub trait MediaModel: Send {
     fn report_zones(&self, _from: u64, _max: usize) -> Vec<ZoneDesc> {
         Vec::new()
     }
+
+    /// Whether the medium reorders its queue (an HDD's NCQ). If so, requests
+    /// are served lazily: whenever the medium is free (`free_at`), `pick`
+    /// chooses among those already submitted, and `service` runs then.
+    fn reorders(&self) -> bool {
+        false
+    }
+
+    /// When the medium can start its next request (reordering media).
+    fn free_at(&self) -> u64 {
+        0
+    }
+
+    /// Which of `candidates` (submitted by `now_ns`, oldest first, none
+    /// overlapping an older queued request) to serve at `now_ns`.
+    fn pick(&self, _candidates: &[&IoRequest], _submitted_ns: &[u64], _now_ns: u64) -> usize {
+        0
+    }
 }
 
 /// A completion waiting for its time: ordered by (completion time,
@@ -86,6 +104,9 @@ impl Ord for Pending {
 struct State<M> {
     model: M,
     pending: BinaryHeap<Reverse<Pending>>,
+    /// Reordering media: requests submitted and not yet served, oldest first,
+    /// each with its submission time.
+    queued: std::collections::VecDeque<(IoRequest, u64)>,
     seq: u64,
     stats: DeviceStats,
     busy_until_ns: u64,
@@ -110,6 +131,7 @@ impl<M: MediaModel> Emulated<M> {
             state: Mutex::new(State {
                 model,
                 pending: BinaryHeap::new(),
+                queued: std::collections::VecDeque::new(),
                 seq: 0,
                 stats: DeviceStats::default(),
                 busy_until_ns: 0,
@@ -132,17 +154,141 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
         &self.info
     }
 
-    fn submit(&self, mut req: IoRequest) {
+    fn submit(&self, req: IoRequest) {
         let now = self.clock.now_ns();
+        let mut st = self.state.lock().expect("emulator lock");
+        let st = &mut *st;
+        if st.model.reorders() {
+            let refused = if st.pending.len() + st.queued.len() >= self.info.queue_depth_max {
+                Some(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
+            } else {
+                check_range(&self.info, &req).err()
+            };
+            match refused {
+                Some(e) => {
+                    st.stats.count_host(req.op, req.len, false);
+                    st.seq += 1;
+                    let c = IoCompletion {
+                        user_data: req.user_data,
+                        op: req.op,
+                        result: Err(e),
+                        buf: req.buf,
+                        submitted_ns: now,
+                        completed_ns: now,
+                    };
+                    st.pending.push(Reverse(Pending(c, st.seq)));
+                }
+                None => st.queued.push_back((req, now)),
+            }
+            return;
+        }
+        if st.pending.len() >= self.info.queue_depth_max {
+            let op = req.op;
+            st.stats.count_host(op, req.len, false);
+            st.seq += 1;
+            let c = IoCompletion {
+                user_data: req.user_data,
+                op,
+                result: Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max }),
+                buf: req.buf,
+                submitted_ns: now,
+                completed_ns: now,
+            };
+            st.pending.push(Reverse(Pending(c, st.seq)));
+            return;
+        }
+        self.serve(st, req, now, now);
+    }
+
+    fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
+        let mut n = 0;
+        // Completions up to here are due: the clock said so, or we waited for them.
+        let mut waited = 0;
+        loop {
+            let mut st = self.state.lock().expect("emulator lock");
+            if st.pending.is_empty() && !st.queued.is_empty() {
+                self.schedule_one(&mut st);
+            }
+            let Some(Reverse(head)) = st.pending.peek() else { return n };
+            let due = head.0.completed_ns;
+            if due > waited && due > self.clock.now_ns() {
+                if n >= min {
+                    return n;
+                }
+                // Wait without the lock, so a live device keeps accepting work.
+                drop(st);
+                self.clock.wait_until(due);
+                waited = due;
+                continue;
+            }
+            let Reverse(Pending(c, _)) = st.pending.pop().expect("peeked");
+            out.push(c);
+            n += 1;
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        let st = self.state.lock().expect("emulator lock");
+        st.pending.len() + st.queued.len()
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.state.lock().expect("emulator lock").stats
+    }
+
+    fn as_zoned(&self) -> Option<&dyn ZonedDevice> {
+        if self.info.zoned {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl<M: MediaModel> Emulated<M> {
+    /// Reordering media: serve the request the model picks among those
+    /// submitted by the time the medium is free. A flush waits until every
+    /// request before it was served; a request overlapping an older queued
+    /// one waits for it (data order is kept).
+    fn schedule_one(&self, st: &mut State<M>) {
+        let first_submit = st.queued.front().map_or(0, |q| q.1);
+        let t = st.model.free_at().max(first_submit);
+        let mut idx: Vec<usize> = Vec::new();
+        for (i, (r, sub)) in st.queued.iter().enumerate() {
+            if *sub > t {
+                break;
+            }
+            if r.op == crate::device::IoOp::Flush {
+                if i == 0 {
+                    idx.push(0);
+                }
+                break;
+            }
+            let overlaps =
+                st.queued.iter().take(i).any(|(o, _)| o.offset < r.offset + r.len && r.offset < o.offset + o.len);
+            if !overlaps {
+                idx.push(i);
+            }
+        }
+        let chosen = if idx.is_empty() {
+            0
+        } else {
+            let cands: Vec<&IoRequest> = idx.iter().map(|&i| &st.queued[i].0).collect();
+            let subs: Vec<u64> = idx.iter().map(|&i| st.queued[i].1).collect();
+            idx[st.model.pick(&cands, &subs, t).min(idx.len() - 1)]
+        };
+        let (req, submitted) = st.queued.remove(chosen).expect("a queued request");
+        self.serve(st, req, submitted, t);
+    }
+
+    /// Run `req` (submitted at `submitted_ns`) through the model at `now`,
+    /// then the backend, and queue its completion.
+    fn serve(&self, st: &mut State<M>, mut req: IoRequest, submitted_ns: u64, now: u64) {
         // The model may rewrite the request (zone append becomes a write at the
         // write pointer); the completion still names what the caller submitted.
         let op = req.op;
-        let mut st = self.state.lock().expect("emulator lock");
-        let st = &mut *st;
         let mut done_ns = now;
-        let result = if st.pending.len() >= self.info.queue_depth_max {
-            Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
-        } else {
+        let result = {
             check_range(&self.info, &req).and_then(|_| st.model.service(&mut req, now, &mut st.stats)).and_then(|svc| {
                 debug_assert!(svc.done_ns >= now, "completion before submission");
                 done_ns = svc.done_ns;
@@ -178,55 +324,9 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
             st.busy_until_ns = st.busy_until_ns.max(done_ns);
         }
         st.seq += 1;
-        let c = IoCompletion {
-            user_data: req.user_data,
-            op,
-            result,
-            buf: req.buf,
-            submitted_ns: now,
-            completed_ns: done_ns,
-        };
+        let c =
+            IoCompletion { user_data: req.user_data, op, result, buf: req.buf, submitted_ns, completed_ns: done_ns };
         st.pending.push(Reverse(Pending(c, st.seq)));
-    }
-
-    fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {
-        let mut n = 0;
-        // Completions up to here are due: the clock said so, or we waited for them.
-        let mut waited = 0;
-        loop {
-            let mut st = self.state.lock().expect("emulator lock");
-            let Some(Reverse(head)) = st.pending.peek() else { return n };
-            let due = head.0.completed_ns;
-            if due > waited && due > self.clock.now_ns() {
-                if n >= min {
-                    return n;
-                }
-                // Wait without the lock, so a live device keeps accepting work.
-                drop(st);
-                self.clock.wait_until(due);
-                waited = due;
-                continue;
-            }
-            let Reverse(Pending(c, _)) = st.pending.pop().expect("peeked");
-            out.push(c);
-            n += 1;
-        }
-    }
-
-    fn in_flight(&self) -> usize {
-        self.state.lock().expect("emulator lock").pending.len()
-    }
-
-    fn stats(&self) -> DeviceStats {
-        self.state.lock().expect("emulator lock").stats
-    }
-
-    fn as_zoned(&self) -> Option<&dyn ZonedDevice> {
-        if self.info.zoned {
-            Some(self)
-        } else {
-            None
-        }
     }
 }
 

@@ -14,19 +14,24 @@
 //! - **Rotation.** The platter angle is `(t mod revolution) / revolution` on the
 //!   device clock, so the wait for a sector is exact for the moment the seek
 //!   ends — 4.17 ms on average at 7200 rpm.
-//! - **One actuator, FIFO.** Requests are served one at a time in submission
-//!   order. NCQ reordering is not modelled: a deeper queue gains nothing here,
-//!   while a real drive's NCQ raises random IOPS somewhat at depth — the
-//!   conservative choice for a capacity tier. A request that starts where the
-//!   previous one ended pays no seek or rotation (read-ahead / write-back of
-//!   the track buffer), only its transfer at the media rate of its radius.
+//! - **One actuator, NCQ.** Requests are served one at a time. With `ncq`
+//!   (the default) the drive reorders its queue like a real one: whenever
+//!   the actuator is free, of the requests submitted by then it serves the
+//!   one among the oldest `NCQ_WINDOW` whose sector the heads reach first
+//!   (seek + rotation), unless one has waited `NCQ_AGE_NS`, and never a
+//!   request before an older one it overlaps, nor past a flush. So a deeper
+//!   queue of random requests is served faster (QD32 random 4 KiB reads:
+//!   188 IOPS, 2.2× QD1's 85.5). Without `ncq`,
+//!   strictly FIFO. A request that starts where the previous one ended pays
+//!   no seek or rotation (read-ahead / write-back of the track buffer), only
+//!   its transfer at the media rate of its radius.
 //! - **No volatile write cache**: a write completes when it is on the platter,
 //!   so a flush waits only for requests already queued. Discard (TRIM) is not
 //!   supported by a conventional-recording disk: `Unsupported`. Zone commands
 //!   too.
 //!
 //! Invariants: completion times never precede submission or the previous
-//! request's completion (FIFO); media bytes equal host bytes (WAF 1).
+//! request's completion (one actuator); media bytes equal host bytes (WAF 1).
 //!
 //! Sources: seek curve, 4.16 ms average rotation, ~200 MB/s sequential and ≈ 85
 //! random 4 KiB IOPS at QD1 from the project's media reference (7200 rpm
@@ -54,7 +59,20 @@ pub struct HddProfile {
     pub seek_settle_ns: u64,
     /// Added to the settle time times √(fraction of the stroke moved).
     pub seek_stroke_ns: u64,
+    /// Command queueing with reordering (NCQ): of the requests waiting, the
+    /// one the heads reach first is served next (shortest positioning time),
+    /// unless one has waited `NCQ_AGE_NS`. Off: strictly in order (FIFO).
+    pub ncq: bool,
 }
+
+/// How many of the oldest waiting requests NCQ chooses among: drive
+/// firmware reorders a bounded window, not the whole queue (with 16, QD32
+/// random 4 KiB reads come out near 2× QD1, as 7200 rpm data sheets give).
+pub const NCQ_WINDOW: usize = 16;
+
+/// A queued request older than this is served next whatever its position
+/// (NCQ's starvation bound).
+pub const NCQ_AGE_NS: u64 = 1_000_000_000;
 
 impl HddProfile {
     /// An 8 TB 7200 rpm disk streaming 200 MB/s everywhere.
@@ -69,6 +87,7 @@ impl HddProfile {
             inner_rate_ratio: 1.0,
             seek_settle_ns: 230_000,
             seek_stroke_ns: 13_500_000,
+            ncq: true,
         }
     }
 
@@ -184,22 +203,28 @@ impl HddModel {
         (t_ns % self.revolution_ns) as f64 / self.revolution_ns as f64
     }
 
+    /// Seek and rotation before the heads are over `offset`, from where
+    /// they are, starting at `start_ns`.
+    fn positioning_ns(&self, offset: u64, start_ns: u64) -> u64 {
+        if offset == self.head_offset {
+            return 0; // sequential: the track buffer streams on
+        }
+        let target = self.position(offset);
+        let seek_ns = if target.track == self.head.track {
+            0
+        } else {
+            self.seek_ns((target.radius - self.head.radius).abs().min(1.0))
+        };
+        let under_head = self.angle_at(start_ns + seek_ns);
+        let wait = (target.angle - under_head).rem_euclid(1.0);
+        seek_ns + (wait * self.revolution_ns as f64).round() as u64
+    }
+
     /// Positioning (seek + rotation) and transfer time of `len` bytes at `offset`,
     /// starting at `start_ns`; moves the head.
     fn access_ns(&mut self, offset: u64, len: u64, start_ns: u64) -> u64 {
         let target = self.position(offset);
-        let positioning_ns = if offset == self.head_offset {
-            0 // sequential: the track buffer streams on
-        } else {
-            let seek_ns = if target.track == self.head.track {
-                0
-            } else {
-                self.seek_ns((target.radius - self.head.radius).abs().min(1.0))
-            };
-            let under_head = self.angle_at(start_ns + seek_ns);
-            let wait = (target.angle - under_head).rem_euclid(1.0);
-            seek_ns + (wait * self.revolution_ns as f64).round() as u64
-        };
+        let positioning_ns = self.positioning_ns(offset, start_ns);
         let transfer_ns = (len as f64 * 1e9 / self.rate_at(target.radius)).ceil() as u64;
         self.head = self.position(offset + len);
         self.head_offset = offset + len;
@@ -208,6 +233,28 @@ impl HddModel {
 }
 
 impl MediaModel for HddModel {
+    fn reorders(&self) -> bool {
+        self.profile.ncq
+    }
+
+    fn free_at(&self) -> u64 {
+        self.actuator.free_at(0)
+    }
+
+    /// Shortest positioning time first among the oldest `NCQ_WINDOW`,
+    /// unless a request has waited `NCQ_AGE_NS` (then the oldest).
+    fn pick(&self, candidates: &[&IoRequest], submitted_ns: &[u64], now_ns: u64) -> usize {
+        if now_ns.saturating_sub(submitted_ns[0]) >= NCQ_AGE_NS {
+            return 0;
+        }
+        (0..candidates.len().min(NCQ_WINDOW))
+            .min_by_key(|&i| match candidates[i].op {
+                IoOp::Read | IoOp::Write => self.positioning_ns(candidates[i].offset, now_ns),
+                _ => 0,
+            })
+            .unwrap_or(0)
+    }
+
     fn service(&mut self, req: &mut IoRequest, now_ns: u64, media: &mut DeviceStats) -> Result<Service, DeviceError> {
         let start_ns = now_ns.max(self.actuator.free_at(0));
         let done_ns = match req.op {
@@ -321,16 +368,68 @@ mod tests {
         let iops = n as f64 * 1e9 / total_ns as f64;
         println!("hdd random 4 KiB reads QD1: {iops:.1} IOPS ({:.2} ms each)", total_ns as f64 / n as f64 / 1e6);
         assert!((70.0..=100.0).contains(&iops), "{iops}");
-        // FIFO: a deeper queue does not help (no NCQ reordering).
-        let mut i = 0;
-        let out = run_queue(&d, 16, || {
-            i += 1;
-            (i <= 500).then(|| IoRequest::read(rng.below(blocks) * BS, BS as usize, 0))
-        });
-        let qd16 = out.len() as f64 * 1e9 / span_ns(&out) as f64;
-        println!("hdd random 4 KiB reads QD16: {qd16:.1} IOPS");
+        // NCQ: a deeper queue is served in the order the heads reach it.
+        let qd32 = random_read_iops(&d, 32, 2000, &mut rng);
+        println!("hdd random 4 KiB reads QD32 (NCQ): {qd32:.1} IOPS ({:.2}x QD1)", qd32 / iops);
+        assert!((1.5 * iops..=2.5 * iops).contains(&qd32), "{qd32} at QD32 vs {iops} at QD1");
+        assert_eq!(d.stats().media_read_bytes, (n + 2000) * BS);
+        // FIFO (NCQ off): a deeper queue does not help.
+        let fifo = null_disk(HddProfile { ncq: false, ..HddProfile::hdd_7200() });
+        let qd16 = random_read_iops(&fifo, 16, 500, &mut rng);
+        println!("hdd random 4 KiB reads QD16 (FIFO): {qd16:.1} IOPS");
         assert!((70.0..=100.0).contains(&qd16), "{qd16}");
-        assert_eq!(d.stats().media_read_bytes, (n + 500) * BS);
+    }
+
+    /// `n` random 4 KiB reads kept `qd` deep: IOPS.
+    fn random_read_iops(d: &Emulated<HddModel>, qd: usize, n: usize, rng: &mut Xorshift) -> f64 {
+        let blocks = d.info().capacity_bytes / BS;
+        let mut i = 0;
+        let out = run_queue(d, qd, || {
+            i += 1;
+            (i <= n).then(|| IoRequest::read(rng.below(blocks) * BS, BS as usize, 0))
+        });
+        assert!(out.iter().all(|c| c.result.is_ok()));
+        out.len() as f64 * 1e9 / span_ns(&out) as f64
+    }
+
+    /// With NCQ, a request never overtakes an older one it overlaps (the
+    /// data read is the data written before it), nor a flush; a request
+    /// passed over for nearer ones is served once it has waited
+    /// `NCQ_AGE_NS`; completions never precede submissions.
+    #[test]
+    fn ncq_keeps_data_order_flush_barriers_and_bounds_waiting() {
+        let cap = 64 * MIB;
+        let d = hdd_device(
+            HddProfile { capacity_bytes: cap, ..HddProfile::hdd_7200() },
+            Box::new(MemoryDevice::new(cap, BS)),
+            VirtualClock::new(),
+        );
+        // A far write, then a read of it, then a near write: the read is
+        // served after the write it overlaps.
+        d.submit(IoRequest::write(60 * MIB, IoBuf::from_slice(&[7u8; 4096]), 1));
+        d.submit(IoRequest::read(60 * MIB, BS as usize, 2));
+        d.submit(IoRequest::flush(3));
+        d.submit(IoRequest::write(0, IoBuf::from_slice(&[9u8; 4096]), 4));
+        let mut out = Vec::new();
+        while out.len() < 4 {
+            d.reap(1, &mut out);
+        }
+        let by = |ud: u64| out.iter().find(|c| c.user_data == ud).unwrap();
+        assert!(by(2).buf.iter().all(|&b| b == 7), "the read saw the write it overlaps");
+        assert!(by(2).completed_ns >= by(1).completed_ns);
+        assert!(by(3).completed_ns >= by(2).completed_ns, "the flush waits for what came before");
+        assert!(by(4).completed_ns >= by(3).completed_ns, "nothing passes a flush");
+        assert!(out.iter().all(|c| c.completed_ns >= c.submitted_ns));
+        // Starvation bound: one far request among a stream of near ones.
+        let mut rng = Xorshift(9);
+        let mut i = 0u64;
+        let out = run_queue(&d, 32, || {
+            i += 1;
+            let off = if i == 2 { cap - BS } else { rng.below(64) * BS };
+            (i <= 3000).then(|| IoRequest::read(off, BS as usize, i))
+        });
+        let far = out.iter().find(|c| c.user_data == 2).unwrap();
+        assert!(far.completed_ns - far.submitted_ns < NCQ_AGE_NS + 50_000_000, "the far request waited too long");
     }
 
     #[test]
