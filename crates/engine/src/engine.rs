@@ -57,6 +57,7 @@ mod bands;
 mod caching;
 mod check;
 mod checkpoint;
+mod classes;
 mod cleaning;
 mod compaction;
 mod config;
@@ -88,6 +89,7 @@ mod zoned;
 use bands::{Band, BandId, BandState, Bands};
 pub use caching::{CacheMode, CachePolicy, CacheReport, CacheStats, SeqCutoff};
 pub use check::CheckReport;
+pub use classes::{ClassDirection, ClassStats, IoClass, CLASSES_MAX};
 use compaction::CompactCursor;
 use gc::GcCursor;
 pub use handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
@@ -220,9 +222,10 @@ impl Engine {
     fn assemble(
         cache: Arc<dyn BlockDevice>,
         capacity: Arc<dyn BlockDevice>,
-        inner: Inner,
+        mut inner: Inner,
         recovered_in: Option<std::time::Duration>,
     ) -> Arc<Engine> {
+        inner.recount_classes();
         let metrics = inner.vols.iter().map(|_| Arc::new(VolumeMetrics::default())).collect();
         let depth = cache.info().queue_depth_max.min(capacity.info().queue_depth_max);
         Arc::new(Engine {
@@ -340,12 +343,16 @@ impl Inner {
             let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
             let ch = &mut self.log.chunks[c];
             debug_assert_ne!(ch.p2l[i].0, u32::MAX);
+            let (v, class) = (ch.p2l[i].0 as usize, std::mem::take(&mut ch.class[i]));
             ch.p2l[i].0 = u32::MAX;
             ch.valid -= 1;
             if std::mem::take(&mut ch.clean[i]) {
                 // Its home held the same: nothing was left to clean.
             } else {
                 ch.dirty -= 1;
+            }
+            if self.cfg.layout == Layout::InPlace {
+                self.vols[v].cache.classes.count(class, false);
             }
         } else if let Some(pb) = loc.capacity_block() {
             let b = (pb / self.blocks_per_band()) as usize;

@@ -233,6 +233,28 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
             let _ = writeln!(o, "{name}{{volume=\"{}\"}} {}", c.volume, get(c));
         }
     }
+    for (k, help) in [
+        ("cached_bytes", "Bytes of the I/O class current in the log."),
+        ("write_bytes", "Bytes the I/O class wrote."),
+        ("read_bytes", "Bytes the I/O class read."),
+        ("bypass_bytes", "Writes of the class sent past the cache (share 0)."),
+        ("spill_bytes", "Writes of the class sent past the cache (it held its share)."),
+    ] {
+        let name = format!("sluice_cache_class_{k}");
+        family(o, &name, if k == "cached_bytes" { "gauge" } else { "counter" }, help);
+        for c in &s.cache {
+            for cl in &c.classes {
+                let x = match k {
+                    "cached_bytes" => cl.cached_bytes,
+                    "write_bytes" => cl.write_bytes,
+                    "read_bytes" => cl.read_bytes,
+                    "bypass_bytes" => cl.bypass_bytes,
+                    _ => cl.spill_bytes,
+                };
+                let _ = writeln!(o, "{name}{{volume=\"{}\",class=\"{}\"}} {x}", c.volume, cl.class);
+            }
+        }
+    }
     let per_volume: Vec<Vec<(String, f64)>> = s.cache.iter().map(|c| fields(&c.stats)).collect();
     for (i, (k, _)) in per_volume.first().map(|f| f.as_slice()).unwrap_or(&[]).iter().enumerate() {
         let name = format!("sluice_cache_{k}_total");
@@ -553,6 +575,7 @@ mod tests {
         let b = parse(&text).unwrap();
         assert_eq!(b["sluice_cache_mode{volume=\"v\",mode=\"wb\"}"], 1.0);
         assert_eq!(b["sluice_cache_discarded_dirty_bytes_total{volume=\"v\"}"], (32 << 10) as f64);
+        assert_eq!(b["sluice_cache_class_write_bytes{volume=\"v\",class=\"unclassified\"}"], (2112 << 10) as f64);
         let st = stats(&a, &b, 1.0);
         let c = st.volumes[0].cache.as_ref().expect("an in-place volume has cache stats");
         assert_eq!(c.mode, "wb");

@@ -160,6 +160,59 @@ pub struct VolumeConfig {
     /// miss (default 1; 0: never).
     #[serde(default)]
     pub promote_after: Option<u32>,
+    /// In-place engines: I/O classes, first match wins (`[[volume.class]]`).
+    #[serde(default)]
+    pub class: Vec<ClassConfig>,
+}
+
+/// `[[volume.class]]`: one I/O class of an in-place volume (docs/caching.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    pub name: String,
+    /// Requests starting in [start, end) of the volume (fio size syntax).
+    #[serde(default)]
+    pub start: String,
+    #[serde(default)]
+    pub end: String,
+    /// Request size bounds (fio size syntax).
+    #[serde(default)]
+    pub size_min: String,
+    #[serde(default)]
+    pub size_max: String,
+    /// "read" or "write" (both if empty).
+    #[serde(default)]
+    pub direction: String,
+    /// Share of the cache the class may hold: 0 never cached, 1 no limit.
+    pub share: f64,
+}
+
+impl ClassConfig {
+    fn to_class(&self, volume: &str) -> Result<sluice_engine::IoClass, ServeError> {
+        let path = format!("volume {volume} class {}", self.name);
+        let size = |key: &str, v: &str, default: u64| -> Result<u64, ServeError> {
+            if v.is_empty() {
+                Ok(default)
+            } else {
+                size_of(&format!("{path} {key}"), v)
+            }
+        };
+        let mut c = sluice_engine::IoClass::new(&self.name, self.share);
+        if !self.start.is_empty() || !self.end.is_empty() {
+            c.range = Some((size("start", &self.start, 0)?, size("end", &self.end, u64::MAX)?));
+        }
+        c.size_min = size("size_min", &self.size_min, 0)?;
+        c.size_max = size("size_max", &self.size_max, u64::MAX)?;
+        c.direction = match self.direction.as_str() {
+            "" => None,
+            "read" => Some(sluice_engine::ClassDirection::Read),
+            "write" => Some(sluice_engine::ClassDirection::Write),
+            other => {
+                return Err(ServeError::Config { path, msg: format!("direction {other:?}: read, write or empty") })
+            }
+        };
+        Ok(c)
+    }
 }
 
 impl VolumeConfig {
@@ -229,6 +282,7 @@ impl Default for Config {
                 seq_cutoff: String::new(),
                 seq_cutoff_size: String::new(),
                 promote_after: None,
+                class: Vec::new(),
             }],
         }
     }
@@ -834,12 +888,14 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
     }
     for v in &cfg.volumes {
         let policy = v.cache_policy()?;
+        let classes = v.class.iter().map(|c| c.to_class(&v.name)).collect::<Result<Vec<_>, _>>()?;
         if cfg.layout()? == sluice_engine::Layout::InPlace {
             engine.set_cache_policy(&v.name, policy)?;
-        } else if policy != sluice_engine::CachePolicy::default() {
+            engine.set_io_classes(&v.name, classes)?;
+        } else if policy != sluice_engine::CachePolicy::default() || !classes.is_empty() {
             return Err(ServeError::Config {
                 path: format!("volume {}", v.name),
-                msg: "mode, seq_cutoff and promote_after apply to an in-place engine ([engine] layout = \"in-place\")"
+                msg: "mode, seq_cutoff, promote_after and classes apply to an in-place engine ([engine] layout = \"in-place\")"
                     .into(),
             });
         }
@@ -945,6 +1001,18 @@ mod tests {
         assert!(matches!(bad.volumes[0].cache_policy(), Err(ServeError::Config { .. })));
         let bad: Config = toml::from_str(&text.replace("in-place", "sideways")).unwrap();
         assert!(matches!(bad.layout(), Err(ServeError::Config { .. })));
+        // I/O classes.
+        let classes = format!(
+            "{text}[[volume.class]]\nname = \"bulk\"\nstart = \"32m\"\nshare = 0.0\n\
+             [[volume.class]]\nname = \"small\"\nsize_max = \"64k\"\ndirection = \"write\"\nshare = 0.5\n"
+        );
+        let cfg: Config = toml::from_str(&classes).unwrap();
+        let got: Vec<sluice_engine::IoClass> = cfg.volumes[0].class.iter().map(|c| c.to_class("v").unwrap()).collect();
+        assert_eq!(got[0].range, Some((32 << 20, u64::MAX)));
+        assert_eq!((got[1].size_max, got[1].direction), (64 << 10, Some(sluice_engine::ClassDirection::Write)));
+        engine.set_io_classes("v", got).unwrap();
+        let bad: Config = toml::from_str(&classes.replace("\"write\"", "\"sideways\"")).unwrap();
+        assert!(matches!(bad.volumes[0].class[1].to_class("v"), Err(ServeError::Config { .. })));
     }
 
     /// `[engine] l2p_dram` pages the maps of an engine created with it, and

@@ -149,6 +149,9 @@ pub struct CacheStats {
     /// Dirty blocks trimmed before cleaning reached them: bytes the disk
     /// never had to write.
     pub discarded_dirty_bytes: u64,
+    /// Written home past the log because the request's I/O class is never
+    /// cached (share 0).
+    pub class_bypass_bytes: u64,
 }
 
 /// One in-place volume's policy and state (`Vol::cache`).
@@ -166,6 +169,8 @@ pub(super) struct VolCache {
     stream_tick: u64,
     /// Misses per block since the window opened (promotion).
     misses: HashMap<u64, u32>,
+    /// The volume's I/O classes and their counters (classes.rs).
+    pub(super) classes: super::classes::Classes,
 }
 
 /// Sequential streams tracked per volume: interleaved writers (a file
@@ -221,14 +226,27 @@ enum PastWhy {
     Mode,
     Cutoff,
     Spill,
+    Class,
 }
 
 impl Inner {
     /// Where a write of `blocks` from `lba0` of `vol` goes, and the stream
     /// it continues.
-    fn route(&mut self, vol: usize, lba0: u64, blocks: u64) -> Result<Route, VolumeError> {
+    /// (And the I/O class the blocks are cached under.)
+    fn route(&mut self, vol: usize, lba0: u64, blocks: u64) -> Result<(Route, u8), VolumeError> {
         let full = self.log_needs_cleaning(blocks);
+        let log_blocks = self.log.chunks.len() as u64 * self.blocks_per_chunk();
         let vc = &mut self.vols[vol].cache;
+        let admit = if matches!(vc.policy.mode, CacheMode::PassThrough | CacheMode::WriteInvalidate) {
+            super::classes::Admit::Class(0)
+        } else {
+            vc.classes.admit_write(lba0 * BS, blocks, log_blocks)
+        };
+        let class = match admit {
+            super::classes::Admit::Class(id) => id,
+            super::classes::Admit::Bypass => return Ok((Route::Past(PastWhy::Class), 0)),
+            super::classes::Admit::Spill => return Ok((Route::Past(PastWhy::Spill), 0)),
+        };
         let streaming = vc.extend_stream(lba0 * BS, blocks * BS) > vc.policy.seq_cutoff_bytes;
         let p = vc.policy;
         let cut = match p.seq_cutoff {
@@ -245,7 +263,7 @@ impl Inner {
             }
             Ok(false)
         };
-        Ok(match p.mode {
+        let route = match p.mode {
             CacheMode::PassThrough | CacheMode::WriteInvalidate => Route::Past(PastWhy::Mode),
             _ if cut => Route::Past(PastWhy::Cutoff),
             CacheMode::WriteAround if cached()? => Route::Through,
@@ -253,7 +271,8 @@ impl Inner {
             CacheMode::WriteThrough => Route::Through,
             CacheMode::WriteBack if full && p.spill => Route::Past(PastWhy::Spill),
             CacheMode::WriteBack => Route::Log,
-        })
+        };
+        Ok((route, class))
     }
 }
 
@@ -276,15 +295,18 @@ impl Engine {
             let crc = &crcs[first..first + blocks as usize];
             first += blocks as usize;
             let v = vol as usize;
-            match inner.route(v, lba0, blocks)? {
+            let (route, class) = inner.route(v, lba0, blocks)?;
+            match route {
                 Route::Log => {
                     self.append(inner, vol, &[(lba0, data)], crc, false)?;
+                    self.class_range(inner, v, lba0, blocks, class)?;
                     inner.vols[v].cache.stats.write_back_bytes += data.len() as u64;
                 }
                 Route::Through => {
                     // Logged first: logging may clean the oldest chunk, and
                     // an older copy must not be written over this home.
                     self.append(inner, vol, &[(lba0, data)], crc, false)?;
+                    self.class_range(inner, v, lba0, blocks, class)?;
                     self.write_home(inner, v, lba0, data)?;
                     self.mark_range_clean(inner, v, lba0, blocks)?;
                     inner.vols[v].cache.stats.write_through_bytes += data.len() as u64;
@@ -300,6 +322,7 @@ impl Engine {
                         PastWhy::Mode => &mut s.write_past_bytes,
                         PastWhy::Cutoff => &mut s.cutoff_bypass_bytes,
                         PastWhy::Spill => &mut s.spill_bytes,
+                        PastWhy::Class => &mut s.class_bypass_bytes,
                     } += data.len() as u64;
                     home_written = true;
                 }
@@ -334,6 +357,19 @@ impl Engine {
         Ok(())
     }
 
+    /// The cached copies of `blocks` from `lba0` of `vol` belong to class `id`.
+    fn class_range(&self, inner: &mut Inner, vol: usize, lba0: u64, blocks: u64, id: u8) -> Result<(), VolumeError> {
+        if id == 0 {
+            return Ok(());
+        }
+        for lba in lba0..lba0 + blocks {
+            if let Some(cb) = inner.vols[vol].l2p.get(lba as usize)?.cache_block() {
+                inner.set_class(cb, id);
+            }
+        }
+        Ok(())
+    }
+
     /// Mark the cached copies of `blocks` from `lba0` of `vol` clean.
     fn mark_range_clean(&self, inner: &mut Inner, vol: usize, lba0: u64, blocks: u64) -> Result<(), VolumeError> {
         for lba in lba0..lba0 + blocks {
@@ -362,9 +398,16 @@ impl Engine {
         // Reads are streams too: a sequential read past the cutoff (a
         // scan, a bulk file read back) is not promoted.
         let vc = &mut inner.vols[v].cache;
+        let class_ok = vc.classes.admit_read(lba0 * BS, data.len() as u64);
         let stream = vc.extend_stream(lba0 * BS, data.len() as u64);
         let cut = p.seq_cutoff != SeqCutoff::Never && stream > p.seq_cutoff_bytes;
-        if !missed || cut || p.mode == CacheMode::PassThrough || p.promote_after_misses == 0 || vc.home_gen != gen {
+        if !missed
+            || !class_ok
+            || cut
+            || p.mode == CacheMode::PassThrough
+            || p.promote_after_misses == 0
+            || vc.home_gen != gen
+        {
             return Ok(());
         }
         let mut due: Vec<(u64, &[u8])> = Vec::new();
@@ -456,6 +499,7 @@ impl Inner {
                 stats: v.cache.stats,
                 cached_bytes: 0,
                 dirty_bytes: 0,
+                classes: v.cache.classes.report(),
             })
             .collect();
         for ch in &self.log.chunks {
@@ -481,4 +525,6 @@ pub struct CacheReport {
     /// Bytes of the volume current in the log, and of those, dirty.
     pub cached_bytes: u64,
     pub dirty_bytes: u64,
+    /// Per I/O class (the first is "unclassified").
+    pub classes: Vec<ClassStats>,
 }

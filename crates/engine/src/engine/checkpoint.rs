@@ -192,7 +192,16 @@ pub(super) fn decode_checkpoint(
         let first_lsn = r.u64()?;
         let p2l = get_p2l(&mut r, bpc)?;
         // Which blocks were clean is not saved: all are cleaned again.
-        chunks.push(Chunk { state, epoch, p2l, valid, first_lsn, clean: vec![false; bpc], dirty: valid });
+        chunks.push(Chunk {
+            state,
+            epoch,
+            p2l,
+            valid,
+            first_lsn,
+            clean: vec![false; bpc],
+            dirty: valid,
+            class: vec![0; bpc],
+        });
     }
     let mut lists = [VecDeque::new(), VecDeque::new()];
     for list in lists.iter_mut() {

@@ -272,6 +272,11 @@ fn in_place_crash_seed(seed: u64) {
                 let cutoff = [4096, 64 << 10, 1 << 20][rng.below(3) as usize];
                 let p = CachePolicy { mode, seq_cutoff_bytes: cutoff, ..CachePolicy::default() };
                 w.engine.set_cache_policy(&format!("v{v}"), p).unwrap();
+                if rng.below(2) == 0 {
+                    let mut c = IoClass::new("c", [0.0, 0.1, 0.5][rng.below(3) as usize]);
+                    c.range = Some((lba * BS, (lba + 32) * BS));
+                    w.engine.set_io_classes(&format!("v{v}"), vec![c]).unwrap();
+                }
             }
             6..=7 => {
                 w.volumes[v].trim(lba * BS, n * BS).unwrap();
@@ -401,4 +406,54 @@ fn interleaved_streams_are_each_cut_off() {
     let s = stats(&w, 0);
     assert_eq!(s.write_back_bytes, 2 * (128 << 10), "{s:?}");
     assert_eq!(s.cutoff_bypass_bytes, 2 * ((2 << 20) - (128 << 10)));
+}
+
+/// I/O classes: a range at share 0 is never cached (its writes go home,
+/// its reads are not promoted); a class at share 1/4 holds at most a
+/// quarter of the log and spills the rest; the rest is unclassified and
+/// cached as usual; every class's occupancy matches its cached blocks.
+#[test]
+fn io_classes_bypass_cap_and_count_their_requests() {
+    let w = in_place_world(&[2048]);
+    let (e, v) = (&w.engine, &w.volumes[0]);
+    let log_blocks = {
+        let inner = e.lock();
+        inner.log.chunks.len() as u64 * inner.blocks_per_chunk()
+    };
+    let mut never = IoClass::new("bulk", 0.0);
+    never.range = Some((1024 * BS, 2048 * BS));
+    let mut quarter = IoClass::new("temp", 0.25);
+    quarter.range = Some((0, 512 * BS));
+    quarter.direction = Some(ClassDirection::Write);
+    e.set_io_classes("v0", vec![never, quarter]).unwrap();
+    for lba in 0..512u64 {
+        v.write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+    }
+    for lba in (512..1024u64).step_by(4) {
+        v.write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+    }
+    for lba in (1024..1100u64).step_by(3) {
+        v.write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+    }
+    let rep = &e.cache_report()[0];
+    let by = |name: &str| rep.classes.iter().find(|c| c.class == name).unwrap().clone();
+    let (bulk, temp, rest) = (by("bulk"), by("temp"), by("unclassified"));
+    assert_eq!(bulk.bypass_bytes, 26 * BS, "{bulk:?}");
+    assert_eq!(bulk.cached_bytes, 0);
+    assert!(temp.spill_bytes > 0 && temp.cached_bytes <= log_blocks * BS / 4, "{temp:?}");
+    assert_eq!(temp.write_bytes, 512 * BS);
+    assert_eq!(rest.write_bytes, 128 * BS);
+    assert_eq!(rep.stats.class_bypass_bytes, 26 * BS);
+    e.lock().check_invariants();
+    // A bulk read is served from home and not promoted.
+    let promoted = rep.stats.promoted_bytes;
+    assert!(read(&w, 0, 1500) == vec![0u8; BLOCK_BYTES]);
+    assert_eq!(stats(&w, 0).promoted_bytes, promoted);
+    for lba in (0..1100u64).filter(|l| *l < 512 || (*l < 1024 && l % 4 == 0) || (*l >= 1024 && (l - 1024) % 3 == 0)) {
+        assert!(read(&w, 0, lba) == pattern(0, lba, 1), "block {lba}");
+    }
+    // Classes are an in-place setting, bounded.
+    assert!(e.set_io_classes("v0", vec![IoClass::new("x", 1.5)]).is_err());
+    let bands = crate::testkit::small_world(&[64]);
+    assert!(matches!(bands.engine.set_io_classes("v0", vec![]), Err(EngineError::Config(_))));
 }

@@ -65,6 +65,7 @@ impl Inner {
         for (b, band) in self.bands.iter().enumerate() {
             assert_eq!(band.valid, band_valid[b], "band {b} valid count");
         }
+        self.check_classes();
         // Every open band is exactly one stream's: none is stranded.
         let mut owned: Vec<BandId> =
             self.vols.iter().map(|v| v.open_band).chain([self.bands.gc_open]).flatten().collect();

@@ -132,6 +132,9 @@ impl Engine {
             ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
             ch.valid += 1;
             ch.dirty += 1;
+            if inner.cfg.layout == Layout::InPlace {
+                inner.vols[vol as usize].cache.classes.count(0, true);
+            }
         }
         Ok(())
     }
@@ -286,6 +289,7 @@ impl Engine {
         ch.first_lsn = inner.log.lsn + 1;
         ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
         ch.clean.iter_mut().for_each(|c| *c = false);
+        ch.class.iter_mut().for_each(|c| *c = 0);
         inner.log.open = Some((c, 0));
         Ok((c, 0))
     }
@@ -348,6 +352,7 @@ impl Log {
             first_lsn: 0,
             clean: vec![false; blocks_per_chunk],
             dirty: 0,
+            class: vec![0; blocks_per_chunk],
         };
         Log {
             chunks: (0..chunk_count).map(chunk).collect(),
@@ -416,6 +421,9 @@ pub(super) struct Chunk {
     /// Current blocks of the chunk that are not `clean`: what cleaning it
     /// must still write home.
     pub(super) dirty: u32,
+    /// In place: per block, its I/O class (classes.rs; 0 unclassified). Not
+    /// persisted: after a reopen every cached block is unclassified.
+    pub(super) class: Vec<u8>,
 }
 
 impl Inner {

@@ -1,0 +1,260 @@
+//! I/O classes of an in-place volume: which requests the cache takes, and
+//! how much of the log each kind may hold (Open CAS's I/O classification).
+//!
+//! A class is a rule — a byte range of the volume, request size bounds, a
+//! direction — and an allocation share: the fraction of the log's blocks
+//! its cached blocks may hold (0: never cached; 1: no limit). The first
+//! class whose rule matches a request is its class; a request no class
+//! matches is class 0, "unclassified", with no limit. A write of a class at
+//! share 0 goes home past the log (and drops cached copies); one whose class
+//! is at its share goes home too, counted as that class's spill; a read of
+//! a class at share 0 is not promoted. Every cached block carries its class
+//! (`Chunk::class`), so each class's occupancy is exact; the counters are
+//! per class (`ClassStats`).
+//!
+//! Why rules on ranges: a file system places a directory's files in its
+//! own block groups, and a volume mounted at a directory is a range of its
+//! own; classes by the directory's files themselves (ext4 metadata) are not
+//! built yet (docs/caching.md).
+
+use super::*;
+
+/// Which direction a class's rule takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClassDirection {
+    Read,
+    Write,
+}
+
+/// One I/O class of an in-place volume (module doc).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct IoClass {
+    pub name: String,
+    /// Requests starting in [start, end) bytes of the volume (all if None).
+    pub range: Option<(u64, u64)>,
+    /// Requests of at least / at most these many bytes.
+    pub size_min: u64,
+    pub size_max: u64,
+    /// Requests of this direction only (both if None).
+    pub direction: Option<ClassDirection>,
+    /// Share of the log's blocks the class may hold, in [0, 1].
+    pub share: f64,
+}
+
+impl IoClass {
+    /// A class that matches every request, with this share.
+    pub fn new(name: &str, share: f64) -> IoClass {
+        IoClass { name: name.into(), range: None, size_min: 0, size_max: u64::MAX, direction: None, share }
+    }
+
+    fn matches(&self, offset: u64, len: u64, dir: ClassDirection) -> bool {
+        self.range.is_none_or(|(a, b)| (a..b).contains(&offset))
+            && (self.size_min..=self.size_max).contains(&len)
+            && self.direction.is_none_or(|d| d == dir)
+    }
+}
+
+/// What one class did (bytes), and what it holds.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct ClassStats {
+    pub class: String,
+    /// Bytes of the class current in the log.
+    pub cached_bytes: u64,
+    pub write_bytes: u64,
+    pub read_bytes: u64,
+    /// Writes sent past the log because the class is never cached.
+    pub bypass_bytes: u64,
+    /// Writes sent past the log because the class held its share.
+    pub spill_bytes: u64,
+}
+
+/// Most classes a volume has (class ids fit a byte with "unclassified").
+pub const CLASSES_MAX: usize = 32;
+
+/// A volume's classes and their counters (`VolCache::classes`).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Classes {
+    list: Vec<IoClass>,
+    /// Per class id (0: unclassified, then `list`): counters and blocks held.
+    stats: Vec<ClassStats>,
+    blocks: Vec<u64>,
+}
+
+/// What the classes say about a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Admit {
+    /// Cache it as class `id` (subject to the mode).
+    Class(u8),
+    /// The class is never cached.
+    Bypass,
+    /// The class holds its share.
+    Spill,
+}
+
+impl Classes {
+    pub(super) fn set(&mut self, list: Vec<IoClass>) {
+        let mut blocks = std::mem::take(&mut self.blocks);
+        blocks.resize(list.len() + 1, 0);
+        // Blocks cached under a class that is gone stay counted as
+        // unclassified until they leave the log.
+        let gone: u64 = blocks.drain(list.len() + 1..).sum();
+        blocks[0] += gone;
+        self.stats = std::iter::once("unclassified".to_string())
+            .chain(list.iter().map(|c| c.name.clone()))
+            .map(|class| ClassStats { class, ..ClassStats::default() })
+            .collect();
+        self.blocks = blocks;
+        self.list = list;
+    }
+
+    fn ensure(&mut self) {
+        if self.stats.is_empty() {
+            self.set(Vec::new());
+        }
+    }
+
+    /// The class id of a request.
+    pub(super) fn class_of(&self, offset: u64, len: u64, dir: ClassDirection) -> u8 {
+        (self.list.iter().position(|c| c.matches(offset, len, dir))).map_or(0, |i| i as u8 + 1)
+    }
+
+    /// Whether a write of `blocks` at `offset` may be cached, given the
+    /// log's size in blocks; counts it.
+    pub(super) fn admit_write(&mut self, offset: u64, blocks: u64, log_blocks: u64) -> Admit {
+        self.ensure();
+        let id = self.class_of(offset, blocks * BS, ClassDirection::Write);
+        self.stats[id as usize].write_bytes += blocks * BS;
+        if id == 0 {
+            return Admit::Class(0);
+        }
+        let share = self.list[id as usize - 1].share;
+        if share <= 0.0 {
+            self.stats[id as usize].bypass_bytes += blocks * BS;
+            Admit::Bypass
+        } else if share < 1.0 && (self.blocks[id as usize] + blocks) as f64 > share * log_blocks as f64 {
+            self.stats[id as usize].spill_bytes += blocks * BS;
+            Admit::Spill
+        } else {
+            Admit::Class(id)
+        }
+    }
+
+    /// Whether a read at `offset` may be promoted; counts it.
+    pub(super) fn admit_read(&mut self, offset: u64, len: u64) -> bool {
+        self.ensure();
+        let id = self.class_of(offset, len, ClassDirection::Read) as usize;
+        self.stats[id].read_bytes += len;
+        id == 0 || self.list[id - 1].share > 0.0
+    }
+
+    /// A block of class `id` entered (+1) or left (-1) the log.
+    pub(super) fn count(&mut self, id: u8, entered: bool) {
+        self.ensure();
+        let last = self.blocks.len() - 1;
+        let b = &mut self.blocks[(id as usize).min(last)];
+        if entered {
+            *b += 1;
+        } else {
+            *b -= 1;
+        }
+    }
+
+    pub(super) fn report(&self) -> Vec<ClassStats> {
+        let mut out = self.stats.clone();
+        if out.is_empty() {
+            out.push(ClassStats { class: "unclassified".into(), ..ClassStats::default() });
+        }
+        for (s, &b) in out.iter_mut().zip(&self.blocks) {
+            s.cached_bytes = b * BS;
+        }
+        out
+    }
+}
+
+impl Inner {
+    /// Count every volume's cached blocks as unclassified (after an open,
+    /// which keeps no classes).
+    pub(super) fn recount_classes(&mut self) {
+        if !self.in_place() {
+            return;
+        }
+        let mut held = vec![0u64; self.vols.len()];
+        for ch in &self.log.chunks {
+            for &(v, _) in &ch.p2l {
+                if v != u32::MAX {
+                    held[v as usize] += 1;
+                }
+            }
+        }
+        for (vol, n) in self.vols.iter_mut().zip(held) {
+            vol.cache.classes.ensure();
+            vol.cache.classes.blocks.iter_mut().for_each(|b| *b = 0);
+            vol.cache.classes.blocks[0] = n;
+        }
+    }
+
+    /// Every in-place volume's class occupancy matches its cached blocks
+    /// (`check_invariants`).
+    pub(super) fn check_classes(&self) {
+        if !self.in_place() {
+            return;
+        }
+        let mut held: Vec<Vec<u64>> = self.vols.iter().map(|v| vec![0; v.cache.classes.blocks.len().max(1)]).collect();
+        for ch in &self.log.chunks {
+            for (i, &(v, _)) in ch.p2l.iter().enumerate() {
+                if v != u32::MAX {
+                    held[v as usize][ch.class[i] as usize] += 1;
+                }
+            }
+        }
+        for (v, h) in self.vols.iter().zip(held) {
+            if !v.cache.classes.blocks.is_empty() {
+                assert_eq!(v.cache.classes.blocks, h, "volume {} class occupancy", v.name);
+            }
+        }
+    }
+
+    /// Cache block `cb` (just logged, current) now belongs to class `id`.
+    pub(super) fn set_class(&mut self, cb: u64, id: u8) {
+        let bpc = self.blocks_per_chunk();
+        let ch = &mut self.log.chunks[(cb / bpc) as usize];
+        let i = (cb % bpc) as usize;
+        let (v, _) = ch.p2l[i];
+        debug_assert_ne!(v, u32::MAX, "only a current block has a class");
+        let old = std::mem::replace(&mut ch.class[i], id);
+        let classes = &mut self.vols[v as usize].cache.classes;
+        classes.count(old, false);
+        classes.count(id, true);
+    }
+}
+
+impl Engine {
+    /// Set the I/O classes of in-place volume `name` (at most `CLASSES_MAX`;
+    /// shares in [0, 1]); their counters start afresh.
+    pub fn set_io_classes(&self, name: &str, classes: Vec<IoClass>) -> Result<(), EngineError> {
+        if classes.len() > CLASSES_MAX || classes.iter().any(|c| !(0.0..=1.0).contains(&c.share)) {
+            return Err(EngineError::Config("at most 32 I/O classes, each with a share in [0, 1]"));
+        }
+        let mut inner = self.lock();
+        if !inner.in_place() {
+            return Err(EngineError::Config("I/O classes apply to an in-place engine (layout = in-place)"));
+        }
+        let v = inner.vols.iter().position(|v| v.name == name).ok_or_else(|| EngineError::NoVolume(name.into()))?;
+        // Blocks cached under the old classes count as unclassified now.
+        let bpc = inner.blocks_per_chunk() as usize;
+        for c in 0..inner.log.chunks.len() {
+            for i in 0..bpc {
+                if inner.log.chunks[c].p2l[i].0 == v as u32 {
+                    inner.log.chunks[c].class[i] = 0;
+                }
+            }
+        }
+        let held: u64 = inner.vols[v].cache.classes.blocks.iter().sum();
+        let cls = &mut inner.vols[v].cache.classes;
+        cls.set(classes);
+        cls.blocks.iter_mut().for_each(|b| *b = 0);
+        cls.blocks[0] = held;
+        Ok(())
+    }
+}
