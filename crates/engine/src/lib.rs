@@ -2,6 +2,7 @@
 //! log) and a capacity device, written against the media traits only.
 
 pub mod engine;
+pub mod ext4;
 pub mod faults;
 pub mod layout;
 pub mod metrics;

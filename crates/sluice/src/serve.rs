@@ -165,6 +165,77 @@ pub struct VolumeConfig {
     pub class: Vec<ClassConfig>,
 }
 
+/// The thread that keeps directory classes current: every `refresh` it reads
+/// the ext4 metadata of each volume with a `directory` class through the
+/// volume and hands the blocks of the directory's files to the engine
+/// (`Engine::set_class_extents`). A file system that cannot be read (not
+/// ext4 yet, the directory missing) leaves the class matching nothing, and
+/// is logged once per distinct error. Stops when dropped.
+pub struct DirectoryClasses {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DirectoryClasses {
+    fn start(cfg: &Config, engine: &Arc<Engine>) -> Result<Option<DirectoryClasses>, ServeError> {
+        let mut jobs = Vec::new();
+        let mut every = std::time::Duration::from_secs(5);
+        for v in &cfg.volumes {
+            for c in v.class.iter().filter(|c| !c.directory.is_empty()) {
+                if !c.refresh.is_empty() {
+                    let path = format!("volume {} class {} refresh", v.name, c.name);
+                    let secs: f64 = (c.refresh.trim_end_matches('s').parse()).map_err(|_| ServeError::Config {
+                        path,
+                        msg: format!("{:?}: seconds, as \"5s\"", c.refresh),
+                    })?;
+                    every = every.min(std::time::Duration::from_secs_f64(secs.max(0.01)));
+                }
+                jobs.push((engine.volume(&v.name)?, v.name.clone(), c.name.clone(), c.directory.clone()));
+            }
+        }
+        if jobs.is_empty() {
+            return Ok(None);
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, engine) = (stop.clone(), engine.clone());
+        let thread = std::thread::Builder::new()
+            .name("classes".into())
+            .spawn(move || {
+                let mut said: std::collections::HashMap<(String, String), String> = std::collections::HashMap::new();
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (vol, name, class, dir) in &jobs {
+                        let found = sluice_engine::ext4::volume_directory_extents(vol, dir);
+                        let (extents, err) = match found {
+                            Ok(e) => (e, String::new()),
+                            Err(e) => (Vec::new(), e.to_string()),
+                        };
+                        let key = (name.clone(), class.clone());
+                        if !err.is_empty() && said.get(&key) != Some(&err) {
+                            eprintln!("sluice: volume {name:?} class {class:?}: directory {dir:?}: {err}");
+                        }
+                        said.insert(key, err);
+                        let _ = engine.set_class_extents(name, class, extents);
+                    }
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < every && !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::sleep(std::time::Duration::from_millis(20).min(every));
+                    }
+                }
+            })
+            .map_err(|source| ServeError::Io { what: "the directory classes' thread".into(), source })?;
+        Ok(Some(DirectoryClasses { stop, thread: Some(thread) }))
+    }
+}
+
+impl Drop for DirectoryClasses {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// `[[volume.class]]`: one I/O class of an in-place volume (docs/caching.md).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,6 +256,14 @@ pub struct ClassConfig {
     pub direction: String,
     /// Share of the cache the class may hold: 0 never cached, 1 no limit.
     pub share: f64,
+    /// A directory of the ext4 file system on the volume: requests to the
+    /// blocks of the files under it (found by reading the file system's
+    /// metadata, refreshed every `refresh`) belong to the class.
+    #[serde(default)]
+    pub directory: String,
+    /// How often a directory class is refreshed (default "5s").
+    #[serde(default)]
+    pub refresh: String,
 }
 
 impl ClassConfig {
@@ -198,6 +277,11 @@ impl ClassConfig {
             }
         };
         let mut c = sluice_engine::IoClass::new(&self.name, self.share);
+        if !self.directory.is_empty() {
+            // Nothing belongs to it until the first refresh has read the
+            // file system.
+            c.extents = Some(Arc::new(Vec::new()));
+        }
         if !self.start.is_empty() || !self.end.is_empty() {
             c.range = Some((size("start", &self.start, 0)?, size("end", &self.end, u64::MAX)?));
         }
@@ -904,6 +988,7 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
         Some(c) => Some(engine.start_compactor(c)?),
         None => None,
     };
+    let classifier = DirectoryClasses::start(&cfg, &engine)?;
     let mut exports: Vec<Arc<dyn Volume>> = Vec::new();
     for v in &cfg.volumes {
         exports.push(Arc::new(engine.volume(&v.name)?));
@@ -955,6 +1040,7 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
     for h in handles {
         h.shutdown().map_err(|e| ServeError::Server(e.to_string()))?;
     }
+    drop(classifier);
     drop(compactor);
     engine.shutdown()?;
     eprintln!("sluice: clean shutdown");

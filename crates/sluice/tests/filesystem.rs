@@ -259,6 +259,8 @@ fn ext4_on_an_in_place_volume_is_on_the_disk_alone_after_sluice_clean() {
     let _one = prerequisites();
     let (dir, config) = small_config("ext4-in-place");
     let text = std::fs::read_to_string(&config).unwrap().replace("[engine]\n", "[engine]\nlayout = \"in-place\"\n");
+    // A directory class: the blocks of the files under /spills.
+    let text = text + "[[volume.class]]\nname = \"spills\"\ndirectory = \"/spills\"\nrefresh = \"0.2s\"\nshare = 1.0\n";
     std::fs::write(&config, text).unwrap();
     let files = sample_files();
 
@@ -278,6 +280,22 @@ fn ext4_on_an_in_place_volume_is_on_the_disk_alone_after_sluice_clean() {
         std::fs::remove_file(fs.path(&format!("tmp{i}"))).unwrap();
     }
     sh("sync", &[]);
+    // A file under /spills: unknown to the class when first written (its
+    // metadata is committed after its data); once a refresh has read the
+    // committed metadata, rewriting it in place is the class's traffic.
+    let spill = contents(200, 256 << 10);
+    std::fs::create_dir_all(fs.path("spills")).unwrap();
+    std::fs::write(fs.path("spills/s0"), &spill).unwrap();
+    sh("sync", &[]);
+    let class_key = "sluice_cache_class_write_bytes{volume=\"default\",class=\"spills\"}";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&metrics, class_key) < (256 << 10) as f64 {
+        assert!(Instant::now() < deadline, "the rewritten /spills file never counted as the class's");
+        std::thread::sleep(Duration::from_millis(300));
+        let mut f = std::fs::OpenOptions::new().write(true).open(fs.path("spills/s0")).unwrap();
+        std::io::Write::write_all(&mut f, &spill).unwrap();
+        f.sync_all().unwrap();
+    }
     let key = |k: &str| format!("sluice_cache_{k}{{volume=\"default\"}}");
     assert!(metric(&metrics, &key("cutoff_bypass_bytes_total")) >= (4 << 20) as f64, "big files bypass the cache");
     assert!(metric(&metrics, &key("write_back_bytes_total")) > 0.0);

@@ -40,18 +40,35 @@ pub struct IoClass {
     pub direction: Option<ClassDirection>,
     /// Share of the log's blocks the class may hold, in [0, 1].
     pub share: f64,
+    /// Requests starting in one of these byte ranges (sorted, disjoint) of
+    /// the volume: a directory class's files, found by `crate::ext4` and
+    /// refreshed as the file system changes (`Engine::set_class_extents`).
+    #[serde(skip)]
+    pub extents: Option<std::sync::Arc<Vec<(u64, u64)>>>,
 }
 
 impl IoClass {
     /// A class that matches every request, with this share.
     pub fn new(name: &str, share: f64) -> IoClass {
-        IoClass { name: name.into(), range: None, size_min: 0, size_max: u64::MAX, direction: None, share }
+        IoClass {
+            name: name.into(),
+            range: None,
+            size_min: 0,
+            size_max: u64::MAX,
+            direction: None,
+            share,
+            extents: None,
+        }
     }
 
     fn matches(&self, offset: u64, len: u64, dir: ClassDirection) -> bool {
         self.range.is_none_or(|(a, b)| (a..b).contains(&offset))
             && (self.size_min..=self.size_max).contains(&len)
             && self.direction.is_none_or(|d| d == dir)
+            && self.extents.as_ref().is_none_or(|e| {
+                let i = e.partition_point(|&(_, end)| end <= offset);
+                i < e.len() && e[i].0 <= offset
+            })
     }
 }
 
@@ -230,6 +247,19 @@ impl Inner {
 }
 
 impl Engine {
+    /// Replace the byte ranges a class of in-place volume `volume` matches
+    /// (a directory class's files, as they are now), keeping its counters
+    /// and the classes of blocks already cached.
+    pub fn set_class_extents(&self, volume: &str, class: &str, extents: Vec<(u64, u64)>) -> Result<(), EngineError> {
+        let mut inner = self.lock();
+        let v = inner.vols.iter().position(|v| v.name == volume).ok_or_else(|| EngineError::NoVolume(volume.into()))?;
+        let c = (inner.vols[v].cache.classes.list.iter_mut())
+            .find(|c| c.name == class)
+            .ok_or(EngineError::Config("no I/O class of that name on the volume"))?;
+        c.extents = Some(std::sync::Arc::new(extents));
+        Ok(())
+    }
+
     /// Set the I/O classes of in-place volume `name` (at most `CLASSES_MAX`;
     /// shares in [0, 1]); their counters start afresh.
     pub fn set_io_classes(&self, name: &str, classes: Vec<IoClass>) -> Result<(), EngineError> {

@@ -1,0 +1,382 @@
+//! A small, read-only reader of ext4 metadata: which blocks of a volume hold
+//! the files under a directory — what a directory class needs
+//! (docs/caching.md).
+//!
+//! It reads the file system through a caller's read function (a volume, an
+//! image file), never writes, and trusts nothing: every offset is bounds-
+//! checked against the file system's size and every loop is bounded, so a
+//! corrupt or hostile image yields an error, not a hang or a panic.
+//!
+//! Supported: ext4 (and ext2/3 images with the `extents` feature on the
+//! files that matter) with 1-64 KiB blocks, 32- or 64-bit group descriptors,
+//! extent-mapped files and directories (the ext4 default), linear and
+//! hashed (htree) directories (both are read block by block as linear
+//! entries: htree index blocks look like one empty entry), inline data
+//! (no blocks to report). Not supported, with a typed error: files mapped by
+//! the old indirect block maps (ext2/3 without extents), journal replay
+//! (a file system that was not cleanly unmounted is read as it is on the
+//! disk: metadata still in the journal is not seen — ext4 writes data before
+//! it commits the metadata that names it, so a new file's blocks are found
+//! only after the commit), encrypted or case-folded names (matched as bytes).
+
+use std::collections::HashSet;
+
+/// Errors reading ext4 metadata.
+#[derive(Debug, thiserror::Error)]
+pub enum Ext4Error {
+    #[error("reading the file system: {0}")]
+    Io(String),
+    #[error("not an ext4 file system (no superblock magic)")]
+    NotExt4,
+    #[error("unsupported ext4 feature: {0}")]
+    Unsupported(&'static str),
+    #[error("corrupt ext4 metadata: {0}")]
+    Corrupt(&'static str),
+    #[error("no such directory: {0}")]
+    NotFound(String),
+}
+
+const ROOT_INODE: u32 = 2;
+const EXTENTS_FL: u32 = 0x8_0000;
+const INLINE_DATA_FL: u32 = 0x1000_0000;
+const INCOMPAT_64BIT: u32 = 0x80;
+const EXTENT_MAGIC: u16 = 0xF30A;
+/// Most directory entries, extents and inodes one walk visits.
+const ITEMS_MAX: usize = 1 << 24;
+
+/// An ext4 file system, read through `read(byte offset, length)`.
+pub struct Ext4<R: Fn(u64, usize) -> Result<Vec<u8>, String>> {
+    read: R,
+    block: u64,
+    blocks: u64,
+    inodes_per_group: u32,
+    inode_size: u64,
+    desc_size: u64,
+    first_data_block: u64,
+    groups: u64,
+}
+
+/// A file's or directory's inode, as far as the walk needs it.
+struct Inode {
+    mode: u16,
+    flags: u32,
+    i_block: [u8; 60],
+}
+
+impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
+    /// Read and check the superblock.
+    pub fn open(read: R) -> Result<Ext4<R>, Ext4Error> {
+        let sb = read(1024, 1024).map_err(Ext4Error::Io)?;
+        if sb.len() < 1024 || u16_at(&sb, 0x38) != 0xEF53 {
+            return Err(Ext4Error::NotExt4);
+        }
+        let log = u32_at(&sb, 0x18);
+        if log > 6 {
+            return Err(Ext4Error::Corrupt("block size"));
+        }
+        let block = 1024u64 << log;
+        let incompat = u32_at(&sb, 0x60);
+        let wide = incompat & INCOMPAT_64BIT != 0;
+        let blocks = u32_at(&sb, 0x04) as u64 | if wide { (u32_at(&sb, 0x150) as u64) << 32 } else { 0 };
+        let blocks_per_group = u32_at(&sb, 0x20) as u64;
+        let inodes_per_group = u32_at(&sb, 0x28);
+        let rev = u32_at(&sb, 0x4C);
+        let inode_size = if rev == 0 { 128 } else { u16_at(&sb, 0x58) as u64 };
+        let desc_size = if wide { (u16_at(&sb, 0xFE) as u64).max(32) } else { 32 };
+        let first_data_block = u32_at(&sb, 0x14) as u64;
+        if blocks_per_group == 0 || inodes_per_group == 0 || !(128..=4096).contains(&inode_size) || desc_size > 1024 {
+            return Err(Ext4Error::Corrupt("superblock geometry"));
+        }
+        let groups = blocks.saturating_sub(first_data_block).div_ceil(blocks_per_group);
+        Ok(Ext4 { read, block, blocks, inodes_per_group, inode_size, desc_size, first_data_block, groups })
+    }
+
+    /// The file system's block size.
+    pub fn block_bytes(&self) -> u64 {
+        self.block
+    }
+
+    fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, Ext4Error> {
+        if offset.checked_add(len as u64).is_none_or(|end| end > self.blocks * self.block) {
+            return Err(Ext4Error::Corrupt("a pointer past the end of the file system"));
+        }
+        let b = (self.read)(offset, len).map_err(Ext4Error::Io)?;
+        if b.len() != len {
+            return Err(Ext4Error::Io(format!("short read at byte {offset}")));
+        }
+        Ok(b)
+    }
+
+    fn inode(&self, n: u32) -> Result<Inode, Ext4Error> {
+        if n == 0 || (n - 1) as u64 / self.inodes_per_group as u64 >= self.groups {
+            return Err(Ext4Error::Corrupt("inode number"));
+        }
+        let group = (n - 1) as u64 / self.inodes_per_group as u64;
+        let index = (n - 1) as u64 % self.inodes_per_group as u64;
+        let gdt = (self.first_data_block + 1) * self.block;
+        let d = self.read(gdt + group * self.desc_size, self.desc_size as usize)?;
+        let mut table = u32_at(&d, 0x08) as u64;
+        if self.desc_size >= 64 {
+            table |= (u32_at(&d, 0x28) as u64) << 32;
+        }
+        let raw = self.read(table * self.block + index * self.inode_size, 128)?;
+        let mut i_block = [0u8; 60];
+        i_block.copy_from_slice(&raw[0x28..0x28 + 60]);
+        Ok(Inode { mode: u16_at(&raw, 0), flags: u32_at(&raw, 0x20), i_block })
+    }
+
+    /// The extents of inode `ino`'s data: (first file-system block, blocks).
+    fn extents(&self, ino: &Inode, budget: &mut usize) -> Result<Vec<(u64, u64)>, Ext4Error> {
+        if ino.flags & INLINE_DATA_FL != 0 {
+            return Ok(Vec::new());
+        }
+        if ino.flags & EXTENTS_FL == 0 {
+            return Err(Ext4Error::Unsupported("files mapped by indirect blocks (ext2/3 without extents)"));
+        }
+        let mut out = Vec::new();
+        self.walk_node(&ino.i_block, 0, &mut out, budget)?;
+        Ok(out)
+    }
+
+    fn walk_node(
+        &self,
+        node: &[u8],
+        level: u32,
+        out: &mut Vec<(u64, u64)>,
+        budget: &mut usize,
+    ) -> Result<(), Ext4Error> {
+        if node.len() < 12 || u16_at(node, 0) != EXTENT_MAGIC {
+            return Err(Ext4Error::Corrupt("extent header"));
+        }
+        let entries = u16_at(node, 2) as usize;
+        let depth = u16_at(node, 6);
+        if level > 5 || depth > 5 || 12 + entries * 12 > node.len() {
+            return Err(Ext4Error::Corrupt("extent tree shape"));
+        }
+        for e in 0..entries {
+            *budget = budget.checked_sub(1).ok_or(Ext4Error::Corrupt("too many extents"))?;
+            let x = &node[12 + e * 12..24 + e * 12];
+            if depth == 0 {
+                let len = u16_at(x, 4) as u64;
+                // Past 32768: an unwritten (preallocated) extent, still allocated.
+                let len = if len > 32768 { len - 32768 } else { len };
+                let start = (u16_at(x, 6) as u64) << 32 | u32_at(x, 8) as u64;
+                if start + len > self.blocks {
+                    return Err(Ext4Error::Corrupt("extent past the end"));
+                }
+                out.push((start, len));
+            } else {
+                let leaf = (u16_at(x, 8) as u64) << 32 | u32_at(x, 4) as u64;
+                let child = self.read(leaf * self.block, self.block as usize)?;
+                self.walk_node(&child, level + 1, out, budget)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The entries of directory `ino`: (name, inode, file type).
+    fn entries(&self, ino: &Inode, budget: &mut usize) -> Result<Vec<(Vec<u8>, u32, u8)>, Ext4Error> {
+        let mut out = Vec::new();
+        for (start, len) in self.extents(ino, budget)? {
+            for b in start..start + len {
+                let data = self.read(b * self.block, self.block as usize)?;
+                let mut at = 0usize;
+                while at + 8 <= data.len() {
+                    let inode = u32_at(&data, at);
+                    let rec_len = u16_at(&data, at + 4) as usize;
+                    let name_len = data[at + 6] as usize;
+                    if rec_len < 8 || at + rec_len > data.len() || 8 + name_len > rec_len {
+                        break;
+                    }
+                    if inode != 0 {
+                        *budget = budget.checked_sub(1).ok_or(Ext4Error::Corrupt("too many directory entries"))?;
+                        out.push((data[at + 8..at + 8 + name_len].to_vec(), inode, data[at + 7]));
+                    }
+                    at += rec_len;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The inode of `path` (absolute, `/`-separated), which must be a directory.
+    fn lookup(&self, path: &str, budget: &mut usize) -> Result<u32, Ext4Error> {
+        let mut n = ROOT_INODE;
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            let dir = self.inode(n)?;
+            n = (self.entries(&dir, budget)?.into_iter())
+                .find(|(name, _, _)| name == part.as_bytes())
+                .map(|(_, ino, _)| ino)
+                .ok_or_else(|| Ext4Error::NotFound(path.to_string()))?;
+        }
+        if self.inode(n)?.mode & 0xF000 != 0x4000 {
+            return Err(Ext4Error::NotFound(format!("{path} (not a directory)")));
+        }
+        Ok(n)
+    }
+
+    /// The byte ranges of the file system (sorted, merged) holding the data
+    /// of every file under directory `path` and the directories themselves,
+    /// recursively. Hard links and loops are followed once.
+    pub fn directory_extents(&self, path: &str) -> Result<Vec<(u64, u64)>, Ext4Error> {
+        let mut budget = ITEMS_MAX;
+        let top = self.lookup(path, &mut budget)?;
+        let mut seen = HashSet::new();
+        let mut todo = vec![top];
+        let mut blocks: Vec<(u64, u64)> = Vec::new();
+        while let Some(n) = todo.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            let ino = self.inode(n)?;
+            blocks.extend(self.extents(&ino, &mut budget)?);
+            if ino.mode & 0xF000 != 0x4000 {
+                continue;
+            }
+            for (name, child, kind) in self.entries(&ino, &mut budget)? {
+                if name == b"." || name == b".." {
+                    continue;
+                }
+                // 1 regular file, 2 directory; 0 (no file type feature): look.
+                let is_data = match kind {
+                    1 | 2 => true,
+                    0 => matches!(self.inode(child)?.mode & 0xF000, 0x8000 | 0x4000),
+                    _ => false,
+                };
+                if is_data {
+                    todo.push(child);
+                }
+            }
+        }
+        blocks.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (start, len) in blocks {
+            let (a, b) = (start * self.block, (start + len) * self.block);
+            match out.last_mut() {
+                Some(last) if last.1 >= a => last.1 = last.1.max(b),
+                _ => out.push((a, b)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The byte ranges of `volume` holding the files under directory `path` of
+/// the ext4 file system on it (reads are widened to the volume's blocks).
+pub fn volume_directory_extents(volume: &dyn crate::Volume, path: &str) -> Result<Vec<(u64, u64)>, Ext4Error> {
+    let bs = volume.block_bytes();
+    let size = volume.size_bytes();
+    let read = |offset: u64, len: usize| -> Result<Vec<u8>, String> {
+        let start = offset / bs * bs;
+        let end = (offset + len as u64).div_ceil(bs) * bs;
+        if end > size {
+            return Err(format!("byte {end} is past the volume's end"));
+        }
+        let mut b = vec![0u8; (end - start) as usize];
+        volume.read(start, &mut b).map_err(|e| e.to_string())?;
+        let at = (offset - start) as usize;
+        Ok(b[at..at + len].to_vec())
+    };
+    Ext4::open(read)?.directory_extents(path)
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// An image made by `mkfs.ext4 -d` from a tree of files: the extents
+    /// found for a directory hold exactly its files' bytes (each file's
+    /// content is found in them), another directory's files are not in
+    /// them, and bad input is refused with typed errors.
+    #[test]
+    fn the_blocks_of_a_directory_hold_its_files_and_no_others() {
+        let dir = std::env::temp_dir().join(format!("sluice-ext4-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let src = dir.join("src");
+        let mut rng = sluice_media::rng::SplitMix64(11);
+        let mut content = |n: usize| -> Vec<u8> { (0..n).map(|_| rng.next_u64() as u8).collect() };
+        let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+        for (path, len) in [
+            ("yarn/local/spill0", 300_000),
+            ("yarn/local/sub/spill1", 40_000),
+            ("yarn/local/sub/deeper/spill2", 1_000_000),
+            ("hdfs/blk_1", 2_000_000),
+            ("hdfs/blk_2", 65_536),
+        ] {
+            let p = src.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            let c = content(len);
+            std::fs::write(&p, &c).unwrap();
+            files.push((path.into(), c));
+        }
+        // Many entries: a hashed (htree) directory.
+        for i in 0..300 {
+            let p = src.join(format!("yarn/local/many/f{i:04}"));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            let c = content(5000);
+            std::fs::write(&p, &c).unwrap();
+            files.push((format!("yarn/local/many/f{i:04}"), c));
+        }
+        let img = dir.join("fs.img");
+        let out = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "4096", "-d"])
+            .arg(&src)
+            .arg(&img)
+            .arg("64M")
+            .output()
+            .expect("mkfs.ext4 (e2fsprogs) is installed by scripts/setup.sh");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let image = std::fs::read(&img).unwrap();
+        let read = |o: u64, n: usize| -> Result<Vec<u8>, String> {
+            image.get(o as usize..o as usize + n).map(|s| s.to_vec()).ok_or_else(|| "past the image".to_string())
+        };
+        let fs = Ext4::open(read).unwrap();
+        assert_eq!(fs.block_bytes(), 4096);
+        let yarn = fs.directory_extents("/yarn/local").unwrap();
+        let hdfs = fs.directory_extents("hdfs").unwrap();
+        let inside = |ranges: &[(u64, u64)], data: &[u8]| -> bool {
+            // Every 4 KiB piece of the file is found at a block inside the ranges.
+            data.chunks(4096).all(|piece| {
+                ranges
+                    .iter()
+                    .any(|&(a, b)| (a..b).step_by(4096).any(|o| image[o as usize..o as usize + piece.len()] == *piece))
+            })
+        };
+        for (path, c) in &files {
+            let (mine, other) = if path.starts_with("yarn") { (&yarn, &hdfs) } else { (&hdfs, &yarn) };
+            assert!(inside(mine, c), "{path} is in its directory's blocks");
+            if c.len() > 4096 {
+                assert!(!inside(other, &c[..4096]), "{path} is not in the other directory's blocks");
+            }
+        }
+        let bytes: u64 = yarn.iter().map(|(a, b)| b - a).sum();
+        assert!((1_340_000 + 300 * 4096..4 << 20).contains(&bytes), "{bytes}");
+        // Typed refusals.
+        assert!(matches!(fs.directory_extents("/nope"), Err(Ext4Error::NotFound(_))));
+        assert!(matches!(fs.directory_extents("/hdfs/blk_1"), Err(Ext4Error::NotFound(_))));
+        let zeros = |_o: u64, n: usize| -> Result<Vec<u8>, String> { Ok(vec![0; n]) };
+        assert!(matches!(Ext4::open(zeros), Err(Ext4Error::NotExt4)));
+        // A corrupt image (every byte of the inode tables flipped) is an
+        // error, never a panic or a hang.
+        let mut bad = image.clone();
+        for b in bad.iter_mut().skip(4096 * 2).take(4096 * 64) {
+            *b = !*b;
+        }
+        let read_bad = |o: u64, n: usize| -> Result<Vec<u8>, String> {
+            bad.get(o as usize..o as usize + n).map(|s| s.to_vec()).ok_or_else(|| "past the image".to_string())
+        };
+        if let Ok(fs) = Ext4::open(read_bad) {
+            let _ = fs.directory_extents("/yarn/local");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
