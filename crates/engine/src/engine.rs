@@ -90,6 +90,7 @@ use bands::{Band, BandId, BandState, Bands};
 pub use caching::{CacheMode, CachePolicy, CacheReport, CacheStats, SeqCutoff};
 pub use check::CheckReport;
 pub use classes::{ClassDirection, ClassStats, IoClass, CLASSES_MAX};
+pub use cleaning::{Cleaning, CleaningMode};
 use compaction::CompactCursor;
 use gc::GcCursor;
 pub use handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
@@ -184,6 +185,8 @@ struct Inner {
     placement: BandPlacement,
     /// In place: writes spilled while the log's oldest chunk stayed (caching.rs).
     spill: caching::SpillDebt,
+    /// In place: how the background compactor cleans ahead (cleaning.rs).
+    cleaning: cleaning::Cleaning,
 }
 
 /// The engine: owns the devices and every volume's map.
@@ -315,6 +318,7 @@ impl Inner {
             geo,
             sim: None,
             spill: Default::default(),
+            cleaning: Default::default(),
         };
         inner.place_homes();
         inner

@@ -13,8 +13,9 @@ mod testkit;
 pub mod volume;
 
 pub use engine::{
-    BandPlacement, CacheMode, CachePolicy, CacheReport, CacheStats, CheckReport, ClassDirection, ClassStats, Compactor,
-    CompactorConfig, CompactorSnapshot, Damage, Engine, EngineConfig, EngineError, EngineSnapshot, EngineStats,
-    EngineVolume, IoClass, L2pStats, Layout, OpenOptions, SeqCutoff, VolumeSnapshot, VolumeSpec,
+    BandPlacement, CacheMode, CachePolicy, CacheReport, CacheStats, CheckReport, ClassDirection, ClassStats, Cleaning,
+    CleaningMode, Compactor, CompactorConfig, CompactorSnapshot, Damage, Engine, EngineConfig, EngineError,
+    EngineSnapshot, EngineStats, EngineVolume, IoClass, L2pStats, Layout, OpenOptions, SeqCutoff, VolumeSnapshot,
+    VolumeSpec,
 };
 pub use volume::{Extent, Volume, VolumeError, WriteBuf};

@@ -103,6 +103,11 @@ pub struct EngineSection {
     /// over a plain disk: each volume block at its own LBA, volume after
     /// volume from byte 0). Set when the engine is created (docs/caching.md).
     pub layout: String,
+    /// In-place engines: background cleaning, "none" (default), "alru" or
+    /// "acp"; ALRU's dirty set point (share of the cache) and age.
+    pub cleaning: String,
+    pub cleaning_setpoint: f64,
+    pub cleaning_age: String,
 }
 
 /// `[server]`: bounds of the NBD server (per listener).
@@ -331,6 +336,9 @@ impl Default for EngineSection {
             compaction_setpoint: CompactorConfig::default().setpoint_free,
             l2p_dram: String::new(),
             layout: "bands".into(),
+            cleaning: "none".into(),
+            cleaning_setpoint: 0.1,
+            cleaning_age: "10s".into(),
         }
     }
 }
@@ -582,6 +590,28 @@ impl Config {
 
     /// What in this config differs from the engine on the devices, one line
     /// each (empty: nothing).
+    /// `[engine] cleaning`, `cleaning_setpoint`, `cleaning_age`, parsed.
+    fn cleaning(&self) -> Result<sluice_engine::Cleaning, ServeError> {
+        let e = &self.engine;
+        let bad = |path: &str, msg: String| ServeError::Config { path: path.into(), msg };
+        let mode = match e.cleaning.as_str() {
+            "none" => sluice_engine::CleaningMode::None,
+            "alru" => sluice_engine::CleaningMode::Alru,
+            "acp" => sluice_engine::CleaningMode::Acp,
+            other => return Err(bad("engine.cleaning", format!("{other:?}: none, alru or acp"))),
+        };
+        let secs: f64 = (e.cleaning_age.trim_end_matches('s').parse())
+            .map_err(|_| bad("engine.cleaning_age", format!("{:?}: seconds, as \"10s\"", e.cleaning_age)))?;
+        if !(0.0..=1.0).contains(&e.cleaning_setpoint) || !secs.is_finite() || secs < 0.0 {
+            return Err(bad("engine.cleaning_setpoint", "a share in [0, 1], and an age ≥ 0".into()));
+        }
+        Ok(sluice_engine::Cleaning {
+            mode,
+            dirty_setpoint: e.cleaning_setpoint,
+            age: std::time::Duration::from_secs_f64(secs),
+        })
+    }
+
     /// `[engine] layout`, parsed.
     fn layout(&self) -> Result<sluice_engine::Layout, ServeError> {
         (self.engine.layout.parse())
@@ -970,6 +1000,15 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
         (Opened::Created, _) => eprintln!("sluice: created a new engine on {}", cfg.devices_text()),
         _ => eprintln!("sluice: reopened the engine on {}", cfg.devices_text()),
     }
+    let cleaning = cfg.cleaning()?;
+    if cfg.layout()? == sluice_engine::Layout::InPlace {
+        engine.set_cleaning(cleaning)?;
+    } else if cleaning.mode != sluice_engine::CleaningMode::None {
+        return Err(ServeError::Config {
+            path: "engine.cleaning".into(),
+            msg: "cleaning policies apply to an in-place engine ([engine] layout = \"in-place\")".into(),
+        });
+    }
     for v in &cfg.volumes {
         let policy = v.cache_policy()?;
         let classes = v.class.iter().map(|c| c.to_class(&v.name)).collect::<Result<Vec<_>, _>>()?;
@@ -1087,6 +1126,14 @@ mod tests {
         assert!(matches!(bad.volumes[0].cache_policy(), Err(ServeError::Config { .. })));
         let bad: Config = toml::from_str(&text.replace("in-place", "sideways")).unwrap();
         assert!(matches!(bad.layout(), Err(ServeError::Config { .. })));
+        let alru: Config =
+            toml::from_str(&text.replace("[engine]\n", "[engine]\ncleaning = \"alru\"\ncleaning_age = \"2.5s\"\n"))
+                .unwrap();
+        let c = alru.cleaning().unwrap();
+        assert_eq!((c.mode, c.age), (sluice_engine::CleaningMode::Alru, std::time::Duration::from_millis(2500)));
+        engine.set_cleaning(c).unwrap();
+        let bad: Config = toml::from_str(&text.replace("[engine]\n", "[engine]\ncleaning = \"eager\"\n")).unwrap();
+        assert!(matches!(bad.cleaning(), Err(ServeError::Config { .. })));
         // I/O classes.
         let classes = format!(
             "{text}[[volume.class]]\nname = \"bulk\"\nstart = \"32m\"\nshare = 0.0\n\

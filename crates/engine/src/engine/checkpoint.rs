@@ -201,6 +201,7 @@ pub(super) fn decode_checkpoint(
             clean: vec![false; bpc],
             dirty: valid,
             class: vec![0; bpc],
+            sealed_at: None,
         });
     }
     let mut lists = [VecDeque::new(), VecDeque::new()];
@@ -268,6 +269,7 @@ pub(super) fn decode_checkpoint(
         sim: None,
         placement: BandPlacement::PerVolume,
         spill: Default::default(),
+        cleaning: Default::default(),
     };
     inner.place_homes();
     inner.check_invariants_unless_paged();

@@ -84,7 +84,76 @@ impl Inner {
     }
 }
 
+/// How the background compactor cleans an in-place log ahead of need
+/// (without it, dirty blocks are written home only when their chunk is
+/// reclaimed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CleaningMode {
+    /// Only when a chunk is reclaimed (or a spilled write pays for it).
+    #[default]
+    None,
+    /// Like Open CAS's ALRU: chunks sealed longer than `age` ago, oldest
+    /// first — data that lives that long is worth writing home while the
+    /// disk is free — and, past the dirty set point, any chunk.
+    Alru,
+    /// Like Open CAS's ACP: clean continuously, oldest chunk first.
+    Acp,
+}
+
+/// The engine's background cleaning (`Engine::set_cleaning`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Cleaning {
+    pub mode: CleaningMode,
+    /// Share of the log's blocks that may be dirty before ALRU cleans
+    /// regardless of age (bcache's writeback target is 10 %).
+    pub dirty_setpoint: f64,
+    /// ALRU: how long a chunk stays sealed before it is cleaned.
+    pub age: std::time::Duration,
+}
+
+impl Default for Cleaning {
+    fn default() -> Cleaning {
+        Cleaning { mode: CleaningMode::None, dirty_setpoint: 0.1, age: std::time::Duration::from_secs(10) }
+    }
+}
+
+impl Inner {
+    /// The full chunk background cleaning should work on now, if any.
+    pub(super) fn cleaning_due(&self) -> Option<ChunkId> {
+        let c = self.cleaning;
+        if !self.in_place() || c.mode == CleaningMode::None {
+            return None;
+        }
+        let log_blocks = self.log.chunks.len() as u64 * self.blocks_per_chunk();
+        let over =
+            self.log.chunks.iter().map(|ch| ch.dirty as u64).sum::<u64>() as f64 > c.dirty_setpoint * log_blocks as f64;
+        self.log.full.iter().copied().find(|&id| {
+            let ch = &self.log.chunks[id];
+            ch.dirty > 0
+                && match c.mode {
+                    CleaningMode::Acp => true,
+                    _ => over || ch.sealed_at.is_none_or(|t| t.elapsed() >= c.age),
+                }
+        })
+    }
+}
+
 impl Engine {
+    /// Choose how the background compactor cleans this in-place engine's
+    /// log ahead of need (takes effect with `start_compactor`).
+    pub fn set_cleaning(&self, cleaning: Cleaning) -> Result<(), EngineError> {
+        if !(0.0..=1.0).contains(&cleaning.dirty_setpoint) {
+            return Err(EngineError::Config("cleaning: the dirty set point is a share of the log, in [0, 1]"));
+        }
+        let mut inner = self.lock();
+        if !inner.in_place() {
+            return Err(EngineError::Config("cleaning policies apply to an in-place engine (layout = in-place)"));
+        }
+        inner.cleaning = cleaning;
+        Ok(())
+    }
+
     /// Write `data` (whole blocks from `lba0` of `vol`) to its home, and
     /// count it; the caller deals with cached copies.
     pub(super) fn write_home(&self, inner: &mut Inner, vol: usize, lba0: u64, data: &[u8]) -> Result<(), VolumeError> {

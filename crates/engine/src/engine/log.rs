@@ -273,6 +273,7 @@ impl Engine {
                 return Ok((c, off));
             }
             inner.log.chunks[c].to(ChunkState::Open, ChunkState::Sealed);
+            inner.log.chunks[c].sealed_at = Some(std::time::Instant::now());
             inner.log.full.push_back(c);
             inner.log.open = None;
         }
@@ -353,6 +354,7 @@ impl Log {
             clean: vec![false; blocks_per_chunk],
             dirty: 0,
             class: vec![0; blocks_per_chunk],
+            sealed_at: None,
         };
         Log {
             chunks: (0..chunk_count).map(chunk).collect(),
@@ -424,6 +426,9 @@ pub(super) struct Chunk {
     /// In place: per block, its I/O class (classes.rs; 0 unclassified). Not
     /// persisted: after a reopen every cached block is unclassified.
     pub(super) class: Vec<u8>,
+    /// When the chunk was sealed (age-based cleaning); None after a reopen,
+    /// which counts as old.
+    pub(super) sealed_at: Option<std::time::Instant>,
 }
 
 impl Inner {

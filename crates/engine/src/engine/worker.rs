@@ -81,6 +81,8 @@ enum Work {
     Idle,
     Compacted,
     Collected,
+    /// In place: dirty blocks written home ahead of need.
+    Cleaned,
 }
 
 /// Shared by the engine's write path and its compactor thread.
@@ -357,6 +359,15 @@ impl Engine {
             }
         }
         if !compact_due {
+            // In place, with nothing to reclaim: clean ahead, if the policy
+            // says a chunk is due (cleaning.rs).
+            if let Some(c) = inner.cleaning_due() {
+                let r = self.clean_chunk(&mut inner, c, step_blocks);
+                inner.stop_on_device_error(r)?;
+                let held = locked.elapsed();
+                drop(inner);
+                return Ok((Work::Cleaned, held));
+            }
             return Ok((Work::Idle, locked.elapsed()));
         }
         let r = self.compact_step(&mut inner, step_blocks, &mut pre, true);
