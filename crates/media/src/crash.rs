@@ -373,14 +373,7 @@ impl BlockDevice for CrashDevice {
             check_range(&self.info, &req).and_then(|_| st.execute(&mut req, self.info.block_bytes))
         };
         st.stats.count_host(req.op, req.len, result.is_ok());
-        st.done.push_back(IoCompletion {
-            user_data: req.user_data,
-            op: req.op,
-            result,
-            buf: req.buf,
-            submitted_ns: 0,
-            completed_ns: 0,
-        });
+        st.done.push_back(IoCompletion::untimed(req, result));
     }
 
     fn reap(&self, _min: usize, out: &mut Vec<IoCompletion>) -> usize {

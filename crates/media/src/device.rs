@@ -88,6 +88,13 @@ pub struct IoCompletion {
     pub completed_ns: u64,
 }
 
+impl IoCompletion {
+    /// The completion of `req` with `result`, for an untimed device.
+    pub fn untimed(req: IoRequest, result: Result<u64, DeviceError>) -> IoCompletion {
+        IoCompletion { user_data: req.user_data, op: req.op, result, buf: req.buf, submitted_ns: 0, completed_ns: 0 }
+    }
+}
+
 /// NVMe ZNS status codes a zoned device returns for rule violations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ZoneError {
@@ -256,6 +263,13 @@ pub trait BlockDevice: Send + Sync {
     /// each other's completions.
     fn is_shared(&self) -> bool {
         false
+    }
+
+    /// When the next completion `reap` would return is due on the device's
+    /// clock, if the device knows (emulated media do); None otherwise.
+    /// Lets a device built of several (`StripedDevice`) reap in clock order.
+    fn next_completion_ns(&self) -> Option<u64> {
+        None
     }
 }
 

@@ -232,6 +232,14 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
         st.pending.len() + st.queued.len()
     }
 
+    fn next_completion_ns(&self) -> Option<u64> {
+        let mut st = self.state.lock().expect("emulator lock");
+        if st.pending.is_empty() && !st.queued.is_empty() {
+            self.schedule_one(&mut st);
+        }
+        st.pending.peek().map(|Reverse(p)| p.0.completed_ns)
+    }
+
     fn stats(&self) -> DeviceStats {
         self.state.lock().expect("emulator lock").stats
     }

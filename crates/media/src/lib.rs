@@ -17,6 +17,7 @@ pub mod rng;
 pub mod scm;
 pub mod shared;
 pub mod ssd;
+pub mod stripe;
 #[cfg(test)]
 mod testutil;
 pub mod zns;
@@ -34,4 +35,5 @@ pub use hdd::{hdd_device, HddModel, HddProfile};
 pub use memory::MemoryDevice;
 pub use scm::{scm_device, ScmModel, ScmProfile};
 pub use shared::SharedDevice;
+pub use stripe::StripedDevice;
 pub use zns::{zns_device, ZnsModel, ZnsProfile};

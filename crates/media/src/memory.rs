@@ -343,14 +343,7 @@ impl BlockDevice for MemoryDevice {
         let mut q = self.queue.lock().expect("memory device queue");
         q.executing -= admitted as usize;
         q.stats.count_host(req.op, req.len, result.is_ok());
-        q.done.push_back(IoCompletion {
-            user_data: req.user_data,
-            op: req.op,
-            result,
-            buf: req.buf,
-            submitted_ns: 0,
-            completed_ns: 0,
-        });
+        q.done.push_back(IoCompletion::untimed(req, result));
     }
 
     fn reap(&self, _min: usize, out: &mut Vec<IoCompletion>) -> usize {

@@ -18,8 +18,8 @@ use sluice_engine::{CompactorConfig, Engine, EngineConfig, EngineError, Volume, 
 use sluice_frontend::{raise_open_files_limit, Listener, Server, ServerMonitor, ServerOptions, FDS_PER_CONNECTION};
 use sluice_media::ssd::{ssd_device, SsdProfile};
 use sluice_media::{
-    scm_device, zns_device, BlockDevice, CacheMode, ClockRef, FileDevice, FileOptions, MemoryDevice, RealClock,
-    ScmProfile, ZnsProfile,
+    hdd_device, scm_device, zns_device, BlockDevice, CacheMode, ClockRef, FileDevice, FileOptions, HddProfile,
+    MemoryDevice, RealClock, ScmProfile, StripedDevice, ZnsProfile,
 };
 use sluice_workload::parse_bytes;
 use std::path::{Path, PathBuf};
@@ -62,6 +62,10 @@ pub struct DeviceConfig {
     /// only: the emulator's zone write pointers do not survive a restart).
     #[serde(default)]
     pub emulate: String,
+    /// emulate = "hdd", kind = "memory" only: this many emulated disks,
+    /// striped in 1 MiB units (0 or 1: one disk).
+    #[serde(default)]
+    pub disks: usize,
     /// kind = "memory" only: allocate and touch all of it at start, so writes
     /// never wait for the kernel to fault in fresh pages (benchmarks).
     #[serde(default)]
@@ -355,6 +359,7 @@ impl Default for Config {
                 path: "cache.img".into(),
                 size: "1g".into(),
                 emulate: String::new(),
+                disks: 0,
                 prealloc: false,
             },
             capacity: DeviceConfig {
@@ -362,6 +367,7 @@ impl Default for Config {
                 path: "capacity.img".into(),
                 size: "8g".into(),
                 emulate: String::new(),
+                disks: 0,
                 prealloc: false,
             },
             engine: EngineSection::default(),
@@ -521,9 +527,15 @@ impl Config {
         let ssd = match d.emulate.as_str() {
             "qlc" => Some(SsdProfile::qlc(size)),
             "tlc" => Some(SsdProfile::tlc(size)),
-            "" | "scm" | "zns" => None,
-            other => return Err(bad(format!("unknown medium {other:?} (scm, qlc, tlc or zns)"))),
+            "" | "scm" | "zns" | "hdd" => None,
+            other => return Err(bad(format!("unknown medium {other:?} (scm, qlc, tlc, zns or hdd)"))),
         };
+        if d.disks > 1 && (d.emulate != "hdd" || d.kind != "memory") {
+            return Err(ServeError::Config {
+                path: format!("{which}.disks"),
+                msg: "several disks are emulated HDDs on memory (emulate = \"hdd\", kind = \"memory\")".into(),
+            });
+        }
         let ssd_fits = |p: &SsdProfile, size: u64| {
             let erase_block = p.erase_block_ius as u64 * p.iu_bytes;
             if size.is_multiple_of(erase_block) && size >= 64 * erase_block {
@@ -577,6 +589,27 @@ impl Config {
                 p.capacity_bytes = size;
                 Arc::new(scm_device(p, backend, clock))
             }
+            "hdd" if d.disks > 1 => {
+                // Each disk its own memory; the striped device the engine sees.
+                drop(backend);
+                let each = (size / d.disks as u64) / (1 << 20) * (1 << 20);
+                let members: Vec<Arc<dyn BlockDevice>> = (0..d.disks)
+                    .map(|_| {
+                        let p = HddProfile { capacity_bytes: each, ..HddProfile::hdd_7200() };
+                        let mem: Box<dyn BlockDevice> = if d.prealloc {
+                            Box::new(MemoryDevice::preallocated(each, 4096))
+                        } else {
+                            Box::new(MemoryDevice::new(each, 4096))
+                        };
+                        Arc::new(hdd_device(p, mem, clock.clone())) as Arc<dyn BlockDevice>
+                    })
+                    .collect();
+                Arc::new(StripedDevice::new(members, 1 << 20))
+            }
+            "hdd" => {
+                let p = HddProfile { capacity_bytes: size / 4096 * 4096, ..HddProfile::hdd_7200() };
+                Arc::new(hdd_device(p, backend, clock))
+            }
             "qlc" | "tlc" => {
                 // A raw block device's own size decides.
                 let p = if d.emulate == "qlc" { SsdProfile::qlc(size) } else { SsdProfile::tlc(size) };
@@ -588,8 +621,6 @@ impl Config {
         Ok(OpenedDevice { which, dev, fresh, created })
     }
 
-    /// What in this config differs from the engine on the devices, one line
-    /// each (empty: nothing).
     /// `[engine] cleaning`, `cleaning_setpoint`, `cleaning_age`, parsed.
     fn cleaning(&self) -> Result<sluice_engine::Cleaning, ServeError> {
         let e = &self.engine;
@@ -618,6 +649,8 @@ impl Config {
             .map_err(|e: EngineError| ServeError::Config { path: "engine.layout".into(), msg: e.to_string() })
     }
 
+    /// What in this config differs from the engine on the devices, one line
+    /// each (empty: nothing).
     fn differences(&self, sb: &Superblock, zoned: bool) -> Result<Vec<String>, ServeError> {
         let mut out = Vec::new();
         let in_place = sb.layout == sluice_engine::persist::LAYOUT_IN_PLACE;
@@ -1134,6 +1167,18 @@ mod tests {
         engine.set_cleaning(c).unwrap();
         let bad: Config = toml::from_str(&text.replace("[engine]\n", "[engine]\ncleaning = \"eager\"\n")).unwrap();
         assert!(matches!(bad.cleaning(), Err(ServeError::Config { .. })));
+        // Emulated HDDs, striped.
+        let hdds: Config = toml::from_str(
+            "[capacity]\nkind = \"memory\"\nsize = \"64m\"\nemulate = \"hdd\"\ndisks = 4\n[[volume]]\nname = \"v\"\nsize = \"32m\"\n",
+        )
+        .unwrap();
+        let d = hdds.open_device("capacity", &hdds.capacity).unwrap().dev;
+        assert!(d.info().name.starts_with("4x") && d.info().capacity_bytes == 64 << 20, "{:?}", d.info());
+        let bad: Config = toml::from_str(
+            "[capacity]\nkind = \"file\"\nsize = \"64m\"\nemulate = \"hdd\"\ndisks = 2\n[[volume]]\nname = \"v\"\nsize = \"32m\"\n",
+        )
+        .unwrap();
+        assert!(matches!(bad.open_device("capacity", &bad.capacity), Err(ServeError::Config { .. })));
         // I/O classes.
         let classes = format!(
             "{text}[[volume.class]]\nname = \"bulk\"\nstart = \"32m\"\nshare = 0.0\n\
