@@ -177,6 +177,9 @@ enum Bench {
         /// Only these cases (comma-separated).
         #[arg(long)]
         only: Option<String>,
+        /// Emulated HDDs the disk is striped over (1 MiB units).
+        #[arg(long, default_value_t = 1)]
+        disks: usize,
     },
     /// Run a fio-style job file on an emulated system in virtual time.
     Job {
@@ -612,20 +615,22 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Bench { what } => match what {
             Bench::Media { quick, json, only } => bench_media(quick, &json, only.as_deref()),
             Bench::Csal { quick, json, only, measure } => bench_csal(quick, &json, only.as_deref(), measure.as_deref()),
-            Bench::Caching { quick, json, only } => {
+            Bench::Caching { quick, json, only, disks } => {
                 use sluice_bench::caching;
                 let o = if quick { caching::CachingOpts::quick() } else { caching::CachingOpts::full() };
+                let o = caching::CachingOpts { disks: disks.max(1), ..o };
                 let t0 = Instant::now();
                 let rows = caching::run_all(&o, only.as_deref())?;
                 println!(
                     "sluice bench caching ({}): {} MiB of temporary files ({} alive at most), {} HDFS files of {} MiB, \
-                     QD{} per job, emulated SCM cache over a 7200 rpm HDD, virtual time\n",
+                     QD{} per job, emulated SCM cache over {} 7200 rpm HDD(s), virtual time\n",
                     if quick { "quick" } else { "full" },
                     o.temp_bytes >> 20,
                     o.live_files,
                     o.hdfs_files,
                     o.hdfs_file_bytes >> 20,
-                    o.iodepth
+                    o.iodepth,
+                    o.disks
                 );
                 print!("{}", caching::table(&rows));
                 println!("(wall {:.1} s)", t0.elapsed().as_secs_f64());
