@@ -40,15 +40,18 @@ const ROOT_INODE: u32 = 2;
 const EXTENTS_FL: u32 = 0x8_0000;
 const INLINE_DATA_FL: u32 = 0x1000_0000;
 const INCOMPAT_64BIT: u32 = 0x80;
+const INCOMPAT_META_BG: u32 = 0x10;
 const EXTENT_MAGIC: u16 = 0xF30A;
-/// Most directory entries, extents and inodes one walk visits.
-const ITEMS_MAX: usize = 1 << 24;
+/// Most directory entries, extents, inodes and metadata blocks one walk
+/// visits (a corrupt file system cannot make it read without end).
+const ITEMS_MAX: usize = 1 << 22;
 
 /// An ext4 file system, read through `read(byte offset, length)`.
 pub struct Ext4<R: Fn(u64, usize) -> Result<Vec<u8>, String>> {
     read: R,
     block: u64,
-    blocks: u64,
+    /// The file system's size in bytes.
+    bytes: u64,
     inodes_per_group: u32,
     inode_size: u64,
     desc_size: u64,
@@ -77,7 +80,11 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
         let block = 1024u64 << log;
         let incompat = u32_at(&sb, 0x60);
         let wide = incompat & INCOMPAT_64BIT != 0;
+        if incompat & INCOMPAT_META_BG != 0 {
+            return Err(Ext4Error::Unsupported("meta_bg group descriptors"));
+        }
         let blocks = u32_at(&sb, 0x04) as u64 | if wide { (u32_at(&sb, 0x150) as u64) << 32 } else { 0 };
+        let bytes = blocks.checked_mul(block).ok_or(Ext4Error::Corrupt("block count"))?;
         let blocks_per_group = u32_at(&sb, 0x20) as u64;
         let inodes_per_group = u32_at(&sb, 0x28);
         let rev = u32_at(&sb, 0x4C);
@@ -88,7 +95,7 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
             return Err(Ext4Error::Corrupt("superblock geometry"));
         }
         let groups = blocks.saturating_sub(first_data_block).div_ceil(blocks_per_group);
-        Ok(Ext4 { read, block, blocks, inodes_per_group, inode_size, desc_size, first_data_block, groups })
+        Ok(Ext4 { read, block, bytes, inodes_per_group, inode_size, desc_size, first_data_block, groups })
     }
 
     /// The file system's block size.
@@ -97,7 +104,7 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
     }
 
     fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, Ext4Error> {
-        if offset.checked_add(len as u64).is_none_or(|end| end > self.blocks * self.block) {
+        if offset.checked_add(len as u64).is_none_or(|end| end > self.bytes) {
             return Err(Ext4Error::Corrupt("a pointer past the end of the file system"));
         }
         let b = (self.read)(offset, len).map_err(Ext4Error::Io)?;
@@ -119,7 +126,8 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
         if self.desc_size >= 64 {
             table |= (u32_at(&d, 0x28) as u64) << 32;
         }
-        let raw = self.read(table * self.block + index * self.inode_size, 128)?;
+        let at = (table.checked_mul(self.block)).and_then(|t| t.checked_add(index * self.inode_size));
+        let raw = self.read(at.ok_or(Ext4Error::Corrupt("inode table"))?, 128)?;
         let mut i_block = [0u8; 60];
         i_block.copy_from_slice(&raw[0x28..0x28 + 60]);
         Ok(Inode { mode: u16_at(&raw, 0), flags: u32_at(&raw, 0x20), i_block })
@@ -134,7 +142,7 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
             return Err(Ext4Error::Unsupported("files mapped by indirect blocks (ext2/3 without extents)"));
         }
         let mut out = Vec::new();
-        self.walk_node(&ino.i_block, 0, &mut out, budget)?;
+        self.walk_node(&ino.i_block, 0, &mut out, budget, &mut HashSet::new())?;
         Ok(out)
     }
 
@@ -144,6 +152,7 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
         level: u32,
         out: &mut Vec<(u64, u64)>,
         budget: &mut usize,
+        seen: &mut HashSet<u64>,
     ) -> Result<(), Ext4Error> {
         if node.len() < 12 || u16_at(node, 0) != EXTENT_MAGIC {
             return Err(Ext4Error::Corrupt("extent header"));
@@ -161,14 +170,18 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
                 // Past 32768: an unwritten (preallocated) extent, still allocated.
                 let len = if len > 32768 { len - 32768 } else { len };
                 let start = (u16_at(x, 6) as u64) << 32 | u32_at(x, 8) as u64;
-                if start + len > self.blocks {
+                if (start + len).checked_mul(self.block).is_none_or(|end| end > self.bytes) {
                     return Err(Ext4Error::Corrupt("extent past the end"));
                 }
                 out.push((start, len));
             } else {
                 let leaf = (u16_at(x, 8) as u64) << 32 | u32_at(x, 4) as u64;
-                let child = self.read(leaf * self.block, self.block as usize)?;
-                self.walk_node(&child, level + 1, out, budget)?;
+                if !seen.insert(leaf) {
+                    return Err(Ext4Error::Corrupt("an extent index block named twice"));
+                }
+                let at = leaf.checked_mul(self.block).ok_or(Ext4Error::Corrupt("extent index block"))?;
+                let child = self.read(at, self.block as usize)?;
+                self.walk_node(&child, level + 1, out, budget, seen)?;
             }
         }
         Ok(())
@@ -179,6 +192,7 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
         let mut out = Vec::new();
         for (start, len) in self.extents(ino, budget)? {
             for b in start..start + len {
+                *budget = budget.checked_sub(1).ok_or(Ext4Error::Corrupt("too many directory blocks"))?;
                 let data = self.read(b * self.block, self.block as usize)?;
                 let mut at = 0usize;
                 while at + 8 <= data.len() {
@@ -264,8 +278,18 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
 /// The byte ranges of `volume` holding the files under directory `path` of
 /// the ext4 file system on it (reads are widened to the volume's blocks).
 pub fn volume_directory_extents(volume: &dyn crate::Volume, path: &str) -> Result<Vec<(u64, u64)>, Ext4Error> {
-    let bs = volume.block_bytes();
-    let size = volume.size_bytes();
+    let read = |offset: u64, buf: &mut [u8]| volume.read(offset, buf).map_err(|e| e.to_string());
+    directory_extents_via(volume.size_bytes(), volume.block_bytes(), read, path)
+}
+
+/// `volume_directory_extents` through `read(offset, buf)` of a device of
+/// `size` bytes and `bs`-byte blocks (offsets and lengths whole blocks).
+pub fn directory_extents_via(
+    size: u64,
+    bs: u64,
+    read_blocks: impl Fn(u64, &mut [u8]) -> Result<(), String>,
+    path: &str,
+) -> Result<Vec<(u64, u64)>, Ext4Error> {
     let read = |offset: u64, len: usize| -> Result<Vec<u8>, String> {
         let start = offset / bs * bs;
         let end = (offset + len as u64).div_ceil(bs) * bs;
@@ -273,7 +297,7 @@ pub fn volume_directory_extents(volume: &dyn crate::Volume, path: &str) -> Resul
             return Err(format!("byte {end} is past the volume's end"));
         }
         let mut b = vec![0u8; (end - start) as usize];
-        volume.read(start, &mut b).map_err(|e| e.to_string())?;
+        read_blocks(start, &mut b)?;
         let at = (offset - start) as usize;
         Ok(b[at..at + len].to_vec())
     };

@@ -161,7 +161,7 @@ pub(super) struct VolCache {
     pub(super) stats: CacheStats,
     /// The capacity block of LBA 0's home.
     pub(super) home: u64,
-    /// Bumped by every write to a home of the volume.
+    /// Bumped by every write to a home of the volume, and by trims.
     pub(super) home_gen: u64,
     /// The sequential streams last seen (cutoff): where each ends, how
     /// long it is, and when it was last extended (`stream_tick`).
@@ -428,7 +428,9 @@ impl Engine {
             }
         }
         // A promotion never makes the log reclaim a chunk (let alone clean
-        // one): it takes room the log has to spare, or is skipped.
+        // one): it takes room the log has to spare, in one record, or is
+        // skipped.
+        due.truncate(inner.record_blocks_max());
         let room = inner.log.open.is_some_and(|(_, off)| off + 1 + due.len() as u64 <= inner.blocks_per_chunk());
         if due.is_empty() || (!room && inner.log.free.len() <= inner.cfg.log_free_chunks_min) {
             return Ok(());

@@ -20,12 +20,13 @@
 //!   it is durable (cache flush): recovery never replays a freed chunk, so
 //!   a stale cached copy can never be cleaned over a newer home.
 //! - A direct home write (write-around, pass-through, spill, cutoff,
-//!   write-zeroes) first drops the log's copies of its blocks from the maps
-//!   (so no cleaning can write them over the new home), then goes to the
-//!   disk and, if there were copies, is made durable (capacity flush)
-//!   before their tombstones are logged: a crash then loses at most the
-//!   unflushed home write, and never keeps a tombstone whose home write it
-//!   lost (the block would read a home older than the copy it dropped).
+//!   write-zeroes) goes to the disk and, if the log holds copies of its
+//!   blocks, is made durable (capacity flush); only then are the copies
+//!   dropped from the maps (a failed home write leaves reads on them) and
+//!   their tombstones logged (logging may reclaim the oldest chunk, and the
+//!   copies are out of the maps by then, so no old copy is cleaned over the
+//!   new home). A crash loses at most the unflushed home write, and never
+//!   keeps a tombstone whose home write it lost.
 //! - A write-through logs the new copy (dirty) before it writes home, then
 //!   marks it clean: logging may clean the oldest chunk, and an older copy
 //!   of the block must be out of the maps by then.
@@ -272,10 +273,12 @@ impl Engine {
     }
 
     /// Write whole blocks home past the log (write-around, pass-through,
-    /// spill, cutoff, write-zeroes), dropping the copies the log held: out
-    /// of the maps first (so that no cleaning started by what follows can
-    /// write an old copy over the new home), then the disk, durable, then a
-    /// tombstone for each of them (module doc). `data` is `None` for zeros.
+    /// spill, cutoff, write-zeroes), dropping the copies the log held: the
+    /// disk first, durable if there are copies; then the copies out of the
+    /// maps, so that no cleaning the tombstones' logging starts can write an
+    /// old copy over the new home; then a tombstone for each (module doc).
+    /// Writing home touches no log, so nothing cleans in between. `data` is
+    /// `None` for zeros.
     pub(super) fn write_past_log(
         &self,
         inner: &mut Inner,
@@ -284,13 +287,10 @@ impl Engine {
         blocks: u64,
         data: Option<&[u8]>,
     ) -> Result<(), VolumeError> {
-        let mut dropped = Vec::new();
+        let mut cached = Vec::new();
         for lba in lba0..lba0 + blocks {
-            let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
-            if !old.is_none() {
-                inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
-                inner.invalidate(old);
-                dropped.push(lba);
+            if !inner.vols[vol as usize].l2p.get(lba as usize)?.is_none() {
+                cached.push(lba);
             }
         }
         match data {
@@ -305,14 +305,23 @@ impl Engine {
                 }
             }
         }
+        if cached.is_empty() {
+            return Ok(());
+        }
         // The tombstones must not become durable before the home write: a
         // crash could keep them and lose the write, and the blocks would
-        // read a home older than the copies they dropped.
-        if !dropped.is_empty() {
-            self.flush_capacity(inner)?;
-            self.log_tombstones(inner, vol, &dropped)?;
+        // read a home older than the copies they drop. Until the home is
+        // durable the copies stay mapped (a failure leaves reads on them).
+        self.flush_capacity(inner)?;
+        // Out of the maps before the tombstones take log space: that may
+        // reclaim the oldest chunk, which must not clean an old copy over
+        // the new home.
+        for &lba in &cached {
+            let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
+            inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
+            inner.invalidate(old);
         }
-        Ok(())
+        self.log_tombstones(inner, vol, &cached)
     }
 }
 

@@ -163,6 +163,11 @@ impl Engine {
         // allows.) With bands, the tombstones come first (segments.rs,
         // rule 3).
         let in_place = inner.in_place();
+        if in_place {
+            // A read that looked before this trim must not promote what it
+            // read from the log as if it were the home's bytes.
+            inner.vols[vol as usize].cache.home_gen += 1;
+        }
         for part in mapped.chunks(RECORD_BLOCKS_MAX) {
             if !in_place {
                 self.log_tombstones(inner, vol, part)?;
