@@ -371,6 +371,19 @@ pub struct CacheVolumeStats {
     pub promoted_mib_per_s: f64,
     pub cleaning_mib_per_s: f64,
     pub discarded_dirty_mib_per_s: f64,
+    /// Per I/O class: cached MiB now, and MiB/s written, bypassed and
+    /// spilled over the interval.
+    pub classes: Vec<ClassRates>,
+}
+
+/// One I/O class of a volume over a `sluice stats` interval.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassRates {
+    pub class: String,
+    pub cached_mib: f64,
+    pub write_mib_per_s: f64,
+    pub bypass_mib_per_s: f64,
+    pub spill_mib_per_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -420,7 +433,28 @@ fn cache_stats(
         promoted_mib_per_s: rate("promoted_bytes_total"),
         cleaning_mib_per_s: rate("cleaned_bytes_total"),
         discarded_dirty_mib_per_s: rate("discarded_dirty_bytes_total"),
+        classes: class_rates(a, b, v, interval_s),
     })
+}
+
+/// Each I/O class of volume `v` that the second scrape names.
+fn class_rates(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>, v: &str, interval_s: f64) -> Vec<ClassRates> {
+    let prefix = format!("sluice_cache_class_cached_bytes{{volume=\"{v}\",class=\"");
+    let mib = 1024.0 * 1024.0;
+    (b.keys().filter_map(|k| k.strip_prefix(&prefix)?.strip_suffix("\"}")))
+        .map(|class| {
+            let key = |m: &str| format!("sluice_cache_class_{m}{{volume=\"{v}\",class=\"{class}\"}}");
+            let g = |m: &BTreeMap<String, f64>, k: &str| m.get(&key(k)).copied().unwrap_or(0.0);
+            let rate = |k: &str| (g(b, k) - g(a, k)) / interval_s / mib;
+            ClassRates {
+                class: class.to_string(),
+                cached_mib: g(b, "cached_bytes") / mib,
+                write_mib_per_s: rate("write_bytes"),
+                bypass_mib_per_s: rate("bypass_bytes"),
+                spill_mib_per_s: rate("spill_bytes"),
+            }
+        })
+        .collect()
 }
 
 /// Rates from two scrapes `interval_s` apart.
@@ -530,6 +564,12 @@ pub fn print_table(s: &Stats) {
                 c.cleaning_mib_per_s,
                 c.discarded_dirty_mib_per_s
             );
+            for k in &c.classes {
+                println!(
+                    "  class {:<20} cached {:>8.1} MiB, write {:>8.1} MiB/s, bypass {:>8.1} MiB/s, spill {:>8.1} MiB/s",
+                    k.class, k.cached_mib, k.write_mib_per_s, k.bypass_mib_per_s, k.spill_mib_per_s
+                );
+            }
         }
     }
     println!(
@@ -586,5 +626,7 @@ mod tests {
         assert_eq!(c.write_back_mib_per_s, 64.0 / 1024.0);
         assert_eq!(c.dirty_mib, 32.0 / 1024.0);
         assert_eq!(c.read_hit_ratio, 0.5);
+        assert_eq!(c.classes.len(), 1, "{:?}", c.classes);
+        assert_eq!((c.classes[0].class.as_str(), c.classes[0].write_mib_per_s), ("unclassified", 2112.0 / 1024.0));
     }
 }
