@@ -158,46 +158,26 @@ impl<M: MediaModel> BlockDevice for Emulated<M> {
         let now = self.clock.now_ns();
         let mut st = self.state.lock().expect("emulator lock");
         let st = &mut *st;
-        if st.model.reorders() {
-            let refused = if st.pending.len() + st.queued.len() >= self.info.queue_depth_max {
-                Some(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
-            } else {
-                check_range(&self.info, &req).err()
-            };
-            match refused {
-                Some(e) => {
-                    st.stats.count_host(req.op, req.len, false);
-                    st.seq += 1;
-                    let c = IoCompletion {
-                        user_data: req.user_data,
-                        op: req.op,
-                        result: Err(e),
-                        buf: req.buf,
-                        submitted_ns: now,
-                        completed_ns: now,
-                    };
-                    st.pending.push(Reverse(Pending(c, st.seq)));
-                }
-                None => st.queued.push_back((req, now)),
+        let reorders = st.model.reorders();
+        // (Only reordering media queue requests before serving them.)
+        let refused = if st.pending.len() + st.queued.len() >= self.info.queue_depth_max {
+            Some(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
+        } else if reorders {
+            // Checked now: served later, a bad request would fail late.
+            check_range(&self.info, &req).err()
+        } else {
+            None
+        };
+        match refused {
+            Some(e) => {
+                st.stats.count_host(req.op, req.len, false);
+                st.seq += 1;
+                let c = IoCompletion { submitted_ns: now, completed_ns: now, ..IoCompletion::untimed(req, Err(e)) };
+                st.pending.push(Reverse(Pending(c, st.seq)));
             }
-            return;
+            None if reorders => st.queued.push_back((req, now)),
+            None => self.serve(st, req, now, now),
         }
-        if st.pending.len() >= self.info.queue_depth_max {
-            let op = req.op;
-            st.stats.count_host(op, req.len, false);
-            st.seq += 1;
-            let c = IoCompletion {
-                user_data: req.user_data,
-                op,
-                result: Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max }),
-                buf: req.buf,
-                submitted_ns: now,
-                completed_ns: now,
-            };
-            st.pending.push(Reverse(Pending(c, st.seq)));
-            return;
-        }
-        self.serve(st, req, now, now);
     }
 
     fn reap(&self, min: usize, out: &mut Vec<IoCompletion>) -> usize {

@@ -9,6 +9,7 @@
 //! any range of seeds. Errors are typed below and print as one clear line.
 
 mod connections;
+mod directories;
 mod metrics;
 mod nbdload;
 mod serve;

@@ -42,12 +42,14 @@ fn fields(v: &impl Serialize) -> Vec<(String, f64)> {
     }
 }
 
+/// A metric family's HELP and TYPE lines.
+fn family(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
 /// The Prometheus text for one snapshot.
 pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
     let mut o = String::new();
-    let family = |o: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    };
     family(&mut o, "sluice_volume_size_bytes", "gauge", "Size of the volume.");
     for v in &s.volumes {
         let _ = writeln!(o, "sluice_volume_size_bytes{{volume=\"{}\"}} {}", v.name, v.size_bytes);
@@ -206,9 +208,6 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
     if s.cache.is_empty() {
         return;
     }
-    let family = |o: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    };
     family(o, "sluice_cache_mode", "gauge", "1 for the volume's cache mode (wb, wt, wa, wi, pt).");
     for c in &s.cache {
         let mode = match c.policy.mode {

@@ -174,78 +174,6 @@ pub struct VolumeConfig {
     pub class: Vec<ClassConfig>,
 }
 
-/// The thread that keeps directory classes current: every `refresh` it reads
-/// the ext4 metadata of each volume with a `directory` class through the
-/// volume and hands the blocks of the directory's files to the engine
-/// (`Engine::set_class_extents`). A file system that cannot be read (not
-/// ext4 yet, the directory missing) leaves the class matching nothing, and
-/// is logged once per distinct error. Stops when dropped.
-pub struct DirectoryClasses {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl DirectoryClasses {
-    fn start(cfg: &Config, engine: &Arc<Engine>) -> Result<Option<DirectoryClasses>, ServeError> {
-        let mut jobs = Vec::new();
-        let mut every = std::time::Duration::from_secs(5);
-        for v in &cfg.volumes {
-            for c in v.class.iter().filter(|c| !c.directory.is_empty()) {
-                if !c.refresh.is_empty() {
-                    let path = format!("volume {} class {} refresh", v.name, c.name);
-                    let secs: f64 = (c.refresh.trim_end_matches('s').parse()).map_err(|_| ServeError::Config {
-                        path,
-                        msg: format!("{:?}: seconds, as \"5s\"", c.refresh),
-                    })?;
-                    every = every.min(std::time::Duration::from_secs_f64(secs.max(0.01)));
-                }
-                jobs.push((engine.volume(&v.name)?, v.name.clone(), c.name.clone(), c.directory.clone()));
-            }
-        }
-        if jobs.is_empty() {
-            return Ok(None);
-        }
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (flag, engine) = (stop.clone(), engine.clone());
-        let thread = std::thread::Builder::new()
-            .name("classes".into())
-            .spawn(move || {
-                let mut said: std::collections::HashMap<(String, String), String> = std::collections::HashMap::new();
-                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                    for (vol, name, class, dir) in &jobs {
-                        let read = |o: u64, b: &mut [u8]| vol.read_unaccounted(o, b).map_err(|e| e.to_string());
-                        let found = sluice_engine::ext4::directory_extents_via(vol.size_bytes(), 4096, read, dir);
-                        let (extents, err) = match found {
-                            Ok(e) => (e, String::new()),
-                            Err(e) => (Vec::new(), e.to_string()),
-                        };
-                        let key = (name.clone(), class.clone());
-                        if !err.is_empty() && said.get(&key) != Some(&err) {
-                            eprintln!("sluice: volume {name:?} class {class:?}: directory {dir:?}: {err}");
-                        }
-                        said.insert(key, err);
-                        let _ = engine.set_class_extents(name, class, extents);
-                    }
-                    let t = std::time::Instant::now();
-                    while t.elapsed() < every && !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                        std::thread::sleep(std::time::Duration::from_millis(20).min(every));
-                    }
-                }
-            })
-            .map_err(|source| ServeError::Io { what: "the directory classes' thread".into(), source })?;
-        Ok(Some(DirectoryClasses { stop, thread: Some(thread) }))
-    }
-}
-
-impl Drop for DirectoryClasses {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// `[[volume.class]]`: one I/O class of an in-place volume (docs/caching.md).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -416,6 +344,12 @@ pub enum ServeError {
          `sluice format` creates one on it (destroying what it holds)"
     )]
     NotFresh { which: &'static str, path: String },
+}
+
+/// A duration in seconds, as "5s" (or "5").
+pub(crate) fn seconds_of(field: &str, v: &str) -> Result<f64, ServeError> {
+    (v.trim_end_matches('s').parse())
+        .map_err(|_| ServeError::Config { path: field.into(), msg: format!("{v:?}: seconds, as \"5s\"") })
 }
 
 fn size_of(field: &str, v: &str) -> Result<u64, ServeError> {
@@ -632,8 +566,7 @@ impl Config {
             "acp" => sluice_engine::CleaningMode::Acp,
             other => return Err(bad("engine.cleaning", format!("{other:?}: none, alru or acp"))),
         };
-        let secs: f64 = (e.cleaning_age.trim_end_matches('s').parse())
-            .map_err(|_| bad("engine.cleaning_age", format!("{:?}: seconds, as \"10s\"", e.cleaning_age)))?;
+        let secs = seconds_of("engine.cleaning_age", &e.cleaning_age)?;
         if !(0.0..=1.0).contains(&e.cleaning_setpoint) || !secs.is_finite() || secs < 0.0 {
             return Err(bad("engine.cleaning_setpoint", "a share in [0, 1], and an age ≥ 0".into()));
         }
@@ -1061,7 +994,7 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
         Some(c) => Some(engine.start_compactor(c)?),
         None => None,
     };
-    let classifier = DirectoryClasses::start(&cfg, &engine)?;
+    let classifier = crate::directories::DirectoryClasses::start(&cfg, &engine)?;
     let mut exports: Vec<Arc<dyn Volume>> = Vec::new();
     for v in &cfg.volumes {
         exports.push(Arc::new(engine.volume(&v.name)?));

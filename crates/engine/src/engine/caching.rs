@@ -431,8 +431,7 @@ impl Engine {
         // one): it takes room the log has to spare, in one record, or is
         // skipped.
         due.truncate(inner.record_blocks_max());
-        let room = inner.log.open.is_some_and(|(_, off)| off + 1 + due.len() as u64 <= inner.blocks_per_chunk());
-        if due.is_empty() || (!room && inner.log.free.len() <= inner.cfg.log_free_chunks_min) {
+        if due.is_empty() || !inner.log_has_room(due.len() as u64) {
             return Ok(());
         }
         let crcs: Vec<u32> = due.iter().map(|d| crc32c(d.1)).collect();

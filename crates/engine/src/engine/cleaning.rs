@@ -78,10 +78,15 @@ impl Inner {
     /// blocks — the start of a long-lived file, say — are cheaper to clean
     /// than every later write is to spill).
     pub(super) fn log_needs_cleaning(&self, blocks: u64) -> bool {
-        let room = self.log.open.is_some_and(|(_, off)| off + 1 + blocks <= self.blocks_per_chunk());
-        !room
-            && self.log.free.len() <= self.cfg.log_free_chunks_min
+        !self.log_has_room(blocks)
             && self.log.full.front().is_some_and(|&c| 2 * self.log.chunks[c].dirty as u64 >= self.blocks_per_chunk())
+    }
+
+    /// Whether one record of `blocks` can be logged without reclaiming a
+    /// chunk: the open chunk has room, or a free chunk is above the reserve.
+    pub(super) fn log_has_room(&self, blocks: u64) -> bool {
+        self.log.open.is_some_and(|(_, off)| off + 1 + blocks <= self.blocks_per_chunk())
+            || self.log.free.len() > self.cfg.log_free_chunks_min
     }
 }
 

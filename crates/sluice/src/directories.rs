@@ -1,0 +1,75 @@
+//! Directory classes kept current while the server runs: a thread that
+//! reads the ext4 metadata of each volume with a `directory` class and hands
+//! the blocks of the directory's files to the engine (docs/caching.md).
+
+use crate::serve::{seconds_of, Config, ServeError};
+use sluice_engine::{Engine, Volume};
+use std::sync::Arc;
+
+/// The thread that keeps directory classes current: every `refresh` it reads
+/// the ext4 metadata of each volume with a `directory` class through the
+/// volume and hands the blocks of the directory's files to the engine
+/// (`Engine::set_class_extents`). A file system that cannot be read (not
+/// ext4 yet, the directory missing) leaves the class matching nothing, and
+/// is logged once per distinct error. Stops when dropped.
+pub struct DirectoryClasses {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DirectoryClasses {
+    pub fn start(cfg: &Config, engine: &Arc<Engine>) -> Result<Option<DirectoryClasses>, ServeError> {
+        let mut jobs = Vec::new();
+        let mut every = std::time::Duration::from_secs(5);
+        for v in &cfg.volumes {
+            for c in v.class.iter().filter(|c| !c.directory.is_empty()) {
+                if !c.refresh.is_empty() {
+                    let secs = seconds_of(&format!("volume {} class {} refresh", v.name, c.name), &c.refresh)?;
+                    every = every.min(std::time::Duration::from_secs_f64(secs.max(0.01)));
+                }
+                jobs.push((engine.volume(&v.name)?, v.name.clone(), c.name.clone(), c.directory.clone()));
+            }
+        }
+        if jobs.is_empty() {
+            return Ok(None);
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, engine) = (stop.clone(), engine.clone());
+        let thread = std::thread::Builder::new()
+            .name("classes".into())
+            .spawn(move || {
+                let mut said: std::collections::HashMap<(String, String), String> = std::collections::HashMap::new();
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (vol, name, class, dir) in &jobs {
+                        let read = |o: u64, b: &mut [u8]| vol.read_unaccounted(o, b).map_err(|e| e.to_string());
+                        let found = sluice_engine::ext4::directory_extents_via(vol.size_bytes(), 4096, read, dir);
+                        let (extents, err) = match found {
+                            Ok(e) => (e, String::new()),
+                            Err(e) => (Vec::new(), e.to_string()),
+                        };
+                        let key = (name.clone(), class.clone());
+                        if !err.is_empty() && said.get(&key) != Some(&err) {
+                            eprintln!("sluice: volume {name:?} class {class:?}: directory {dir:?}: {err}");
+                        }
+                        said.insert(key, err);
+                        let _ = engine.set_class_extents(name, class, extents);
+                    }
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < every && !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::sleep(std::time::Duration::from_millis(20).min(every));
+                    }
+                }
+            })
+            .map_err(|source| ServeError::Io { what: "the directory classes' thread".into(), source })?;
+        Ok(Some(DirectoryClasses { stop, thread: Some(thread) }))
+    }
+}
+
+impl Drop for DirectoryClasses {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
