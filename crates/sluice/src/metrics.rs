@@ -123,6 +123,11 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
         ("sluice_nbd_connections", "NBD connections open now.", nbd.connections_open as f64),
         ("sluice_compactor_running", "1 while the background compactor runs.", s.compactor.running as u8 as f64),
         (
+            "sluice_cache_cleaning_rate_bytes_per_second",
+            "In place: the rate ALRU cleaning is paced to past its dirty set point (0 when not paced).",
+            s.compactor.cleaning_rate_bytes_per_s,
+        ),
+        (
             "sluice_compactor_bandwidth_bytes_per_second",
             "Log bytes the compactor frees per second of work (moving average): the rate writes are paced to at the set point.",
             s.compactor.bandwidth_bytes_per_s,

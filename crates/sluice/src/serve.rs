@@ -108,10 +108,13 @@ pub struct EngineSection {
     /// volume from byte 0). Set when the engine is created (docs/caching.md).
     pub layout: String,
     /// In-place engines: background cleaning, "none" (default), "alru" or
-    /// "acp"; ALRU's dirty set point (share of the cache) and age.
+    /// "acp"; ALRU's dirty set point (share of the cache), age, idle time
+    /// and the set-point controller's response time.
     pub cleaning: String,
     pub cleaning_setpoint: f64,
     pub cleaning_age: String,
+    pub cleaning_idle: String,
+    pub cleaning_response: String,
 }
 
 /// `[server]`: bounds of the NBD server (per listener).
@@ -272,6 +275,8 @@ impl Default for EngineSection {
             cleaning: "none".into(),
             cleaning_setpoint: 0.1,
             cleaning_age: "10s".into(),
+            cleaning_idle: "1s".into(),
+            cleaning_response: "10s".into(),
         }
     }
 }
@@ -556,7 +561,8 @@ impl Config {
         Ok(OpenedDevice { which, dev, fresh, created })
     }
 
-    /// `[engine] cleaning`, `cleaning_setpoint`, `cleaning_age`, parsed.
+    /// `[engine] cleaning`, `cleaning_setpoint`, `cleaning_age`,
+    /// `cleaning_idle`, `cleaning_response`, parsed.
     fn cleaning(&self) -> Result<sluice_engine::Cleaning, ServeError> {
         let e = &self.engine;
         let bad = |path: &str, msg: String| ServeError::Config { path: path.into(), msg };
@@ -566,14 +572,22 @@ impl Config {
             "acp" => sluice_engine::CleaningMode::Acp,
             other => return Err(bad("engine.cleaning", format!("{other:?}: none, alru or acp"))),
         };
-        let secs = seconds_of("engine.cleaning_age", &e.cleaning_age)?;
-        if !(0.0..=1.0).contains(&e.cleaning_setpoint) || !secs.is_finite() || secs < 0.0 {
-            return Err(bad("engine.cleaning_setpoint", "a share in [0, 1], and an age ≥ 0".into()));
+        let duration = |path: &str, text: &str, zero_ok: bool| {
+            let secs = seconds_of(path, text)?;
+            match secs.is_finite() && (secs > 0.0 || zero_ok && secs == 0.0) {
+                true => Ok(std::time::Duration::from_secs_f64(secs)),
+                false => Err(bad(path, format!("{text:?}: a duration{}", if zero_ok { " ≥ 0" } else { " > 0" }))),
+            }
+        };
+        if !(0.0..=1.0).contains(&e.cleaning_setpoint) {
+            return Err(bad("engine.cleaning_setpoint", "a share of the cache, in [0, 1]".into()));
         }
         Ok(sluice_engine::Cleaning {
             mode,
             dirty_setpoint: e.cleaning_setpoint,
-            age: std::time::Duration::from_secs_f64(secs),
+            age: duration("engine.cleaning_age", &e.cleaning_age, true)?,
+            idle: duration("engine.cleaning_idle", &e.cleaning_idle, true)?,
+            response: duration("engine.cleaning_response", &e.cleaning_response, false)?,
         })
     }
 
@@ -1093,12 +1107,22 @@ mod tests {
         assert!(matches!(bad.volumes[0].cache_policy(), Err(ServeError::Config { .. })));
         let bad: Config = toml::from_str(&text.replace("in-place", "sideways")).unwrap();
         assert!(matches!(bad.layout(), Err(ServeError::Config { .. })));
-        let alru: Config =
-            toml::from_str(&text.replace("[engine]\n", "[engine]\ncleaning = \"alru\"\ncleaning_age = \"2.5s\"\n"))
-                .unwrap();
+        let alru: Config = toml::from_str(&text.replace(
+            "[engine]\n",
+            "[engine]\ncleaning = \"alru\"\ncleaning_age = \"2.5s\"\ncleaning_idle = \"0s\"\ncleaning_response = \"40s\"\n",
+        ))
+        .unwrap();
         let c = alru.cleaning().unwrap();
-        assert_eq!((c.mode, c.age), (sluice_engine::CleaningMode::Alru, std::time::Duration::from_millis(2500)));
+        let s = std::time::Duration::from_secs;
+        assert_eq!(
+            (c.mode, c.age, c.idle, c.response),
+            (sluice_engine::CleaningMode::Alru, std::time::Duration::from_millis(2500), s(0), s(40))
+        );
         engine.set_cleaning(c).unwrap();
+        for wrong in ["cleaning_response = \"0s\"", "cleaning_idle = \"-1s\"", "cleaning_setpoint = 1.5"] {
+            let bad: Config = toml::from_str(&text.replace("[engine]\n", &format!("[engine]\n{wrong}\n"))).unwrap();
+            assert!(matches!(bad.cleaning(), Err(ServeError::Config { .. })), "{wrong}");
+        }
         let bad: Config = toml::from_str(&text.replace("[engine]\n", "[engine]\ncleaning = \"eager\"\n")).unwrap();
         assert!(matches!(bad.cleaning(), Err(ServeError::Config { .. })));
         // Emulated HDDs, striped.

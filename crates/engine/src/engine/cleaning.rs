@@ -100,10 +100,12 @@ pub enum CleaningMode {
     #[default]
     None,
     /// Like Open CAS's ALRU: chunks sealed longer than `age` ago, oldest
-    /// first — data that lives that long is worth writing home while the
-    /// disk is free — and, past the dirty set point, any chunk.
+    /// first, once requests have paused for `idle` (data that lives that
+    /// long is worth writing home while the disk is free); and, past the
+    /// dirty set point, any chunk, at the rate `CleaningRate` sets.
     Alru,
-    /// Like Open CAS's ACP: clean continuously, oldest chunk first.
+    /// Like Open CAS's ACP: clean continuously, oldest chunk first, as fast
+    /// as the disk takes it (yielding to requests between steps).
     Acp,
 }
 
@@ -112,35 +114,107 @@ pub enum CleaningMode {
 pub struct Cleaning {
     pub mode: CleaningMode,
     /// Share of the log's blocks that may be dirty before ALRU cleans
-    /// regardless of age (bcache's writeback target is 10 %).
+    /// regardless of age, paced to bring it back (bcache's writeback target
+    /// is 10 %).
     pub dirty_setpoint: f64,
-    /// ALRU: how long a chunk stays sealed before it is cleaned.
+    /// ALRU: how long a chunk stays sealed before it is cleaned when idle.
     pub age: std::time::Duration,
+    /// ALRU: how long requests must have paused before aged chunks are
+    /// cleaned (Open CAS's activity threshold).
+    pub idle: std::time::Duration,
+    /// ALRU past the set point: the controller's time constant — the
+    /// proportional term cleans the excess over the set point at
+    /// excess / `response` per second (bcache's `p_term_inverse`, 40 s).
+    pub response: std::time::Duration,
 }
 
 impl Default for Cleaning {
     fn default() -> Cleaning {
-        Cleaning { mode: CleaningMode::None, dirty_setpoint: 0.1, age: std::time::Duration::from_secs(10) }
+        Cleaning {
+            mode: CleaningMode::None,
+            dirty_setpoint: 0.1,
+            age: std::time::Duration::from_secs(10),
+            idle: std::time::Duration::from_secs(1),
+            response: std::time::Duration::from_secs(10),
+        }
     }
 }
 
+/// The rate ALRU cleans at past the dirty set point: a proportional-integral
+/// controller on the dirty bytes, shaped like bcache's writeback rate (and
+/// like the write throttle, a pure function of what it is told: no clock,
+/// no threads).
+///
+/// rate = max(`CLEANING_RATE_MIN`, excess / response + integral / (250 ·
+/// response)), where excess is the dirty bytes over the set point and the
+/// integral sums excess · dt. The integral grows only while the log is over
+/// the set point and shrinks back to zero under it (no wind-up below
+/// target); the proportional term alone cleans a step of excess in about
+/// `response`, and the integral removes the offset a steady inflow would
+/// leave (bcache's i_term_inverse is 250 × its p_term_inverse).
+#[derive(Clone, Debug, Default)]
+pub(super) struct CleaningRate {
+    integral: f64,
+    last_ns: Option<u64>,
+}
+
+/// The slowest ALRU cleans past its set point (bytes/s): a trickle, as in
+/// bcache (whose minimum is 8 sectors/s), but a whole block per second.
+pub(super) const CLEANING_RATE_MIN: f64 = BS as f64;
+
+impl CleaningRate {
+    /// The rate (bytes/s) to clean at, now `now_ns`, with `dirty` of `total`
+    /// log bytes dirty.
+    pub(super) fn rate(&mut self, now_ns: u64, dirty: u64, total: u64, c: &Cleaning) -> f64 {
+        let excess = dirty as f64 - c.dirty_setpoint * total as f64;
+        let dt = self.last_ns.map_or(0.0, |t| now_ns.saturating_sub(t) as f64 / 1e9).min(1.0);
+        self.last_ns = Some(now_ns);
+        if excess > 0.0 || self.integral > 0.0 {
+            self.integral = (self.integral + excess * dt).max(0.0);
+        }
+        let r = c.response.as_secs_f64().max(1e-3);
+        (excess / r + self.integral / (250.0 * r)).max(CLEANING_RATE_MIN)
+    }
+}
+
+/// A chunk background cleaning may work on, and whether it is paced.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct CleaningDue {
+    pub(super) chunk: ChunkId,
+    /// ALRU past its set point: cleaned at `CleaningRate`'s rate. Otherwise
+    /// (ACP, or aged chunks while idle) as fast as the disk goes.
+    pub(super) paced: bool,
+}
+
 impl Inner {
-    /// The full chunk background cleaning should work on now, if any.
-    pub(super) fn cleaning_due(&self) -> Option<ChunkId> {
+    /// Blocks of the log that are dirty, and the log's blocks.
+    pub(super) fn dirty_blocks(&self) -> (u64, u64) {
+        let total = self.log.chunks.len() as u64 * self.blocks_per_chunk();
+        (self.log.chunks.iter().map(|ch| ch.dirty as u64).sum(), total)
+    }
+
+    /// The full chunk background cleaning should work on now, if any;
+    /// `idle`: how long since the last request.
+    pub(super) fn cleaning_due(&self, idle: std::time::Duration) -> Option<CleaningDue> {
         let c = self.cleaning;
         if !self.in_place() || c.mode == CleaningMode::None {
             return None;
         }
-        let log_blocks = self.log.chunks.len() as u64 * self.blocks_per_chunk();
-        let over =
-            self.log.chunks.iter().map(|ch| ch.dirty as u64).sum::<u64>() as f64 > c.dirty_setpoint * log_blocks as f64;
-        self.log.full.iter().copied().find(|&id| {
+        let (dirty, total) = self.dirty_blocks();
+        let over = dirty as f64 > c.dirty_setpoint * total as f64;
+        let aged_ok = idle >= c.idle;
+        self.log.full.iter().copied().find_map(|id| {
             let ch = &self.log.chunks[id];
-            ch.dirty > 0
-                && match c.mode {
-                    CleaningMode::Acp => true,
-                    _ => over || ch.sealed_at.is_none_or(|t| t.elapsed() >= c.age),
-                }
+            if ch.dirty == 0 {
+                return None;
+            }
+            let aged = ch.sealed_at.is_none_or(|t| t.elapsed() >= c.age);
+            match c.mode {
+                CleaningMode::Acp => Some(CleaningDue { chunk: id, paced: false }),
+                _ if aged && aged_ok => Some(CleaningDue { chunk: id, paced: false }),
+                _ if over => Some(CleaningDue { chunk: id, paced: true }),
+                _ => None,
+            }
         })
     }
 }
@@ -151,6 +225,9 @@ impl Engine {
     pub fn set_cleaning(&self, cleaning: Cleaning) -> Result<(), EngineError> {
         if !(0.0..=1.0).contains(&cleaning.dirty_setpoint) {
             return Err(EngineError::Config("cleaning: the dirty set point is a share of the log, in [0, 1]"));
+        }
+        if cleaning.response.is_zero() {
+            return Err(EngineError::Config("cleaning: the response time is positive"));
         }
         let mut inner = self.lock();
         if !inner.in_place() {
@@ -332,3 +409,64 @@ impl Engine {
 
 /// Most blocks one home write carries (1 MiB).
 const RUN_BLOCKS_MAX: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn alru(setpoint: f64, response_ms: u64) -> Cleaning {
+        Cleaning {
+            mode: CleaningMode::Alru,
+            dirty_setpoint: setpoint,
+            response: Duration::from_millis(response_ms),
+            ..Cleaning::default()
+        }
+    }
+
+    #[test]
+    fn under_the_set_point_the_rate_is_a_trickle() {
+        let mut r = CleaningRate::default();
+        let c = alru(0.1, 10_000);
+        assert_eq!(r.rate(0, 0, 1 << 30, &c), CLEANING_RATE_MIN);
+        assert_eq!(r.rate(1_000_000_000, 100 << 20, 1 << 30, &c), CLEANING_RATE_MIN, "just under 10 %");
+    }
+
+    #[test]
+    fn the_proportional_term_cleans_the_excess_in_one_response_time() {
+        let mut r = CleaningRate::default();
+        let c = alru(0.1, 10_000);
+        let total = 1000 << 20;
+        // 100 MiB over the set point, first sample (no integral yet):
+        // 10 MiB/s.
+        let rate = r.rate(0, 200 << 20, total, &c);
+        assert!((rate - (10 << 20) as f64).abs() < 1.0, "{rate}");
+        // Twice the excess, twice the rate (the integral still small).
+        let mut r2 = CleaningRate::default();
+        assert!((r2.rate(0, 300 << 20, total, &c) / rate - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_integral_grows_over_the_set_point_and_drains_under_it() {
+        let mut r = CleaningRate::default();
+        let c = alru(0.1, 1000);
+        let total = 1000 << 20;
+        let s = 1_000_000_000u64;
+        let p_only = (100 << 20) as f64;
+        // A steady excess of 100 MiB: the rate climbs above the proportional
+        // term, second after second.
+        let rates: Vec<f64> = (0..5).map(|i| r.rate(i * s, 200 << 20, total, &c)).collect();
+        assert!((rates[0] - p_only).abs() < 1.0);
+        assert!(rates.windows(2).all(|w| w[1] > w[0]), "{rates:?}");
+        // A long gap counts as one second at most (no jump after a pause).
+        let before = r.integral;
+        r.rate(100 * s, 200 << 20, total, &c);
+        assert!((r.integral - before - (100 << 20) as f64).abs() < 1.0);
+        // Under the set point the integral drains to zero, never below.
+        for i in 0..1000 {
+            r.rate((101 + i) * s, 0, total, &c);
+        }
+        assert_eq!(r.integral, 0.0);
+        assert_eq!(r.rate(2000 * s, 0, total, &c), CLEANING_RATE_MIN);
+    }
+}

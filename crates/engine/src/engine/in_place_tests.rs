@@ -534,7 +534,8 @@ fn a_directory_class_selects_the_blocks_of_its_files() {
 /// Background cleaning: with ACP the compactor writes every dirty block
 /// home ahead of need (the home then holds it, the copy stays cached and
 /// clean); with ALRU, chunks sealed longer than the age are cleaned and
-/// younger ones are not while the log is under the dirty set point; with
+/// younger ones are not while the log is under the dirty set point, and
+/// aged ones wait until requests have paused for `idle`; with
 /// none, nothing is cleaned ahead. Bands engines refuse a policy.
 #[test]
 fn background_cleaning_follows_its_policy() {
@@ -549,7 +550,8 @@ fn background_cleaning_follows_its_policy() {
         }
         let c = w.engine.start_compactor(CompactorConfig::default()).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let want_clean = cleaning.mode != CleaningMode::None && cleaning.age.is_zero();
+        let want_clean = cleaning.mode == CleaningMode::Acp
+            || cleaning.mode == CleaningMode::Alru && cleaning.age.is_zero() && cleaning.idle.as_secs() < 60;
         while want_clean && w.engine.cache_report()[0].stats.cleaned_bytes == 0 && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -566,8 +568,12 @@ fn background_cleaning_follows_its_policy() {
     assert!(acp.dirty_bytes < dirty0 && acp.stats.cleaned_bytes > 0, "{acp:?}");
     assert!(acp.cached_bytes == dirty0, "cleaned copies stay cached: {acp:?}");
     assert!(at_home(&w, 0, 0) == pattern(0, 0, 1));
-    let (_, young) =
-        run(Cleaning { mode: CleaningMode::Alru, age: std::time::Duration::from_secs(3600), dirty_setpoint: 1.0 });
+    let (_, young) = run(Cleaning {
+        mode: CleaningMode::Alru,
+        age: std::time::Duration::from_secs(3600),
+        dirty_setpoint: 1.0,
+        ..Cleaning::default()
+    });
     assert_eq!(
         (young.dirty_bytes, young.stats.cleaned_bytes),
         (dirty0, 0),
@@ -575,8 +581,61 @@ fn background_cleaning_follows_its_policy() {
     );
     let (_, old) = run(Cleaning { mode: CleaningMode::Alru, age: std::time::Duration::ZERO, ..Cleaning::default() });
     assert!(old.stats.cleaned_bytes > 0, "{old:?}");
+    let (_, busy) = run(Cleaning {
+        mode: CleaningMode::Alru,
+        age: std::time::Duration::ZERO,
+        idle: std::time::Duration::from_secs(3600),
+        dirty_setpoint: 1.0,
+        ..Cleaning::default()
+    });
+    assert_eq!(busy.stats.cleaned_bytes, 0, "aged chunks wait for requests to pause for `idle`");
     let (_, none) = run(Cleaning::default());
     assert_eq!((none.dirty_bytes, none.stats.cleaned_bytes), (dirty0, 0));
     let bands = crate::testkit::small_world(&[64]);
     assert!(bands.engine.set_cleaning(Cleaning::default()).is_err());
+}
+
+/// ALRU past its dirty set point (chunks far younger than its age): the
+/// controller cleans the log down to the set point, oldest chunk first,
+/// and then stops — it does not clean what is under the set point.
+#[test]
+fn alru_past_its_set_point_cleans_down_to_it_and_no_further() {
+    let w = in_place_world(&[512]);
+    let setpoint = 0.1;
+    w.engine
+        .set_cleaning(Cleaning {
+            mode: CleaningMode::Alru,
+            dirty_setpoint: setpoint,
+            age: std::time::Duration::from_secs(3600),
+            response: std::time::Duration::from_millis(50),
+            ..Cleaning::default()
+        })
+        .unwrap();
+    // Three chunks and a bit of 4-block writes: 30 % of the log dirty, and
+    // the log above the compactor's start level (nothing is reclaimed).
+    for i in 0..38u64 {
+        let data: Vec<u8> = (i * 4..i * 4 + 4).flat_map(|l| pattern(0, l, 1)).collect();
+        w.volumes[0].write(i * 4 * BS, &data, false).unwrap();
+    }
+    let (dirty0, total) = w.engine.lock().dirty_blocks();
+    assert!(dirty0 as f64 > 2.5 * setpoint * total as f64, "{dirty0} of {total}");
+    let target = (setpoint * total as f64) as u64;
+    let c = w.engine.start_compactor(CompactorConfig::default()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while w.engine.lock().dirty_blocks().0 > target && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Under the set point, cleaning stops (the paced rate reads 0 again).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while w.engine.compactor_snapshot().cleaning_rate_bytes_per_s != 0.0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(w.engine.compactor_snapshot().cleaning_rate_bytes_per_s, 0.0, "paced cleaning stopped");
+    drop(c);
+    let dirty = w.engine.lock().dirty_blocks().0;
+    let step = w.engine.lock().blocks_per_chunk() / 16;
+    assert!(dirty <= target && dirty + step >= target, "dirty {dirty} blocks, set point {target} (step {step})");
+    assert_eq!(w.engine.cache_report()[0].stats.cleaned_bytes, (dirty0 - dirty) * BS);
+    assert!(at_home(&w, 0, 0) == pattern(0, 0, 1), "the oldest blocks were cleaned first");
+    w.engine.lock().check_invariants();
 }

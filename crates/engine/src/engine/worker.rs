@@ -75,14 +75,21 @@ const STEP_PARTS: u64 = 16;
 /// Longest the compactor pauses after a step for waiting requests.
 const STEP_ASIDE_MAX: Duration = Duration::from_millis(10);
 
+/// Longest pause of paced cleaning between two steps (a step cleans no more
+/// than the rate allows in that time).
+const CLEANING_PAUSE_MAX: Duration = Duration::from_secs(1);
+
 /// What one background step did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Work {
     Idle,
     Compacted,
     Collected,
-    /// In place: dirty blocks written home ahead of need.
-    Cleaned,
+    /// In place: dirty blocks written home ahead of need; then pause this
+    /// long (cleaning paced by `CleaningRate`).
+    Cleaned {
+        pause: Duration,
+    },
 }
 
 /// Shared by the engine's write path and its compactor thread.
@@ -122,6 +129,12 @@ pub(super) struct Background {
     /// GC victims (background or inline) reclaimed without being read.
     pub(super) victims_unread: AtomicU64,
     pub(super) throttle_ns: AtomicU64,
+    /// When the last request took the engine lock (ns since `Engine::epoch`).
+    last_request_ns: AtomicU64,
+    /// In place: the paced cleaning's controller, and its last rate (f64
+    /// bits, bytes/s; 0 when cleaning is not paced).
+    cleaning_rate: Mutex<super::cleaning::CleaningRate>,
+    cleaning_rate_bits: AtomicU64,
 }
 
 impl Background {
@@ -147,6 +160,9 @@ impl Background {
             copies_superseded: AtomicU64::new(0),
             victims_unread: AtomicU64::new(0),
             throttle_ns: AtomicU64::new(0),
+            last_request_ns: AtomicU64::new(0),
+            cleaning_rate: Mutex::new(Default::default()),
+            cleaning_rate_bits: AtomicU64::new(0),
         }
     }
 }
@@ -180,6 +196,9 @@ pub struct CompactorSnapshot {
     /// nothing valid and no tombstone left in them.
     pub victims_unread: u64,
     pub throttle_seconds: f64,
+    /// In place: the rate ALRU cleaning was last paced to (bytes/s), 0 when
+    /// it is not paced (under the dirty set point, or another policy).
+    pub cleaning_rate_bytes_per_s: f64,
 }
 
 /// The running compactor thread; dropping it stops and joins the thread.
@@ -235,6 +254,12 @@ impl Engine {
             }
             match self.background_step(last) {
                 Ok((Work::Idle, _)) => last = Work::Idle,
+                Ok((w @ Work::Cleaned { pause }, held)) if !pause.is_zero() => {
+                    last = w;
+                    self.step_aside(held);
+                    self.pause(pause);
+                    continue;
+                }
                 Ok((w, held)) => {
                     last = w;
                     self.step_aside(held);
@@ -265,6 +290,19 @@ impl Engine {
         *self.bg.throttle.lock().expect("throttle") = None;
     }
 
+    /// Wait `pause` (paced cleaning), or less if the engine stops or writers
+    /// need the log reclaimed (they wake the compactor as when it sleeps).
+    fn pause(&self, pause: Duration) {
+        let stop = self.bg.stop.lock().expect("compactor stop");
+        if *stop {
+            return;
+        }
+        self.bg.asleep.store(true, Ordering::SeqCst);
+        let stop = self.bg.wake.wait_timeout(stop, pause).map_or_else(|e| e.into_inner().0, |r| r.0);
+        self.bg.asleep.store(false, Ordering::SeqCst);
+        drop(stop);
+    }
+
     /// If requests wait for the engine lock, step aside after a step for as
     /// long as it took (at most `STEP_ASIDE_MAX`): under contention the
     /// compactor holds the lock at most half the time, and the throttle,
@@ -289,6 +327,7 @@ impl Engine {
         self.bg.waiting.fetch_add(1, Ordering::SeqCst);
         let inner = self.lock();
         self.bg.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.bg.last_request_ns.store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         inner
     }
 
@@ -361,14 +400,32 @@ impl Engine {
         if !compact_due {
             // In place, with nothing to reclaim: clean ahead, if the policy
             // says a chunk is due (cleaning.rs).
-            if let Some(c) = inner.cleaning_due() {
-                let r = self.clean_chunk(&mut inner, c, step_blocks);
-                inner.stop_on_device_error(r)?;
-                let held = locked.elapsed();
-                drop(inner);
-                return Ok((Work::Cleaned, held));
+            let now = self.epoch.elapsed().as_nanos() as u64;
+            let idle = Duration::from_nanos(now.saturating_sub(self.bg.last_request_ns.load(Ordering::Relaxed)));
+            let Some(due) = inner.cleaning_due(idle) else {
+                self.bg.cleaning_rate_bits.store(0, Ordering::Relaxed);
+                return Ok((Work::Idle, locked.elapsed()));
+            };
+            // Paced: a step of what the rate allows in `CLEANING_PAUSE_MAX`
+            // at most, then a pause as long as the rate says it takes.
+            let (mut blocks, mut rate) = (step_blocks, 0.0);
+            if due.paced {
+                let (dirty, total) = inner.dirty_blocks();
+                let policy = inner.cleaning;
+                rate = self.bg.cleaning_rate.lock().expect("cleaning rate").rate(now, dirty * BS, total * BS, &policy);
+                let allowed = (rate * CLEANING_PAUSE_MAX.as_secs_f64()) as u64 / BS;
+                blocks = blocks.min(allowed.max(1));
             }
-            return Ok((Work::Idle, locked.elapsed()));
+            let r = self.clean_chunk(&mut inner, due.chunk, blocks);
+            let cleaned = inner.stop_on_device_error(r)?;
+            let pause = match due.paced {
+                true => Duration::from_secs_f64((cleaned * BS) as f64 / rate).min(CLEANING_PAUSE_MAX),
+                false => Duration::ZERO,
+            };
+            self.bg.cleaning_rate_bits.store(f64::to_bits(rate), Ordering::Relaxed);
+            let held = locked.elapsed();
+            drop(inner);
+            return Ok((Work::Cleaned { pause }, held));
         }
         let r = self.compact_step(&mut inner, step_blocks, &mut pre, true);
         let step = inner.stop_on_device_error(r)?;
@@ -520,6 +577,7 @@ impl Engine {
             copies_superseded: bg.copies_superseded.load(Ordering::Relaxed),
             victims_unread: bg.victims_unread.load(Ordering::Relaxed),
             throttle_seconds: bg.throttle_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            cleaning_rate_bytes_per_s: f64::from_bits(bg.cleaning_rate_bits.load(Ordering::Relaxed)),
         }
     }
 }
