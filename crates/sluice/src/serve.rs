@@ -172,6 +172,11 @@ pub struct VolumeConfig {
     /// miss (default 1; 0: never).
     #[serde(default)]
     pub promote_after: Option<u32>,
+    /// In-place engines: keep blocks read since they were cached when their
+    /// chunk is reclaimed (a second chance; default true; false: evict
+    /// oldest-first).
+    #[serde(default)]
+    pub retain_hot: Option<bool>,
     /// In-place engines: I/O classes, first match wins (`[[volume.class]]`).
     #[serde(default)]
     pub class: Vec<ClassConfig>,
@@ -205,6 +210,12 @@ pub struct ClassConfig {
     /// How often a directory class is refreshed (default "5s").
     #[serde(default)]
     pub refresh: String,
+    /// Keep the class's blocks cached when their chunk is reclaimed.
+    #[serde(default)]
+    pub pinned: bool,
+    /// Among blocks a reclaim could keep, higher priorities go first.
+    #[serde(default)]
+    pub priority: u8,
 }
 
 impl ClassConfig {
@@ -218,6 +229,7 @@ impl ClassConfig {
             }
         };
         let mut c = sluice_engine::IoClass::new(&self.name, self.share);
+        (c.pinned, c.priority) = (self.pinned, self.priority);
         if !self.directory.is_empty() {
             // Nothing belongs to it until the first refresh has read the
             // file system.
@@ -256,6 +268,9 @@ impl VolumeConfig {
         }
         if let Some(n) = self.promote_after {
             p.promote_after_misses = n;
+        }
+        if let Some(r) = self.retain_hot {
+            p.retain_hot = r;
         }
         Ok(p)
     }
@@ -314,6 +329,7 @@ impl Default for Config {
                 seq_cutoff: String::new(),
                 seq_cutoff_size: String::new(),
                 promote_after: None,
+                retain_hot: None,
                 class: Vec::new(),
             }],
         }
@@ -1087,12 +1103,12 @@ mod tests {
     /// from the engine's is reported before anything is opened.
     #[test]
     fn an_in_place_layout_and_cache_settings_are_configured() {
-        let text = "[engine]\nlayout = \"in-place\"\nchunk_size = \"1m\"\n\n[[volume]]\nname = \"v\"\nsize = \"64m\"\nmode = \"wt\"\nseq_cutoff_size = \"256k\"\npromote_after = 2\n";
+        let text = "[engine]\nlayout = \"in-place\"\nchunk_size = \"1m\"\n\n[[volume]]\nname = \"v\"\nsize = \"64m\"\nmode = \"wt\"\nseq_cutoff_size = \"256k\"\npromote_after = 2\nretain_hot = false\n";
         let cfg: Config = toml::from_str(text).unwrap();
         let p = cfg.volumes[0].cache_policy().unwrap();
         assert_eq!(
-            (p.mode, p.seq_cutoff_bytes, p.promote_after_misses),
-            (sluice_engine::CacheMode::WriteThrough, 256 << 10, 2)
+            (p.mode, p.seq_cutoff_bytes, p.promote_after_misses, p.retain_hot),
+            (sluice_engine::CacheMode::WriteThrough, 256 << 10, 2, false)
         );
         let cache: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(16 << 20, 4096));
         let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(80 << 20, 4096));
@@ -1140,12 +1156,14 @@ mod tests {
         // I/O classes.
         let classes = format!(
             "{text}[[volume.class]]\nname = \"bulk\"\nstart = \"32m\"\nshare = 0.0\n\
-             [[volume.class]]\nname = \"small\"\nsize_max = \"64k\"\ndirection = \"write\"\nshare = 0.5\n"
+             [[volume.class]]\nname = \"small\"\nsize_max = \"64k\"\ndirection = \"write\"\nshare = 0.5\n\
+             pinned = true\npriority = 3\n"
         );
         let cfg: Config = toml::from_str(&classes).unwrap();
         let got: Vec<sluice_engine::IoClass> = cfg.volumes[0].class.iter().map(|c| c.to_class("v").unwrap()).collect();
         assert_eq!(got[0].range, Some((32 << 20, u64::MAX)));
         assert_eq!((got[1].size_max, got[1].direction), (64 << 10, Some(sluice_engine::ClassDirection::Write)));
+        assert_eq!((got[0].pinned, got[1].pinned, got[1].priority), (false, true, 3));
         engine.set_io_classes("v", got).unwrap();
         let bad: Config = toml::from_str(&classes.replace("\"write\"", "\"sideways\"")).unwrap();
         assert!(matches!(bad.volumes[0].class[1].to_class("v"), Err(ServeError::Config { .. })));

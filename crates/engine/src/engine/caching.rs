@@ -105,6 +105,13 @@ pub struct CachePolicy {
     /// instead (counted as spilled) rather than wait for the disk's
     /// cleaning (module doc).
     pub spill: bool,
+    /// When a chunk is reclaimed, keep its blocks that reads found since
+    /// they were logged (moved forward in the log, clean): a second chance,
+    /// as CLOCK gives. Off: eviction is oldest-first (FIFO). On by default:
+    /// `sluice bench caching`'s eviction cases read a hot set from the
+    /// disk 3× less with it, and the temporary-data cases are unchanged
+    /// (docs/caching.md).
+    pub retain_hot: bool,
 }
 
 impl Default for CachePolicy {
@@ -115,6 +122,7 @@ impl Default for CachePolicy {
             seq_cutoff_bytes: 1 << 20,
             promote_after_misses: 1,
             spill: true,
+            retain_hot: true,
         }
     }
 }
@@ -149,6 +157,9 @@ pub struct CacheStats {
     /// Dirty blocks trimmed before cleaning reached them: bytes the disk
     /// never had to write.
     pub discarded_dirty_bytes: u64,
+    /// Kept when their chunk was reclaimed (hot or pinned), moved forward
+    /// in the log.
+    pub retained_bytes: u64,
     /// Written home past the log because the request's I/O class is never
     /// cached (share 0).
     pub class_bypass_bytes: u64,
@@ -380,10 +391,12 @@ impl Engine {
         Ok(())
     }
 
-    /// After a read of `data` from `lba0` of `vol` (`missed`: it found
-    /// blocks at home), when no home of the volume was written since
-    /// (`gen`) and the read is not part of a stream past the cutoff: log
-    /// the blocks still at home whose promotion is due, marked clean.
+    /// After a read of `data` from `lba0` of `vol` that found `at_home` of
+    /// its blocks at home, unless the read is part of a stream past the
+    /// cutoff (a scan): mark the blocks it found in the log hot (a second
+    /// chance at reclaim, `Engine::retain`); and when no home of the volume
+    /// was written since (`gen`), log the blocks still at home whose
+    /// promotion is due, marked clean.
     pub(super) fn promote(
         &self,
         inner: &mut Inner,
@@ -391,8 +404,9 @@ impl Engine {
         lba0: u64,
         data: &[u8],
         gen: u64,
-        missed: bool,
+        at_home: u64,
     ) -> Result<(), VolumeError> {
+        let missed = at_home > 0;
         let v = vol as usize;
         let p = inner.vols[v].cache.policy;
         // Reads are streams too: a sequential read past the cutoff (a
@@ -401,13 +415,16 @@ impl Engine {
         let class_ok = vc.classes.admit_read(lba0 * BS, data.len() as u64);
         let stream = vc.extend_stream(lba0 * BS, data.len() as u64);
         let cut = p.seq_cutoff != SeqCutoff::Never && stream > p.seq_cutoff_bytes;
-        if !missed
-            || !class_ok
-            || cut
-            || p.mode == CacheMode::PassThrough
-            || p.promote_after_misses == 0
-            || vc.home_gen != gen
-        {
+        let moved = vc.home_gen != gen;
+        let blocks = data.len() as u64 / BS;
+        if at_home < blocks && !cut {
+            for lba in lba0..lba0 + blocks {
+                if let Some(cb) = inner.vols[v].l2p.get(lba as usize)?.cache_block() {
+                    inner.mark_hot(cb);
+                }
+            }
+        }
+        if !missed || !class_ok || cut || p.mode == CacheMode::PassThrough || p.promote_after_misses == 0 || moved {
             return Ok(());
         }
         let mut due: Vec<(u64, &[u8])> = Vec::new();

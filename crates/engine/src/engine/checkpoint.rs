@@ -201,6 +201,7 @@ pub(super) fn decode_checkpoint(
             clean: vec![false; bpc],
             dirty: valid,
             class: vec![0; bpc],
+            hot: vec![false; bpc],
             sealed_at: None,
         });
     }

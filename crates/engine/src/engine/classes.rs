@@ -40,6 +40,13 @@ pub struct IoClass {
     pub direction: Option<ClassDirection>,
     /// Share of the log's blocks the class may hold, in [0, 1].
     pub share: f64,
+    /// Pinned: the class's cached blocks are kept when their chunk is
+    /// reclaimed (moved forward in the log, clean), read or not — up to
+    /// the share of a chunk retention may keep (`Engine::retain`).
+    pub pinned: bool,
+    /// Among the blocks a reclaim could keep, those of higher priority go
+    /// first (pinned ones before any).
+    pub priority: u8,
     /// Requests starting in one of these byte ranges (sorted, disjoint) of
     /// the volume: a directory class's files, found by `crate::ext4` and
     /// refreshed as the file system changes (`Engine::set_class_extents`).
@@ -57,6 +64,8 @@ impl IoClass {
             size_max: u64::MAX,
             direction: None,
             share,
+            pinned: false,
+            priority: 0,
             extents: None,
         }
     }
@@ -174,6 +183,14 @@ impl Classes {
             *b += 1;
         } else {
             *b -= 1;
+        }
+    }
+
+    /// The retention rank of a block of class `id`: (pinned, priority).
+    pub(super) fn rank(&self, id: u8) -> (bool, u8) {
+        match (id as usize).checked_sub(1).and_then(|i| self.list.get(i)) {
+            Some(c) => (c.pinned, c.priority),
+            None => (false, 0),
         }
     }
 

@@ -61,6 +61,12 @@ impl Inner {
         }
     }
 
+    /// Cache block `cb` (current) was found by a read (`Engine::retain`).
+    pub(super) fn mark_hot(&mut self, cb: u64) {
+        let bpc = self.blocks_per_chunk();
+        self.log.chunks[(cb / bpc) as usize].hot[(cb % bpc) as usize] = true;
+    }
+
     /// Cache block `cb` (current) now has its bytes at home too.
     pub(super) fn mark_clean(&mut self, cb: u64) {
         let bpc = self.blocks_per_chunk();
@@ -324,6 +330,7 @@ impl Engine {
         if inner.cap.dirty {
             self.flush_capacity(inner)?;
         }
+        let keep = self.to_retain(inner, c)?;
         let bpc = inner.blocks_per_chunk();
         for i in 0..bpc {
             let (v, lba) = inner.log.chunks[c].p2l[i as usize];
@@ -334,7 +341,83 @@ impl Engine {
             inner.vols[v as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
             inner.invalidate(Loc::cache(cb));
         }
-        self.free_oldest(inner, c)
+        let step = self.free_oldest(inner, c)?;
+        self.retain(inner, keep)?;
+        Ok(step)
+    }
+
+    /// The blocks of chunk `c` (about to be freed, every block clean) that
+    /// its reclaim keeps, unless their volume is pass-through: those of
+    /// pinned classes, then by class priority,
+    /// then those read since they were logged if their volume retains hot
+    /// blocks — at most `RETAIN_SHARE` of the chunk, so a reclaim always
+    /// frees room. Read from the log and checked now (a copy failing its
+    /// CRC is not kept: its home holds the data).
+    fn to_retain(&self, inner: &Inner, c: ChunkId) -> Result<Vec<Retained>, VolumeError> {
+        let bpc = inner.blocks_per_chunk();
+        let ch = &inner.log.chunks[c];
+        let mut cand: Vec<((bool, u8), usize)> = Vec::new();
+        for (i, &(v, _)) in ch.p2l.iter().enumerate() {
+            if v == u32::MAX {
+                continue;
+            }
+            let vc = &inner.vols[v as usize].cache;
+            let (pinned, prio) = vc.classes.rank(ch.class[i]);
+            // A pass-through volume caches nothing anew (a detach).
+            if vc.policy.mode != CacheMode::PassThrough && (pinned || ch.hot[i] && vc.policy.retain_hot) {
+                cand.push(((pinned, prio), i));
+            }
+        }
+        if cand.is_empty() {
+            return Ok(Vec::new());
+        }
+        cand.sort_by_key(|&(rank, i)| (std::cmp::Reverse(rank), i));
+        cand.truncate((bpc as f64 * RETAIN_SHARE) as usize);
+        cand.sort_by_key(|&(_, i)| i);
+        let (first, last) = (cand[0].1 as u64, cand[cand.len() - 1].1 as u64);
+        let base = c.0 as u64 * bpc;
+        let data = read_at(&*self.cache, (base + first) * BS, ((last + 1 - first) * BS) as usize)?;
+        let mut keep = Vec::with_capacity(cand.len());
+        for &(_, i) in &cand {
+            let (v, lba) = ch.p2l[i];
+            let block = data[((i as u64 - first) * BS) as usize..][..BLOCK_BYTES].to_vec();
+            let crc = inner.vols[v as usize].l2p.entry(lba as usize)?.1;
+            if crc32c(&block) == crc {
+                keep.push(Retained { vol: v, lba, class: ch.class[i], crc, block });
+            }
+        }
+        Ok(keep)
+    }
+
+    /// Log the blocks a reclaim kept (`to_retain`), clean and in their
+    /// classes, after their chunk was freed: until then their homes (durable
+    /// before the free) hold the same bytes, so a crash in between loses
+    /// nothing. Only room the log has to spare is taken — a retention never
+    /// reclaims another chunk; what does not fit is left at home.
+    fn retain(&self, inner: &mut Inner, keep: Vec<Retained>) -> Result<(), VolumeError> {
+        let max = inner.record_blocks_max();
+        let mut i = 0;
+        while i < keep.len() {
+            let vol = keep[i].vol;
+            let n = keep[i..].iter().take(max).take_while(|r| r.vol == vol).count();
+            let part = &keep[i..i + n];
+            i += n;
+            if !inner.log_has_room(n as u64) {
+                break;
+            }
+            let writes: Vec<(u64, &[u8])> = part.iter().map(|r| (r.lba, r.block.as_slice())).collect();
+            let crcs: Vec<u32> = part.iter().map(|r| r.crc).collect();
+            self.append(inner, vol, &writes, &crcs, false)?;
+            for r in part {
+                let cb = inner.vols[vol as usize].l2p.get(r.lba as usize)?.cache_block().expect("just logged");
+                inner.mark_clean(cb);
+                if r.class != 0 {
+                    inner.set_class(cb, r.class);
+                }
+            }
+            inner.vols[vol as usize].cache.stats.retained_bytes += n as u64 * BS;
+        }
+        Ok(())
     }
 
     /// Clean every dirty block in the log, oldest chunk first (the open
@@ -406,6 +489,18 @@ impl Engine {
         self.log_tombstones(inner, vol, &cached)
     }
 }
+
+/// A block a reclaim keeps (`Engine::to_retain`).
+struct Retained {
+    vol: u32,
+    lba: u64,
+    class: u8,
+    crc: u32,
+    block: Vec<u8>,
+}
+
+/// Most of a reclaimed chunk's blocks its reclaim keeps.
+const RETAIN_SHARE: f64 = 0.5;
 
 /// Most blocks one home write carries (1 MiB).
 const RUN_BLOCKS_MAX: usize = 256;

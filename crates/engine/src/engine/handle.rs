@@ -238,7 +238,7 @@ impl EngineVolume {
             let s = &mut inner.vols[self.id as usize].cache.stats;
             s.read_miss_bytes += at_home * BS;
             s.read_hit_bytes += bytes - at_home * BS;
-            e.promote(inner, self.id, offset / BS, data, gen, at_home > 0)?;
+            e.promote(inner, self.id, offset / BS, data, gen, at_home)?;
             Ok(())
         });
     }

@@ -164,7 +164,7 @@ fn reads_promote_blocks_from_home_after_their_misses() {
     e.set_cache_policy("v0", CachePolicy::default()).unwrap();
     let gen = e.lock().vols[0].cache.home_gen;
     e.change(|e, inner| e.write_past_log(inner, 0, 4, 1, Some(&pattern(0, 4, 6)))).unwrap();
-    e.change(|e, inner| e.promote(inner, 0, 4, &pattern(0, 4, 5), gen, true)).unwrap();
+    e.change(|e, inner| e.promote(inner, 0, 4, &pattern(0, 4, 5), gen, 1)).unwrap();
     assert!(read(&w, 0, 4) == pattern(0, 4, 6), "the old bytes were not promoted over the new home");
     e.lock().check_invariants();
 }
@@ -238,7 +238,8 @@ fn a_home_write_after_its_cached_copy_was_freed_survives_a_crash() {
 }
 
 /// Crash simulation of the in-place layout: random writes (every mode,
-/// with mode changes), zeroing, trims, flushes, reads and cleaning, then a
+/// with mode changes, hot-block retention and pinned classes), zeroing,
+/// trims, flushes, reads and cleaning, then a
 /// crash at a random point and a reopen. Every block must read as its last
 /// flushed version or a version written after it; reopening cleanly after
 /// that must change nothing. Seeds replay exactly (printed on failure);
@@ -270,11 +271,13 @@ fn in_place_crash_seed(seed: u64) {
             0..=5 => {
                 let mode = modes[rng.below(4) as usize];
                 let cutoff = [4096, 64 << 10, 1 << 20][rng.below(3) as usize];
-                let p = CachePolicy { mode, seq_cutoff_bytes: cutoff, ..CachePolicy::default() };
+                let retain_hot = rng.below(2) == 0;
+                let p = CachePolicy { mode, seq_cutoff_bytes: cutoff, retain_hot, ..CachePolicy::default() };
                 w.engine.set_cache_policy(&format!("v{v}"), p).unwrap();
                 if rng.below(2) == 0 {
                     let mut c = IoClass::new("c", [0.0, 0.1, 0.5][rng.below(3) as usize]);
                     c.range = Some((lba * BS, (lba + 32) * BS));
+                    c.pinned = rng.below(2) == 0;
                     w.engine.set_io_classes(&format!("v{v}"), vec![c]).unwrap();
                 }
             }
@@ -638,4 +641,55 @@ fn alru_past_its_set_point_cleans_down_to_it_and_no_further() {
     assert_eq!(w.engine.cache_report()[0].stats.cleaned_bytes, (dirty0 - dirty) * BS);
     assert!(at_home(&w, 0, 0) == pattern(0, 0, 1), "the oldest blocks were cleaned first");
     w.engine.lock().check_invariants();
+}
+
+/// Eviction: a reclaim keeps the blocks reads found since they were logged
+/// when the volume retains hot blocks (a second chance), and a pinned
+/// class's blocks always; otherwise it evicts oldest-first. Cold writes
+/// wrap the log several times; the hot blocks are read once per lap of
+/// about half the log (so FIFO evicts a promoted copy every other lap).
+#[test]
+fn reclaim_keeps_hot_and_pinned_blocks_and_evicts_the_rest() {
+    let run = |retain_hot: bool, pinned: bool| -> (CacheStats, u64) {
+        let w = in_place_world(&[2048]);
+        let v = &w.volumes[0];
+        let p = CachePolicy { retain_hot, seq_cutoff: SeqCutoff::Never, spill: false, ..CachePolicy::default() };
+        w.engine.set_cache_policy("v0", p).unwrap();
+        let mut c = IoClass::new("hot", 1.0);
+        c.range = Some((0, 8 * BS));
+        c.pinned = pinned;
+        w.engine.set_io_classes("v0", vec![c]).unwrap();
+        let hot: Vec<u8> = (0..8).flat_map(|l| pattern(0, l, 1)).collect();
+        v.write(0, &hot, false).unwrap();
+        let log_blocks = w.engine.lock().dirty_blocks().1;
+        let mut lba = 100;
+        for lap in 0..8u64 {
+            let mut b = vec![0u8; hot.len()];
+            v.read(0, &mut b).unwrap();
+            assert!(b == hot, "lap {lap}");
+            while lba < 100 + (lap + 1) * (log_blocks * 35 / 100) {
+                let data: Vec<u8> = (lba..lba + 4).flat_map(|l| pattern(0, l, 2)).collect();
+                v.write(lba * BS, &data, false).unwrap();
+                lba += 4;
+            }
+        }
+        let mut b = vec![0u8; hot.len()];
+        v.read(0, &mut b).unwrap();
+        assert!(b == hot);
+        let (st, cached) = (stats(&w, 0), w.engine.cache_report()[0].classes[1].cached_bytes);
+        assert!(read(&w, 0, 100) == pattern(0, 100, 2));
+        w.engine.lock().check_invariants();
+        (st, cached)
+    };
+    let hot_bytes = 8 * BS;
+    let (fifo, _) = run(false, false);
+    assert_eq!(fifo.retained_bytes, 0);
+    assert!(fifo.read_miss_bytes >= 3 * hot_bytes, "FIFO: reads miss every other lap: {fifo:?}");
+    let (hot, hot_cached) = run(true, false);
+    assert_eq!(hot.read_miss_bytes, 0, "second chance: every read hits: {hot:?}");
+    assert!(hot.retained_bytes >= 3 * hot_bytes, "{hot:?}");
+    assert_eq!(hot_cached, hot_bytes, "the hot blocks are cached at the end");
+    let (pin, pin_cached) = run(false, true);
+    assert_eq!(pin.read_miss_bytes, 0, "pinned: never evicted: {pin:?}");
+    assert_eq!(pin_cached, hot_bytes);
 }

@@ -272,17 +272,23 @@ impl Engine {
 
     /// A place for `need` blocks in the log: the open chunk, or a fresh one
     /// (compacting the oldest chunks when free chunks run low).
+    /// In place, a reclaim may log the blocks it keeps (`Engine::retain`),
+    /// opening a chunk meanwhile: after each compaction the open chunk is
+    /// looked at again.
     fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(ChunkId, u64), VolumeError> {
-        if let Some((c, off)) = inner.log.open {
-            if off + need <= inner.blocks_per_chunk() {
-                return Ok((c, off));
+        loop {
+            if let Some((c, off)) = inner.log.open {
+                if off + need <= inner.blocks_per_chunk() {
+                    return Ok((c, off));
+                }
+                inner.log.chunks[c].to(ChunkState::Open, ChunkState::Sealed);
+                inner.log.chunks[c].sealed_at = Some(std::time::Instant::now());
+                inner.log.full.push_back(c);
+                inner.log.open = None;
             }
-            inner.log.chunks[c].to(ChunkState::Open, ChunkState::Sealed);
-            inner.log.chunks[c].sealed_at = Some(std::time::Instant::now());
-            inner.log.full.push_back(c);
-            inner.log.open = None;
-        }
-        while inner.log.free.len() <= inner.cfg.log_free_chunks_min {
+            if inner.log.free.len() > inner.cfg.log_free_chunks_min {
+                break;
+            }
             self.compact_oldest(inner)?;
         }
         let c = inner.log.free.pop_front().expect("compaction keeps free chunks");
@@ -296,6 +302,7 @@ impl Engine {
         ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
         ch.clean.iter_mut().for_each(|c| *c = false);
         ch.class.iter_mut().for_each(|c| *c = 0);
+        ch.hot.iter_mut().for_each(|h| *h = false);
         inner.log.open = Some((c, 0));
         Ok((c, 0))
     }
@@ -359,6 +366,7 @@ impl Log {
             clean: vec![false; blocks_per_chunk],
             dirty: 0,
             class: vec![0; blocks_per_chunk],
+            hot: vec![false; blocks_per_chunk],
             sealed_at: None,
         };
         Log {
@@ -431,6 +439,9 @@ pub(super) struct Chunk {
     /// In place: per block, its I/O class (classes.rs; 0 unclassified). Not
     /// persisted: after a reopen every cached block is unclassified.
     pub(super) class: Vec<u8>,
+    /// In place: per block, whether a read found it here since it was
+    /// logged (the second chance of `Engine::retain`). Not persisted.
+    pub(super) hot: Vec<bool>,
     /// When the chunk was sealed (age-based cleaning); None after a reopen,
     /// which counts as old.
     pub(super) sealed_at: Option<std::time::Instant>,
