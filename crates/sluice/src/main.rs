@@ -594,7 +594,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
-        Cmd::Serve { config } => Ok(serve::run(serve::Config::load(config.as_deref())?)?),
+        Cmd::Serve { config } => Ok(serve::run(serve::Config::load(config.as_deref())?, config.as_deref())?),
         Cmd::Check { config, json, salvage } => {
             let (text, damaged) = serve::check(&serve::Config::load(config.as_deref())?, json, salvage)?;
             print!("{text}");

@@ -243,6 +243,10 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
         ("read_bytes", "Bytes the I/O class read."),
         ("bypass_bytes", "Writes of the class sent past the cache (share 0)."),
         ("spill_bytes", "Writes of the class sent past the cache (it held its share)."),
+        (
+            "reclassified_bytes",
+            "Cached blocks found to be the class's only after they were written (directory classes: recognised late).",
+        ),
     ] {
         let name = format!("sluice_cache_class_{k}");
         family(o, &name, if k == "cached_bytes" { "gauge" } else { "counter" }, help);
@@ -253,7 +257,8 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
                     "write_bytes" => cl.write_bytes,
                     "read_bytes" => cl.read_bytes,
                     "bypass_bytes" => cl.bypass_bytes,
-                    _ => cl.spill_bytes,
+                    "spill_bytes" => cl.spill_bytes,
+                    _ => cl.reclassified_bytes,
                 };
                 let _ = writeln!(o, "{name}{{volume=\"{}\",class=\"{}\"}} {x}", c.volume, cl.class);
             }

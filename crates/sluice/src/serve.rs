@@ -915,7 +915,8 @@ pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), 
     Ok((text, damaged))
 }
 
-/// Block SIGINT and SIGTERM in this thread (and every thread it starts).
+/// Block SIGINT, SIGTERM and SIGHUP in this thread (and every thread it
+/// starts): the main thread takes them with `sigwait`.
 fn block_signals() -> libc::sigset_t {
     // SAFETY: plain libc signal-set manipulation on a local set.
     unsafe {
@@ -923,6 +924,7 @@ fn block_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
@@ -935,8 +937,121 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
     sig
 }
 
+/// Set the engine's cleaning and every volume's cache policy and I/O
+/// classes from `cfg`: all parsed and checked first, so a bad config
+/// changes nothing.
+fn apply_policies(cfg: &Config, engine: &Arc<Engine>) -> Result<(), ServeError> {
+    let in_place = cfg.layout()? == sluice_engine::Layout::InPlace;
+    let cleaning = cfg.cleaning()?;
+    if !in_place && cleaning.mode != sluice_engine::CleaningMode::None {
+        return Err(ServeError::Config {
+            path: "engine.cleaning".into(),
+            msg: "cleaning policies apply to an in-place engine ([engine] layout = \"in-place\")".into(),
+        });
+    }
+    let mut volumes = Vec::new();
+    for v in &cfg.volumes {
+        let policy = v.cache_policy()?;
+        let classes = v.class.iter().map(|c| c.to_class(&v.name)).collect::<Result<Vec<_>, _>>()?;
+        if !in_place && (policy != sluice_engine::CachePolicy::default() || !classes.is_empty()) {
+            return Err(ServeError::Config {
+                path: format!("volume {}", v.name),
+                msg: "mode, seq_cutoff, promote_after and classes apply to an in-place engine ([engine] layout = \"in-place\")"
+                    .into(),
+            });
+        }
+        engine.volume(&v.name)?;
+        if classes.len() > sluice_engine::engine::CLASSES_MAX || classes.iter().any(|c| !(0.0..=1.0).contains(&c.share))
+        {
+            return Err(ServeError::Config {
+                path: format!("volume {}", v.name),
+                msg: format!("at most {} classes, each with a share in [0, 1]", sluice_engine::engine::CLASSES_MAX),
+            });
+        }
+        volumes.push((v.name.as_str(), policy, classes));
+    }
+    if !in_place {
+        return Ok(());
+    }
+    engine.set_cleaning(cleaning)?;
+    for (name, policy, classes) in volumes {
+        engine.set_cache_policy(name, policy)?;
+        engine.set_io_classes(name, classes)?;
+    }
+    Ok(())
+}
+
+/// What a reload cannot change, by section, as text to compare: everything
+/// but `[engine] cleaning*` and the volumes' policies and classes.
+fn fixed_settings(c: &Config) -> Vec<(&'static str, String)> {
+    let e = &c.engine;
+    let engine = format!(
+        "{:?}",
+        (
+            &e.chunk_size,
+            &e.band_size,
+            &e.write_unit,
+            &e.background_compaction,
+            &e.compaction_start,
+            &e.compaction_setpoint
+        )
+    ) + &format!("{:?}", (&e.l2p_dram, &e.layout));
+    let volumes: Vec<(&String, &String)> = c.volumes.iter().map(|v| (&v.name, &v.size)).collect();
+    vec![
+        ("data_dir", format!("{:?}", c.data_dir)),
+        ("listen / unix_socket / metrics_listen", format!("{:?}", (&c.listen, &c.unix_socket, &c.metrics_listen))),
+        ("[cache]", format!("{:?}", c.cache)),
+        ("[capacity]", format!("{:?}", c.capacity)),
+        ("[engine]", engine),
+        ("[server]", format!("{:?}", c.server)),
+        ("[tls]", format!("{:?}", c.tls)),
+        ("volume names and sizes", format!("{volumes:?}")),
+    ]
+}
+
+/// SIGHUP: read the config file again and apply what can change while the
+/// engine runs — cleaning, each volume's cache policy and I/O classes (the
+/// directory-class refresher restarts) — or, if anything else differs or
+/// it does not parse, change nothing and say why. If every volume of an
+/// in-place engine is pass-through afterwards, clean every dirty block
+/// home: a live detach (the disk alone then holds every volume).
+fn reload(
+    path: Option<&Path>,
+    running: &Config,
+    engine: &Arc<Engine>,
+    classifier: &mut Option<crate::directories::DirectoryClasses>,
+) -> Result<(), ServeError> {
+    let cfg = Config::load(path)?;
+    let fixed = fixed_settings(&cfg);
+    let differ: Vec<&str> =
+        (fixed.iter().zip(fixed_settings(running))).filter(|(a, b)| a.1 != b.1).map(|(a, _)| a.0).collect();
+    if !differ.is_empty() {
+        return Err(ServeError::Config {
+            path: path.map_or("(defaults)".into(), |p| p.display().to_string()),
+            msg: format!(
+                "{} changed: only [engine] cleaning*, and each volume's policy and classes, change on reload; restart for the rest",
+                differ.join(", ")
+            ),
+        });
+    }
+    apply_policies(&cfg, engine)?;
+    drop(classifier.take());
+    *classifier = crate::directories::DirectoryClasses::start(&cfg, engine)?;
+    eprintln!("sluice: reloaded the cache policies from the config");
+    let report = engine.cache_report();
+    if !report.is_empty() && report.iter().all(|r| r.policy.mode == sluice_engine::CacheMode::PassThrough) {
+        let bytes = engine.clean(false)?;
+        eprintln!(
+            "sluice: detached: every volume is pass-through and {} MiB of dirty data went home; the disk alone holds every volume",
+            bytes >> 20
+        );
+    }
+    Ok(())
+}
+
 /// Run the server until SIGTERM/SIGINT; prints one line per listener.
-pub fn run(cfg: Config) -> Result<(), ServeError> {
+/// SIGHUP reloads the cache policies from `path` (`reload`).
+pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
     let set = block_signals();
     // TLS first: a bad [tls] section must not leave an opened engine behind.
     let mut opts = ServerOptions {
@@ -997,29 +1112,7 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
         (Opened::Created, _) => eprintln!("sluice: created a new engine on {}", cfg.devices_text()),
         _ => eprintln!("sluice: reopened the engine on {}", cfg.devices_text()),
     }
-    let cleaning = cfg.cleaning()?;
-    if cfg.layout()? == sluice_engine::Layout::InPlace {
-        engine.set_cleaning(cleaning)?;
-    } else if cleaning.mode != sluice_engine::CleaningMode::None {
-        return Err(ServeError::Config {
-            path: "engine.cleaning".into(),
-            msg: "cleaning policies apply to an in-place engine ([engine] layout = \"in-place\")".into(),
-        });
-    }
-    for v in &cfg.volumes {
-        let policy = v.cache_policy()?;
-        let classes = v.class.iter().map(|c| c.to_class(&v.name)).collect::<Result<Vec<_>, _>>()?;
-        if cfg.layout()? == sluice_engine::Layout::InPlace {
-            engine.set_cache_policy(&v.name, policy)?;
-            engine.set_io_classes(&v.name, classes)?;
-        } else if policy != sluice_engine::CachePolicy::default() || !classes.is_empty() {
-            return Err(ServeError::Config {
-                path: format!("volume {}", v.name),
-                msg: "mode, seq_cutoff, promote_after and classes apply to an in-place engine ([engine] layout = \"in-place\")"
-                    .into(),
-            });
-        }
-    }
+    apply_policies(&cfg, &engine)?;
     let compactor = match compactor_cfg {
         Some(c) => Some(engine.start_compactor(c)?),
         None => None,
@@ -1071,7 +1164,17 @@ pub fn run(cfg: Config) -> Result<(), ServeError> {
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let sig = wait_for_signal(&set);
+    let mut classifier = classifier;
+    let sig = loop {
+        match wait_for_signal(&set) {
+            libc::SIGHUP => {
+                if let Err(e) = reload(path, &cfg, &engine, &mut classifier) {
+                    eprintln!("sluice: reload refused, nothing changed: {e}");
+                }
+            }
+            sig => break sig,
+        }
+    };
     eprintln!("sluice: signal {sig}: stopping");
     for h in handles {
         h.shutdown().map_err(|e| ServeError::Server(e.to_string()))?;

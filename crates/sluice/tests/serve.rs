@@ -189,3 +189,76 @@ fn bad_emulation_is_a_clear_error() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// SIGHUP reloads the cache policies of a running in-place engine: a config
+/// that changes anything else (or does not parse) is refused and changes
+/// nothing; one that makes every volume pass-through detaches live — the
+/// dirty data goes home while the server keeps serving, and later writes
+/// go straight to the disk.
+#[test]
+fn sighup_reloads_cache_policies_and_a_pass_through_config_detaches_live() {
+    need("qemu-io");
+    let (dir, config) = small_config("reload");
+    let text = std::fs::read_to_string(&config).unwrap().replace("[engine]\n", "[engine]\nlayout = \"in-place\"\n");
+    std::fs::write(&config, &text).unwrap();
+    let (mut server, port) = start(&config);
+    // The server's log, line by line: each reload is awaited by its line
+    // (signals sent before the last was taken would merge into one).
+    let (tx, log) = std::sync::mpsc::channel::<String>();
+    let err = server.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut said = Vec::new();
+    let mut await_line = |what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = log.recv_timeout(left).unwrap_or_else(|_| panic!("no {what:?} in the log: {said:?}"));
+            said.push(line.clone());
+            if line.contains(what) {
+                return line;
+            }
+        }
+    };
+    qemu_io(port, &["write -P 0xab 0 256k", "flush"]);
+    let disk = dir.join("data").join("capacity.img");
+    let home = |at: u64, len: usize| -> Vec<u8> {
+        use std::io::{Read, Seek};
+        let mut f = std::fs::File::open(&disk).unwrap();
+        f.seek(std::io::SeekFrom::Start(at)).unwrap();
+        let mut b = vec![0u8; len];
+        f.read_exact(&mut b).unwrap();
+        b
+    };
+    assert!(home(0, 4096) != vec![0xab; 4096], "written back: the data is in the cache only");
+    let hup = |server: &common::Served| unsafe { libc::kill(server.id() as i32, libc::SIGHUP) };
+    // Refused: a volume size changes; and a mode that does not parse.
+    std::fs::write(&config, text.replace("size = \"256m\"", "size = \"512m\"")).unwrap();
+    hup(&server);
+    let refused = await_line("reload refused, nothing changed");
+    assert!(refused.contains("volume names and sizes changed"), "{refused}");
+    std::fs::write(&config, text.replace("size = \"256m\"\n", "size = \"256m\"\nmode = \"fast\"\n")).unwrap();
+    hup(&server);
+    let refused = await_line("reload refused, nothing changed");
+    assert!(refused.contains("mode"), "{refused}");
+    qemu_io(port, &["read -P 0xab 0 256k"]);
+    assert!(home(0, 4096) != vec![0xab; 4096], "a refused reload changes nothing");
+    // Every volume pass-through: a live detach.
+    std::fs::write(&config, text.replace("size = \"256m\"\n", "size = \"256m\"\nmode = \"pt\"\n")).unwrap();
+    hup(&server);
+    await_line("detached: every volume is pass-through");
+    assert!(home(0, 256 << 10) == vec![0xab; 256 << 10], "the dirty data went home");
+    qemu_io(port, &["read -P 0xab 0 256k", "write -P 0xcd 1M 64k", "flush"]);
+    assert!(home(1 << 20, 64 << 10) == vec![0xcd; 64 << 10], "pass-through: writes go to the disk");
+    let child = server.into_child();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait_with_output().unwrap().status;
+    await_line("clean shutdown");
+    assert!(status.success());
+    reader.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

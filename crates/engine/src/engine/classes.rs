@@ -12,10 +12,14 @@
 //! (`Chunk::class`), so each class's occupancy is exact; the counters are
 //! per class (`ClassStats`).
 //!
-//! Why rules on ranges: a file system places a directory's files in its
-//! own block groups, and a volume mounted at a directory is a range of its
-//! own; classes by the directory's files themselves (ext4 metadata) are not
-//! built yet (docs/caching.md).
+//! A directory class matches the byte ranges of a directory's files, read
+//! from the ext4 metadata on the volume (`crate::ext4`) and replaced at
+//! every refresh (`Engine::set_class_extents`). A file's data is written
+//! before the metadata that says whose it is, so its first writes are
+//! cached unclassified; each refresh re-classifies the unclassified cached
+//! blocks the class now covers (lazily, before they are cleaned or
+//! evicted), and counts them (`ClassStats::reclassified_bytes`): how much
+//! of the class's data was recognised late.
 
 use super::*;
 
@@ -71,9 +75,13 @@ impl IoClass {
     }
 
     fn matches(&self, offset: u64, len: u64, dir: ClassDirection) -> bool {
+        (self.size_min..=self.size_max).contains(&len) && self.direction.is_none_or(|d| d == dir) && self.covers(offset)
+    }
+
+    /// Whether the byte at `offset` is in the class's range and extents
+    /// (what lazy re-classification asks of a block already cached).
+    fn covers(&self, offset: u64) -> bool {
         self.range.is_none_or(|(a, b)| (a..b).contains(&offset))
-            && (self.size_min..=self.size_max).contains(&len)
-            && self.direction.is_none_or(|d| d == dir)
             && self.extents.as_ref().is_none_or(|e| {
                 let i = e.partition_point(|&(_, end)| end <= offset);
                 i < e.len() && e[i].0 <= offset
@@ -93,6 +101,12 @@ pub struct ClassStats {
     pub bypass_bytes: u64,
     /// Writes sent past the log because the class held its share.
     pub spill_bytes: u64,
+    /// Cached blocks found to be the class's only after they were written
+    /// (a directory class learns a new file's blocks from metadata the file
+    /// system commits after the data), and re-classified then. Of the
+    /// class's cached writes, `write_bytes` − bypass − spill were
+    /// recognised in time and these late.
+    pub reclassified_bytes: u64,
 }
 
 /// Most classes a volume has (class ids fit a byte with "unclassified").
@@ -249,6 +263,51 @@ impl Inner {
         }
     }
 
+    /// Lazy re-classification: the unclassified cached blocks of volume `v`
+    /// that class `id` covers now (its extents just changed) become the
+    /// class's, counted as re-classified. Walks the class's extents or the
+    /// log, whichever is smaller.
+    pub(super) fn reclassify(&mut self, v: usize, id: u8) -> Result<(), VolumeError> {
+        let cls = &self.vols[v].cache.classes;
+        let Some(class) = cls.list.get(id as usize - 1) else { return Ok(()) };
+        let bpc = self.blocks_per_chunk();
+        let log_blocks = self.log.chunks.len() as u64 * bpc;
+        let vol_blocks = self.vols[v].l2p.len() as u64;
+        let mut found = Vec::new();
+        let ext = class.extents.clone();
+        let ext_blocks = ext.as_ref().map(|e| e.iter().map(|&(a, b)| b.div_ceil(BS) - a / BS).sum::<u64>());
+        match ext {
+            Some(e) if ext_blocks.is_some_and(|n| n <= log_blocks) => {
+                for &(a, b) in e.iter() {
+                    for lba in a / BS..b.div_ceil(BS).min(vol_blocks) {
+                        if let Some(cb) = self.vols[v].l2p.get(lba as usize)?.cache_block() {
+                            let ch = &self.log.chunks[(cb / bpc) as usize];
+                            if ch.class[(cb % bpc) as usize] == 0 && class.covers(lba * BS) {
+                                found.push(cb);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {
+                for (c, ch) in self.log.chunks.iter().enumerate() {
+                    for (i, &(vol, lba)) in ch.p2l.iter().enumerate() {
+                        if vol == v as u32 && ch.class[i] == 0 && class.covers(lba * BS) {
+                            found.push(c as u64 * bpc + i as u64);
+                        }
+                    }
+                }
+            }
+        }
+        for &cb in &found {
+            self.set_class(cb, id);
+        }
+        let cls = &mut self.vols[v].cache.classes;
+        cls.ensure();
+        cls.stats[id as usize].reclassified_bytes += found.len() as u64 * BS;
+        Ok(())
+    }
+
     /// Cache block `cb` (just logged, current) now belongs to class `id`.
     pub(super) fn set_class(&mut self, cb: u64, id: u8) {
         let bpc = self.blocks_per_chunk();
@@ -274,7 +333,8 @@ impl Engine {
             .find(|c| c.name == class)
             .ok_or(EngineError::Config("no I/O class of that name on the volume"))?;
         c.extents = Some(std::sync::Arc::new(extents));
-        Ok(())
+        let id = (inner.vols[v].cache.classes.list.iter()).position(|c| c.name == class).expect("found") as u8 + 1;
+        inner.reclassify(v, id).map_err(EngineError::Request)
     }
 
     /// Set the I/O classes of in-place volume `name` (at most `CLASSES_MAX`;

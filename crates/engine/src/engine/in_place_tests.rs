@@ -490,7 +490,8 @@ fn check_reads_an_in_place_engine_and_finds_damage_in_the_log() {
 /// A directory class: an ext4 image written onto an in-place volume, the
 /// blocks of `/yarn`'s files found by reading the file system through the
 /// volume; writes to them are that class's (here never cached), writes
-/// elsewhere are unclassified and cached.
+/// elsewhere are unclassified and cached; a block cached before the class
+/// knew its file is re-classified when the extents arrive.
 #[test]
 fn a_directory_class_selects_the_blocks_of_its_files() {
     let dir = std::env::temp_dir().join(format!("sluice-dirclass-{}", std::process::id()));
@@ -523,7 +524,21 @@ fn a_directory_class_selects_the_blocks_of_its_files() {
     // Not yet refreshed: nothing belongs to the class.
     v.write(first, &pattern(0, first / BS, 2), false).unwrap();
     assert_eq!(stats(&w, 0).class_bypass_bytes, 0);
+    // Lazily: the blocks of /yarn files cached before the refresh (that
+    // one, and any the image's first, cached MiB holds) are the class's now.
+    let cached_in_yarn = (yarn.iter().flat_map(|&(a, b)| a / BS..b.div_ceil(BS)))
+        .filter(|&l| e.lock().vols[0].l2p.get(l as usize).unwrap().cache_block().is_some())
+        .count() as u64;
+    assert!(cached_in_yarn >= 1);
     e.set_class_extents("v0", "yarn", yarn.clone()).unwrap();
+    let yarn_stats = || e.cache_report()[0].classes[1].clone();
+    assert_eq!(
+        (yarn_stats().reclassified_bytes, yarn_stats().cached_bytes),
+        (cached_in_yarn * BS, cached_in_yarn * BS)
+    );
+    e.set_class_extents("v0", "yarn", yarn.clone()).unwrap();
+    assert_eq!(yarn_stats().reclassified_bytes, cached_in_yarn * BS, "counted once");
+    e.lock().check_invariants();
     v.write(first, &pattern(0, first / BS, 3), false).unwrap();
     assert_eq!(stats(&w, 0).class_bypass_bytes, BS, "a block of a /yarn file is the class's");
     let outside = (0..2048u64).map(|l| l * BS).find(|&o| !yarn.iter().any(|&(a, b)| (a..b).contains(&o))).unwrap();
@@ -692,4 +707,26 @@ fn reclaim_keeps_hot_and_pinned_blocks_and_evicts_the_rest() {
     let (pin, pin_cached) = run(false, true);
     assert_eq!(pin.read_miss_bytes, 0, "pinned: never evicted: {pin:?}");
     assert_eq!(pin_cached, hot_bytes);
+}
+
+/// Lazy re-classification finds the same blocks whether it walks the
+/// class's extents (smaller than the log) or the log (extents larger).
+#[test]
+fn reclassification_walks_the_extents_or_the_log_alike() {
+    for extents in [vec![(0, 2048 * BS)], vec![(10 * BS, 11 * BS), (1500 * BS, 1600 * BS)]] {
+        let w = in_place_world(&[2048]);
+        let mut c = IoClass::new("late", 1.0);
+        c.extents = Some(Arc::new(Vec::new()));
+        w.engine.set_io_classes("v0", vec![c]).unwrap();
+        for lba in [10u64, 500, 1500] {
+            w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+        }
+        let log_blocks = w.engine.lock().dirty_blocks().1;
+        let covered = extents.iter().map(|&(a, b)| (b - a) / BS).sum::<u64>();
+        let want = if covered > log_blocks { 3 } else { 2 };
+        w.engine.set_class_extents("v0", "late", extents).unwrap();
+        let late = w.engine.cache_report()[0].classes[1].clone();
+        assert_eq!((late.reclassified_bytes, late.cached_bytes), (want * BS, want * BS), "{covered} blocks of extents");
+        w.engine.lock().check_invariants();
+    }
 }
