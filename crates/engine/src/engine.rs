@@ -350,13 +350,15 @@ impl Inner {
             let (v, class) = (ch.p2l[i].0 as usize, std::mem::take(&mut ch.class[i]));
             ch.p2l[i].0 = u32::MAX;
             ch.valid -= 1;
-            if std::mem::take(&mut ch.clean[i]) {
-                // Its home held the same: nothing was left to clean.
-            } else {
+            // A clean block's home held the same: nothing was left to clean.
+            let dirty = !std::mem::take(&mut ch.clean[i]);
+            if dirty {
                 ch.dirty -= 1;
             }
             if self.cfg.layout == Layout::InPlace {
-                self.vols[v].cache.classes.count(class, false);
+                let vc = &mut self.vols[v].cache;
+                vc.classes.count(class, false);
+                vc.dirty_blocks -= dirty as u64;
             }
         } else if let Some(pb) = loc.capacity_block() {
             let b = (pb / self.blocks_per_band()) as usize;

@@ -129,6 +129,10 @@ enum Cmd {
         /// (volumes of 1 to 3 map pages, two in DRAM each).
         #[arg(long)]
         paged: bool,
+        /// The in-place layout (caching over a plain disk, write-back);
+        /// not with --flips or --zns.
+        #[arg(long, conflicts_with_all = ["flips", "zns"])]
+        in_place: bool,
     },
 }
 
@@ -547,11 +551,12 @@ fn sim(
     let t = Instant::now();
     let (mut crashes, mut inside, mut in_recovery, mut shutdowns, mut cut) = (0, 0, 0, 0, 0);
     let flag = format!(
-        "{}{}{}{}",
+        "{}{}{}{}{}",
         if zns { " --zns" } else { "" },
         if opts.flips { " --flips" } else { "" },
         if opts.swarm { " --swarm" } else { "" },
-        if opts.paged { " --paged" } else { "" }
+        if opts.paged { " --paged" } else { "" },
+        if opts.in_place { " --in-place" } else { "" }
     );
     for seed in seed_start..seed_start.saturating_add(seeds) {
         let r = sluice_sim::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
@@ -574,8 +579,8 @@ fn sim(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged } => {
-            let opts = sluice_sim::crashsim::SimOptions { flips, swarm, paged, ..Default::default() };
+        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged, in_place } => {
+            let opts = sluice_sim::crashsim::SimOptions { flips, swarm, paged, in_place, ..Default::default() };
             sim(seeds, seed_start, ops, zns, opts)
         }
         Cmd::Stats { addr, interval, json } => {

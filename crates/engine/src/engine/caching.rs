@@ -174,6 +174,9 @@ pub(super) struct VolCache {
     pub(super) home: u64,
     /// Bumped by every write to a home of the volume, and by trims.
     pub(super) home_gen: u64,
+    /// Cached blocks of the volume that are not clean (kept as they change,
+    /// so a report does not walk the log; checked by `check_invariants`).
+    pub(super) dirty_blocks: u64,
     /// The sequential streams last seen (cutoff): where each ends, how
     /// long it is, and when it was last extended (`stream_tick`).
     streams: [Stream; STREAMS],
@@ -510,27 +513,19 @@ impl Inner {
         if !self.in_place() {
             return Vec::new();
         }
-        let mut rep: Vec<CacheReport> = (self.vols.iter())
-            .map(|v| CacheReport {
-                volume: v.name.clone(),
-                policy: v.cache.policy,
-                stats: v.cache.stats,
-                cached_bytes: 0,
-                dirty_bytes: 0,
-                classes: v.cache.classes.report(),
-            })
-            .collect();
-        for ch in &self.log.chunks {
-            for (i, &(v, _)) in ch.p2l.iter().enumerate() {
-                if v != u32::MAX {
-                    rep[v as usize].cached_bytes += BS;
-                    if !ch.clean[i] {
-                        rep[v as usize].dirty_bytes += BS;
-                    }
+        (self.vols.iter())
+            .map(|v| {
+                let classes = v.cache.classes.report();
+                CacheReport {
+                    volume: v.name.clone(),
+                    policy: v.cache.policy,
+                    stats: v.cache.stats,
+                    cached_bytes: classes.iter().map(|c| c.cached_bytes).sum(),
+                    dirty_bytes: v.cache.dirty_blocks * BS,
+                    classes,
                 }
-            }
-        }
-        rep
+            })
+            .collect()
     }
 }
 

@@ -227,18 +227,20 @@ impl Inner {
         if !self.in_place() {
             return;
         }
-        let mut held = vec![0u64; self.vols.len()];
+        let (mut held, mut dirty) = (vec![0u64; self.vols.len()], vec![0u64; self.vols.len()]);
         for ch in &self.log.chunks {
-            for &(v, _) in &ch.p2l {
+            for (i, &(v, _)) in ch.p2l.iter().enumerate() {
                 if v != u32::MAX {
                     held[v as usize] += 1;
+                    dirty[v as usize] += !ch.clean[i] as u64;
                 }
             }
         }
-        for (vol, n) in self.vols.iter_mut().zip(held) {
+        for ((vol, n), d) in self.vols.iter_mut().zip(held).zip(dirty) {
             vol.cache.classes.ensure();
             vol.cache.classes.blocks.iter_mut().for_each(|b| *b = 0);
             vol.cache.classes.blocks[0] = n;
+            vol.cache.dirty_blocks = d;
         }
     }
 
@@ -249,16 +251,20 @@ impl Inner {
             return;
         }
         let mut held: Vec<Vec<u64>> = self.vols.iter().map(|v| vec![0; v.cache.classes.blocks.len().max(1)]).collect();
+        let mut dirty = vec![0u64; self.vols.len()];
         for ch in &self.log.chunks {
             for (i, &(v, _)) in ch.p2l.iter().enumerate() {
                 if v != u32::MAX {
                     held[v as usize][ch.class[i] as usize] += 1;
+                    dirty[v as usize] += !ch.clean[i] as u64;
                 }
             }
         }
-        for (v, h) in self.vols.iter().zip(held) {
+        for ((v, h), d) in self.vols.iter().zip(held).zip(dirty) {
+            // Counted since the engine was assembled (`recount_classes`).
             if !v.cache.classes.blocks.is_empty() {
                 assert_eq!(v.cache.classes.blocks, h, "volume {} class occupancy", v.name);
+                assert_eq!(v.cache.dirty_blocks, d, "volume {} dirty blocks", v.name);
             }
         }
     }

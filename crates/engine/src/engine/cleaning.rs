@@ -75,6 +75,7 @@ impl Inner {
         debug_assert_ne!(ch.p2l[i].0, u32::MAX, "only a current block is cleaned");
         if !std::mem::replace(&mut ch.clean[i], true) {
             ch.dirty -= 1;
+            self.vols[ch.p2l[i].0 as usize].cache.dirty_blocks -= 1;
         }
     }
 

@@ -133,7 +133,9 @@ impl Engine {
             ch.valid += 1;
             ch.dirty += 1;
             if inner.cfg.layout == Layout::InPlace {
-                inner.vols[vol as usize].cache.classes.count(0, true);
+                let vc = &mut inner.vols[vol as usize].cache;
+                vc.classes.count(0, true);
+                vc.dirty_blocks += 1;
             }
         }
         Ok(())
