@@ -244,15 +244,19 @@ impl EngineVolume {
     }
 
     /// Read as `Volume::read` does, but outside the cache policy and the
-    /// metrics: no promotion, no hit or miss counted, no stream seen — for
-    /// the engine's own look at the data (a directory class reading the
-    /// file system's metadata).
+    /// metrics: no promotion, no hit or miss counted, no stream seen, no
+    /// activity for ALRU's idle time — for the engine's own look at the data
+    /// (a directory class reading the file system's metadata).
     pub fn read_unaccounted(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         check(self, offset, buf.len() as u64)?;
         let e = &self.engine;
         let (vol, lba0, n) = (self.id as usize, (offset / BS) as usize, buf.len() / BLOCK_BYTES);
         let permit = e.unlocked_read_permit();
-        let inner = self.live()?;
+        // Not a request: it does not count as activity (ALRU's idle time).
+        let inner = e.lock();
+        if inner.closed {
+            return Err(VolumeError::ReadOnly);
+        }
         e.read_volume(inner, permit, vol, lba0..lba0 + n, offset, buf).map(|_| ())
     }
 
