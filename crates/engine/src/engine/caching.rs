@@ -290,9 +290,39 @@ impl Inner {
     }
 }
 
+/// Whether any two of `writes` (first LBA, data) share a block.
+fn overlapping(writes: &[(u64, &[u8])]) -> bool {
+    if writes.len() < 2 {
+        return false;
+    }
+    let mut spans: Vec<(u64, u64)> = writes.iter().map(|&(l, d)| (l, l + (d.len() / BLOCK_BYTES) as u64)).collect();
+    spans.sort_unstable();
+    spans.windows(2).any(|w| w[1].0 < w[0].1)
+}
+
+/// A write past the log left for the caller to do without the engine lock
+/// (`Engine::write_in_place`): write `writes[index]` at byte `at` of the
+/// capacity device, then `Engine::finish_home_writes`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct DeferredHome {
+    pub(super) index: usize,
+    pub(super) at: u64,
+}
+
 impl Engine {
     /// Writes (LBA, data) of in-place volume `vol`, each routed by its
     /// policy (module doc); `crcs` per block.
+    ///
+    /// A write that goes home past the log while the log holds no copy of
+    /// its blocks touches nothing of the engine but the disk: in real time
+    /// it is left in `deferred`, for the caller to write without the lock —
+    /// so a pass-through or spilled write does not hold every other
+    /// request behind a disk seek — and then to finish
+    /// (`finish_home_writes`: home generation bumped again, disk marked
+    /// unflushed, FUA flushed). Its home generation is bumped now as well,
+    /// so a read that saw the home before the write lands never promotes
+    /// what it read. A newer write of the same blocks logged meanwhile
+    /// wins in the maps, as a write racing another may.
     pub(super) fn write_in_place(
         &self,
         inner: &mut Inner,
@@ -300,11 +330,15 @@ impl Engine {
         writes: &[(u64, &[u8])],
         crcs: &[u32],
         fua: bool,
+        deferred: &mut Vec<DeferredHome>,
     ) -> Result<(), VolumeError> {
         let bg = self.bg.on.load(std::sync::atomic::Ordering::Relaxed);
+        // A write is deferred only if no other write of the batch overlaps
+        // it: a later one must land after it, and it lands after the lock.
+        let may_defer = inner.sim.is_none() && !overlapping(writes);
         let mut first = 0;
         let mut home_written = false;
-        for &(lba0, data) in writes {
+        for (index, &(lba0, data)) in writes.iter().enumerate() {
             let blocks = (data.len() / BLOCK_BYTES) as u64;
             let crc = &crcs[first..first + blocks as usize];
             first += blocks as usize;
@@ -327,7 +361,16 @@ impl Engine {
                     home_written = true;
                 }
                 Route::Past(why) => {
-                    self.write_past_log(inner, vol, lba0, blocks, Some(data))?;
+                    let l2p = &inner.vols[v].l2p;
+                    let cached = (lba0..lba0 + blocks)
+                        .try_fold(false, |c, l| Ok::<_, VolumeError>(c || !l2p.get(l as usize)?.is_none()))?;
+                    if may_defer && !cached {
+                        inner.vols[v].cache.home_gen += 1;
+                        deferred.push(DeferredHome { index, at: inner.home(v, lba0) * BS });
+                    } else {
+                        self.write_past_log(inner, vol, lba0, blocks, Some(data))?;
+                        home_written = true;
+                    }
                     if why == PastWhy::Spill && !bg {
                         self.clean_for_spill(inner, blocks)?;
                     }
@@ -338,7 +381,6 @@ impl Engine {
                         PastWhy::Spill => &mut s.spill_bytes,
                         PastWhy::Class => &mut s.class_bypass_bytes,
                     } += data.len() as u64;
-                    home_written = true;
                 }
             }
         }
@@ -347,6 +389,28 @@ impl Engine {
             if home_written {
                 self.flush_capacity(inner)?;
             }
+        }
+        Ok(())
+    }
+
+    /// After the deferred home writes of a request (`write_in_place`) were
+    /// done without the lock, `result` what they did and `bytes` what they
+    /// wrote: count them, bump volume `vol`'s home generation again (a read
+    /// that looked while they were in flight promotes nothing), and with
+    /// `fua` make the disk durable.
+    pub(super) fn finish_home_writes(
+        &self,
+        inner: &mut Inner,
+        vol: usize,
+        result: Result<u64, VolumeError>,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        inner.vols[vol].cache.home_gen += 1;
+        let bytes = result?;
+        inner.cap.dirty = true;
+        inner.stats.capacity_write_bytes += bytes;
+        if fua {
+            self.flush_capacity(inner)?;
         }
         Ok(())
     }

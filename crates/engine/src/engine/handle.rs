@@ -180,15 +180,37 @@ impl EngineVolume {
         let bytes: u64 = writes.iter().map(|w| w.1.len() as u64).sum();
         let crcs: Vec<u32> = writes.iter().flat_map(|w| w.1.chunks(BLOCK_BYTES).map(crc32c)).collect();
         self.engine.pace_write(bytes);
+        let mut deferred = Vec::new();
         self.change(|e, inner| {
             if self.in_place {
-                e.write_in_place(inner, self.id, &blocks, &crcs, fua)?;
+                e.write_in_place(inner, self.id, &blocks, &crcs, fua, &mut deferred)?;
             } else {
                 e.append(inner, self.id, &blocks, &crcs, fua)?;
             }
             inner.stats.user_write_bytes += bytes;
             Ok(())
-        })
+        })?;
+        if deferred.is_empty() {
+            return Ok(());
+        }
+        // Home writes past the log, without the lock (`write_in_place`)
+        // when a permit leaves the device queue room, else under it.
+        let write = || -> Result<u64, VolumeError> {
+            let mut n = 0;
+            for d in &deferred {
+                let data = blocks[d.index].1;
+                write_at(&*self.engine.capacity, d.at, data)?;
+                n += data.len() as u64;
+            }
+            Ok(n)
+        };
+        match self.engine.unlocked_read_permit() {
+            Some(_permit) => {
+                let result = write();
+                self.change(|e, inner| e.finish_home_writes(inner, self.id as usize, result, fua))
+            }
+            None => self.change(|e, inner| e.finish_home_writes(inner, self.id as usize, write(), fua)),
+        }
     }
 
     /// A read that found a block whose data does not match its CRC: counted

@@ -45,7 +45,8 @@ impl Engine {
         self.parallel_reads.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Room for one more read outside the lock, if there is any.
+    /// Room for one more read (or home write past the log, handle.rs)
+    /// outside the lock, if there is any.
     pub(super) fn unlocked_read_permit(&self) -> Option<ReadPermit<'_>> {
         use std::sync::atomic::Ordering::Relaxed;
         if self.unlocked_reads.fetch_add(1, Relaxed) < self.unlocked_reads_max {
