@@ -158,6 +158,10 @@ def config(workdir, case, o, cache_bytes, disks):
     # No background cleaning: temporary data lives until the job deletes
     # it; a cache sized for it never needs to write it home.
     engine = '[engine]\nlayout = "in-place"\nchunk_size = "4m"\n'
+    if o.reclaim_at is not None:
+        # Reclaim (clean live data home) only this close to a full log,
+        # and pace writers at half of it.
+        engine += f"compaction_start = {o.reclaim_at}\ncompaction_setpoint = {o.reclaim_at / 2}\n"
     cap = data + temp + 512 * MIB
     if case in ("a-hdd", "b-class", "e-all"):
         cap = data + 512 * MIB
@@ -388,6 +392,7 @@ def main():
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--disks", default="1", help="comma-separated disk counts for a-hdd, b-class and b2-volume")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--reclaim-at", type=float, default=None, help="[engine] compaction_start of the cached cases (default: the server's, 0.5)")
     p.add_argument("--cache-factor", type=float, default=4.0, help="cache size / peak of temporary data (d-half: 0.5)")
     p.add_argument("--jobs", default=JOBS_ALL, help="default: all (--quick: terasort)")
     p.add_argument("--workdir", default="/tmp/sluice-hadoop")
