@@ -12,12 +12,25 @@
 //! extent-mapped files and directories (the ext4 default), linear and
 //! hashed (htree) directories (both are read block by block as linear
 //! entries: htree index blocks look like one empty entry), inline data
-//! (no blocks to report). Not supported, with a typed error: files mapped by
-//! the old indirect block maps (ext2/3 without extents), journal replay
-//! (a file system that was not cleanly unmounted is read as it is on the
-//! disk: metadata still in the journal is not seen — ext4 writes data before
-//! it commits the metadata that names it, so a new file's blocks are found
-//! only after the commit), encrypted or case-folded names (matched as bytes).
+//! (no blocks to report), and the jbd2 journal of a mounted file system
+//! (see below). Not supported, with a typed error: files mapped by the old
+//! indirect block maps (ext2/3 without extents); matched as bytes:
+//! encrypted or case-folded names.
+//!
+//! **The journal.** ext4 writes a transaction's metadata to its journal at
+//! each commit (every 5 s by default) and in place only at a checkpoint,
+//! often much later. A block server reading a mounted file system sees the
+//! in-place copies, so a new file would stay unknown for as long as that.
+//! The reader therefore replays the journal in memory, read-only, as the
+//! kernel's recovery does: from the journal superblock's first transaction,
+//! every committed transaction in sequence order (descriptor tags with their
+//! escape and 32/64-bit and checksum-v2/v3 layouts, revoke records), the
+//! newest copy of each block overlaid on what the disk holds. A transaction
+//! without its commit block is ignored. Checksums are not verified: a stale
+//! or torn overlay can only misclassify a block, never change data.
+//! Fast-commit blocks are not read (files recorded only there are found at
+//! the next full commit). ext4 writes a file's data before the commit that
+//! names it, so a new file's first blocks are found only after that commit.
 
 use std::collections::HashSet;
 
@@ -42,6 +55,8 @@ const INLINE_DATA_FL: u32 = 0x1000_0000;
 const INCOMPAT_64BIT: u32 = 0x80;
 const INCOMPAT_META_BG: u32 = 0x10;
 const EXTENT_MAGIC: u16 = 0xF30A;
+const JBD2_MAGIC: u32 = 0xC03B_3998;
+const COMPAT_HAS_JOURNAL: u32 = 0x4;
 /// Most directory entries, extents, inodes and metadata blocks one walk
 /// visits (a corrupt file system cannot make it read without end).
 const ITEMS_MAX: usize = 1 << 22;
@@ -57,6 +72,8 @@ pub struct Ext4<R: Fn(u64, usize) -> Result<Vec<u8>, String>> {
     desc_size: u64,
     first_data_block: u64,
     groups: u64,
+    /// The newest committed journal copy of each file-system block.
+    overlay: std::collections::HashMap<u64, Vec<u8>>,
 }
 
 /// A file's or directory's inode, as far as the walk needs it.
@@ -95,7 +112,121 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
             return Err(Ext4Error::Corrupt("superblock geometry"));
         }
         let groups = blocks.saturating_sub(first_data_block).div_ceil(blocks_per_group);
-        Ok(Ext4 { read, block, bytes, inodes_per_group, inode_size, desc_size, first_data_block, groups })
+        let journal_inode = (u32_at(&sb, 0x5C) & COMPAT_HAS_JOURNAL != 0).then(|| u32_at(&sb, 0xE0));
+        let overlay = Default::default();
+        let mut fs =
+            Ext4 { read, block, bytes, inodes_per_group, inode_size, desc_size, first_data_block, groups, overlay };
+        if let Some(n) = journal_inode.filter(|&n| n != 0) {
+            fs.overlay = fs.replay_journal(n)?;
+        }
+        Ok(fs)
+    }
+
+    /// File-system blocks the journal holds newer committed copies of.
+    pub fn journal_blocks(&self) -> usize {
+        self.overlay.len()
+    }
+
+    /// Replay the journal of inode `n` in memory (module doc): the newest
+    /// committed copy of each block it holds.
+    fn replay_journal(&self, n: u32) -> Result<std::collections::HashMap<u64, Vec<u8>>, Ext4Error> {
+        let mut overlay = std::collections::HashMap::new();
+        let ino = self.inode(n)?;
+        let mut budget = ITEMS_MAX;
+        let map: Vec<(u64, u64)> = self.extents(&ino, &mut budget)?;
+        let journal_len: u64 = map.iter().map(|e| e.1).sum();
+        // Journal block j: the j-th block of the journal inode's extents.
+        let block_of = |mut j: u64| -> Result<Vec<u8>, Ext4Error> {
+            for &(start, len) in &map {
+                if j < len {
+                    return self.read_raw((start + j) * self.block, self.block as usize);
+                }
+                j -= len;
+            }
+            Err(Ext4Error::Corrupt("a journal block past the journal's end"))
+        };
+        let jsb = block_of(0)?;
+        let be = |b: &[u8], o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        if be(&jsb, 0) != JBD2_MAGIC || !matches!(be(&jsb, 4), 3 | 4) {
+            return Err(Ext4Error::Corrupt("journal superblock"));
+        }
+        let (maxlen, first, mut seq, start) =
+            (be(&jsb, 0x10) as u64, be(&jsb, 0x14) as u64, be(&jsb, 0x18), be(&jsb, 0x1C) as u64);
+        if be(&jsb, 0x0C) as u64 != self.block || maxlen > journal_len || first == 0 || first >= maxlen {
+            return Err(Ext4Error::Corrupt("journal geometry"));
+        }
+        if start == 0 {
+            return Ok(overlay); // clean: nothing to replay
+        }
+        let incompat = if be(&jsb, 4) == 4 { be(&jsb, 0x28) } else { 0 };
+        let (wide, csum2, csum3) = (incompat & 0x2 != 0, incompat & 0x8 != 0, incompat & 0x10 != 0);
+        let tag_bytes = if csum3 { 16 } else { 8 + if csum2 { 2 } else { 0 } + if wide { 4 } else { 0 } };
+        let tail = if csum2 || csum3 { 4 } else { 0 };
+        let next = |p: u64| if p + 1 >= maxlen { first } else { p + 1 };
+        let mut pos = start;
+        // The transaction being read: (fs block, journal block, escaped), revoked blocks.
+        let mut tags: Vec<(u64, u64, bool)> = Vec::new();
+        let mut revoked: HashSet<u64> = HashSet::new();
+        for _ in 0..maxlen {
+            let b = block_of(pos)?;
+            if be(&b, 0) != JBD2_MAGIC || be(&b, 8) != seq {
+                break; // the end of the log
+            }
+            match be(&b, 4) {
+                1 => {
+                    let mut at = 12;
+                    let mut data = next(pos);
+                    while at + tag_bytes <= b.len() - tail {
+                        let low = be(&b, at) as u64;
+                        let flags =
+                            if csum3 { be(&b, at + 4) } else { u16::from_be_bytes([b[at + 6], b[at + 7]]) as u32 };
+                        let high = if wide { be(&b, at + 8) as u64 } else { 0 };
+                        tags.push((high << 32 | low, data, flags & 1 != 0));
+                        data = next(data);
+                        at += tag_bytes + if flags & 2 == 0 { 16 } else { 0 };
+                        if flags & 8 != 0 {
+                            break;
+                        }
+                    }
+                    pos = data;
+                    continue;
+                }
+                2 => {
+                    for &r in &revoked {
+                        overlay.remove(&r);
+                    }
+                    for &(fs_block, j, escaped) in &tags {
+                        if revoked.contains(&fs_block)
+                            || (fs_block + 1).checked_mul(self.block).is_none_or(|e| e > self.bytes)
+                        {
+                            continue;
+                        }
+                        let mut copy = block_of(j)?;
+                        if escaped {
+                            copy[..4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
+                        }
+                        overlay.insert(fs_block, copy);
+                    }
+                    tags.clear();
+                    revoked.clear();
+                    seq = seq.wrapping_add(1);
+                }
+                5 => {
+                    let count = (be(&b, 12) as usize).min(b.len() - tail);
+                    let step = if wide { 8 } else { 4 };
+                    let mut at = 16;
+                    while at + step <= count {
+                        let r =
+                            if wide { (be(&b, at) as u64) << 32 | be(&b, at + 4) as u64 } else { be(&b, at) as u64 };
+                        revoked.insert(r);
+                        at += step;
+                    }
+                }
+                _ => {}
+            }
+            pos = next(pos);
+        }
+        Ok(overlay)
     }
 
     /// The file system's block size.
@@ -103,7 +234,25 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
         self.block
     }
 
+    /// `read_raw`, with the journal's newer copies of the blocks overlaid.
     fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, Ext4Error> {
+        let mut b = self.read_raw(offset, len)?;
+        if !self.overlay.is_empty() {
+            let end = offset + len as u64;
+            for blk in offset / self.block..end.div_ceil(self.block) {
+                if let Some(copy) = self.overlay.get(&blk) {
+                    let (a, z) = ((blk * self.block).max(offset), ((blk + 1) * self.block).min(end));
+                    let from = (a - blk * self.block) as usize;
+                    b[(a - offset) as usize..(z - offset) as usize]
+                        .copy_from_slice(&copy[from..from + (z - a) as usize]);
+                }
+            }
+        }
+        Ok(b)
+    }
+
+    /// Read what the disk holds, bounds-checked.
+    fn read_raw(&self, offset: u64, len: usize) -> Result<Vec<u8>, Ext4Error> {
         if offset.checked_add(len as u64).is_none_or(|end| end > self.bytes) {
             return Err(Ext4Error::Corrupt("a pointer past the end of the file system"));
         }

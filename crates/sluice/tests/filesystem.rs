@@ -333,3 +333,37 @@ fn ext4_on_an_in_place_volume_is_on_the_disk_alone_after_sluice_clean() {
 
     assert_served_after_restart(&config, &dir, &files);
 }
+
+/// The ext4 reader replays the journal of a mounted file system: with the
+/// committed transactions of a written and synced file overlaid (here
+/// `sync` also wrote them in place), the file is found under its directory
+/// by reading the image directly while it is still mounted, and the
+/// journal held blocks to replay.
+#[test]
+fn the_ext4_reader_replays_the_journal_of_a_mounted_file_system() {
+    let _one = prerequisites();
+    let dir = std::env::temp_dir().join(format!("sluice-journal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("mnt")).unwrap();
+    let img = dir.join("fs.img");
+    std::fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+    sh("mkfs.ext4", &["-q", "-F", "-b", "4096", img.to_str().unwrap()]);
+    let mnt = dir.join("mnt");
+    sh("mount", &["-o", "loop", img.to_str().unwrap(), mnt.to_str().unwrap()]);
+    let data = contents(300, 256 << 10);
+    std::fs::create_dir_all(mnt.join("spills/deep")).unwrap();
+    std::fs::write(mnt.join("spills/deep/s0"), &data).unwrap();
+    sh("sync", &[]);
+    let image = std::fs::read(&img).unwrap();
+    let read = |offset: u64, len: usize| -> Result<Vec<u8>, String> {
+        image.get(offset as usize..offset as usize + len).map(|b| b.to_vec()).ok_or_else(|| "past the end".into())
+    };
+    let found = sluice_engine::ext4::Ext4::open(read)
+        .and_then(|fs| Ok((fs.journal_blocks(), fs.directory_extents("/spills")?)));
+    try_sh("umount", &[mnt.to_str().unwrap()]);
+    let (journal, extents) = found.unwrap();
+    assert!(journal > 0, "a mounted, synced file system has committed transactions in its journal");
+    let held: Vec<u8> = extents.iter().flat_map(|&(a, b)| image[a as usize..b as usize].to_vec()).collect();
+    assert!(held.windows(4096).any(|w| w == &data[..4096]), "the file's first block is in /spills' extents");
+    let _ = std::fs::remove_dir_all(&dir);
+}
