@@ -393,7 +393,7 @@ def main():
     p.add_argument("--disks", default="1", help="comma-separated disk counts for a-hdd, b-class and b2-volume")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--reclaim-at", type=float, default=None, help="[engine] compaction_start of the cached cases (default: the server's, 0.5)")
-    p.add_argument("--cache-factor", type=float, default=4.0, help="cache size / peak of temporary data (d-half: 0.5)")
+    p.add_argument("--cache-factor", type=float, default=1.5, help="cache size / peak of temporary data (d-half: 0.5)")
     p.add_argument("--jobs", default=JOBS_ALL, help="default: all (--quick: terasort)")
     p.add_argument("--workdir", default="/tmp/sluice-hadoop")
     p.add_argument("--json", default=os.path.join(ROOT, "target", "bench", "hadoop.json"))
@@ -410,11 +410,8 @@ def main():
     disk_counts = [int(d) for d in o.disks.split(",")]
     rows = []
     # The peak of temporary data, from the first case's first run: the
-    # cache is sized --cache-factor times it (d-half: half of it). The log
-    # reclaims room only at its head, and a job's temporary data lives
-    # until the application stops, so the log must hold about all the
-    # temporary data a job writes, not just the peak of what is alive
-    # (docs/hadoop.md): 4x the sampled peak here.
+    # cache is sized --cache-factor times it (d-half: half of it), as
+    # Twitter sized theirs from the peak (docs/hadoop.md).
     peak = None
     for rep in range(o.repeats):
         for case in cases:

@@ -95,10 +95,13 @@ pub struct EngineSection {
     pub write_unit: String,
     /// Compact in a background thread, pacing writes to it (docs/engine.md).
     pub background_compaction: bool,
-    /// Share of the log's chunks below which the background compactor works.
-    pub compaction_start: f64,
-    /// Share of free chunks below which writes are paced to compaction.
-    pub compaction_setpoint: f64,
+    /// Share of the log's chunks below which the background compactor works
+    /// (default 0.5 with bands; 0.1 in place, where reclaiming cleans and
+    /// evicts data that should stay cached until it dies).
+    pub compaction_start: Option<f64>,
+    /// Share of free chunks below which writes are paced to compaction
+    /// (default 0.25 with bands, 0.05 in place).
+    pub compaction_setpoint: Option<f64>,
     /// DRAM the L2P may take, fio size syntax ("" or "0": no limit). Set
     /// when the engine is created: beyond it the map is paged through a
     /// region at the end of the cache device (docs/engine.md).
@@ -283,8 +286,8 @@ impl Default for EngineSection {
             band_size: "256m".into(),
             write_unit: "64k".into(),
             background_compaction: true,
-            compaction_start: CompactorConfig::default().start_free,
-            compaction_setpoint: CompactorConfig::default().setpoint_free,
+            compaction_start: None,
+            compaction_setpoint: None,
             l2p_dram: String::new(),
             layout: "bands".into(),
             cleaning: "none".into(),
@@ -575,6 +578,23 @@ impl Config {
             _ => Arc::new(zns_device(zns.expect("zns profile"), backend, clock)),
         };
         Ok(OpenedDevice { which, dev, fresh, created })
+    }
+
+    /// `[engine] compaction_start` and `compaction_setpoint`, or the
+    /// layout's defaults. In place, the compactor's reclaims clean live data
+    /// home and evict it: they start only near a full log (a Spark job with
+    /// half the cache it needed ran 62.0 s with reclaims from half the log
+    /// free, 55.7 s from a tenth; docs/results/2026-11-26-hadoop.md).
+    fn compactor(&self, layout: sluice_engine::Layout) -> CompactorConfig {
+        let (start, setpoint) = match layout {
+            sluice_engine::Layout::InPlace => (0.1, 0.05),
+            _ => (CompactorConfig::default().start_free, CompactorConfig::default().setpoint_free),
+        };
+        CompactorConfig {
+            start_free: self.engine.compaction_start.unwrap_or(start),
+            setpoint_free: self.engine.compaction_setpoint.unwrap_or(setpoint),
+            ..Default::default()
+        }
     }
 
     /// `[engine] cleaning`, `cleaning_setpoint`, `cleaning_age`,
@@ -1090,11 +1110,7 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
         }
     }
     // Checked before the engine opens: bad input changes nothing.
-    let compactor_cfg = cfg.engine.background_compaction.then_some(CompactorConfig {
-        start_free: cfg.engine.compaction_start,
-        setpoint_free: cfg.engine.compaction_setpoint,
-        ..Default::default()
-    });
+    let compactor_cfg = cfg.engine.background_compaction.then_some(cfg.compactor(cfg.layout()?));
     if let Some(c) = &compactor_cfg {
         c.check().map_err(|e| ServeError::Config { path: "engine".into(), msg: e.to_string() })?;
     }
