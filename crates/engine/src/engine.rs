@@ -89,7 +89,7 @@ mod zoned;
 use bands::{Band, BandId, BandState, Bands};
 pub use caching::{CacheMode, CachePolicy, CacheReport, CacheStats, SeqCutoff};
 pub use check::CheckReport;
-pub use classes::{ClassDirection, ClassStats, IoClass, CLASSES_MAX};
+pub use classes::{check_io_classes, ClassDirection, ClassStats, IoClass, CLASSES_MAX};
 pub use cleaning::{Cleaning, CleaningMode};
 use compaction::CompactCursor;
 use gc::GcCursor;

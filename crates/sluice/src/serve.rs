@@ -370,6 +370,14 @@ pub enum ServeError {
     NotFresh { which: &'static str, path: String },
 }
 
+/// A memory device of `size` bytes, every page touched up front if `prealloc`.
+fn memory(size: u64, prealloc: bool) -> Box<dyn BlockDevice> {
+    match prealloc {
+        true => Box::new(MemoryDevice::preallocated(size, 4096)),
+        false => Box::new(MemoryDevice::new(size, 4096)),
+    }
+}
+
 /// A duration in seconds, as "5s" (or "5").
 pub(crate) fn seconds_of(field: &str, v: &str) -> Result<f64, ServeError> {
     (v.trim_end_matches('s').parse())
@@ -513,8 +521,7 @@ impl Config {
         }
         let mut created = None;
         let backend: Box<dyn BlockDevice> = match d.kind.as_str() {
-            "memory" if d.prealloc => Box::new(MemoryDevice::preallocated(size, 4096)),
-            "memory" => Box::new(MemoryDevice::new(size, 4096)),
+            "memory" => memory(size, d.prealloc),
             "file" => {
                 let path = self.in_data_dir(&d.file_path(which));
                 let opts = FileOptions {
@@ -555,12 +562,7 @@ impl Config {
                 let members: Vec<Arc<dyn BlockDevice>> = (0..d.disks)
                     .map(|_| {
                         let p = HddProfile { capacity_bytes: each, ..HddProfile::hdd_7200() };
-                        let mem: Box<dyn BlockDevice> = if d.prealloc {
-                            Box::new(MemoryDevice::preallocated(each, 4096))
-                        } else {
-                            Box::new(MemoryDevice::new(each, 4096))
-                        };
-                        Arc::new(hdd_device(p, mem, clock.clone())) as Arc<dyn BlockDevice>
+                        Arc::new(hdd_device(p, memory(each, d.prealloc), clock.clone())) as Arc<dyn BlockDevice>
                     })
                     .collect();
                 Arc::new(StripedDevice::new(members, 1 << 20))
@@ -981,13 +983,8 @@ fn apply_policies(cfg: &Config, engine: &Arc<Engine>) -> Result<(), ServeError> 
             });
         }
         engine.volume(&v.name)?;
-        if classes.len() > sluice_engine::engine::CLASSES_MAX || classes.iter().any(|c| !(0.0..=1.0).contains(&c.share))
-        {
-            return Err(ServeError::Config {
-                path: format!("volume {}", v.name),
-                msg: format!("at most {} classes, each with a share in [0, 1]", sluice_engine::engine::CLASSES_MAX),
-            });
-        }
+        sluice_engine::engine::check_io_classes(&classes)
+            .map_err(|e| ServeError::Config { path: format!("volume {}", v.name), msg: e.to_string() })?;
         volumes.push((v.name.as_str(), policy, classes));
     }
     if !in_place {

@@ -244,6 +244,17 @@ enum PastWhy {
 }
 
 impl Inner {
+    /// Whether the log holds a copy of any of `blocks` from `lba0` of `vol`.
+    fn any_cached(&self, vol: usize, lba0: u64, blocks: u64) -> Result<bool, VolumeError> {
+        let l2p = &self.vols[vol].l2p;
+        for lba in lba0..lba0 + blocks {
+            if !l2p.get(lba as usize)?.is_none() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Where a write of `blocks` from `lba0` of `vol` goes, and the stream
     /// it continues.
     /// (And the I/O class the blocks are cached under.)
@@ -268,15 +279,7 @@ impl Inner {
             SeqCutoff::Full => streaming && full,
             SeqCutoff::Never => false,
         };
-        let cached = || -> Result<bool, VolumeError> {
-            let l2p = &self.vols[vol].l2p;
-            for lba in lba0..lba0 + blocks {
-                if !l2p.get(lba as usize)?.is_none() {
-                    return Ok(true);
-                }
-            }
-            Ok(false)
-        };
+        let cached = || self.any_cached(vol, lba0, blocks);
         let route = match p.mode {
             CacheMode::PassThrough | CacheMode::WriteInvalidate => Route::Past(PastWhy::Mode),
             _ if cut => Route::Past(PastWhy::Cutoff),
@@ -361,10 +364,7 @@ impl Engine {
                     home_written = true;
                 }
                 Route::Past(why) => {
-                    let l2p = &inner.vols[v].l2p;
-                    let cached = (lba0..lba0 + blocks)
-                        .try_fold(false, |c, l| Ok::<_, VolumeError>(c || !l2p.get(l as usize)?.is_none()))?;
-                    if may_defer && !cached {
+                    if may_defer && !inner.any_cached(v, lba0, blocks)? {
                         inner.vols[v].cache.home_gen += 1;
                         deferred.push(DeferredHome { index, at: inner.home(v, lba0) * BS });
                     } else {
@@ -394,9 +394,9 @@ impl Engine {
     }
 
     /// After the deferred home writes of a request (`write_in_place`) were
-    /// done without the lock, `result` what they did and `bytes` what they
-    /// wrote: count them, bump volume `vol`'s home generation again (a read
-    /// that looked while they were in flight promotes nothing), and with
+    /// done without the lock (`result`: the bytes they wrote, or their
+    /// error): bump volume `vol`'s home generation again (a read that looked
+    /// while they were in flight promotes nothing), count them, and with
     /// `fua` make the disk durable.
     pub(super) fn finish_home_writes(
         &self,

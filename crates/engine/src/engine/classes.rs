@@ -109,6 +109,15 @@ pub struct ClassStats {
     pub reclassified_bytes: u64,
 }
 
+/// Whether `classes` can be a volume's (`Engine::set_io_classes`): at most
+/// `CLASSES_MAX`, each with a share in [0, 1].
+pub fn check_io_classes(classes: &[IoClass]) -> Result<(), EngineError> {
+    if classes.len() > CLASSES_MAX || classes.iter().any(|c| !(0.0..=1.0).contains(&c.share)) {
+        return Err(EngineError::Config("at most 32 I/O classes, each with a share in [0, 1]"));
+    }
+    Ok(())
+}
+
 /// Most classes a volume has (class ids fit a byte with "unclassified").
 pub const CLASSES_MAX: usize = 32;
 
@@ -335,20 +344,17 @@ impl Engine {
     pub fn set_class_extents(&self, volume: &str, class: &str, extents: Vec<(u64, u64)>) -> Result<(), EngineError> {
         let mut inner = self.lock();
         let v = inner.vols.iter().position(|v| v.name == volume).ok_or_else(|| EngineError::NoVolume(volume.into()))?;
-        let c = (inner.vols[v].cache.classes.list.iter_mut())
-            .find(|c| c.name == class)
+        let list = &mut inner.vols[v].cache.classes.list;
+        let i = (list.iter().position(|c| c.name == class))
             .ok_or(EngineError::Config("no I/O class of that name on the volume"))?;
-        c.extents = Some(std::sync::Arc::new(extents));
-        let id = (inner.vols[v].cache.classes.list.iter()).position(|c| c.name == class).expect("found") as u8 + 1;
-        inner.reclassify(v, id).map_err(EngineError::Request)
+        list[i].extents = Some(std::sync::Arc::new(extents));
+        inner.reclassify(v, i as u8 + 1).map_err(EngineError::Request)
     }
 
     /// Set the I/O classes of in-place volume `name` (at most `CLASSES_MAX`;
     /// shares in [0, 1]); their counters start afresh.
     pub fn set_io_classes(&self, name: &str, classes: Vec<IoClass>) -> Result<(), EngineError> {
-        if classes.len() > CLASSES_MAX || classes.iter().any(|c| !(0.0..=1.0).contains(&c.share)) {
-            return Err(EngineError::Config("at most 32 I/O classes, each with a share in [0, 1]"));
-        }
+        check_io_classes(&classes)?;
         let mut inner = self.lock();
         if !inner.in_place() {
             return Err(EngineError::Config("I/O classes apply to an in-place engine (layout = in-place)"));

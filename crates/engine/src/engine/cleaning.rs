@@ -194,10 +194,11 @@ pub(super) struct CleaningDue {
 }
 
 impl Inner {
-    /// Blocks of the log that are dirty, and the log's blocks.
+    /// Blocks of the log that are dirty (in place: the volumes' counts), and
+    /// the log's blocks.
     pub(super) fn dirty_blocks(&self) -> (u64, u64) {
         let total = self.log.chunks.len() as u64 * self.blocks_per_chunk();
-        (self.log.chunks.iter().map(|ch| ch.dirty as u64).sum(), total)
+        (self.vols.iter().map(|v| v.cache.dirty_blocks).sum(), total)
     }
 
     /// The full chunk background cleaning should work on now, if any;

@@ -272,17 +272,9 @@ impl Engine {
                 // pass as requests trim or rewrite: wait, then try again.
                 Err(_) => last = Work::Idle,
             }
-            let stop = self.bg.stop.lock().expect("compactor stop");
-            if *stop {
-                return;
-            }
             // Writers notify only while `asleep` is set; a change between
             // the idle step and here waits for the timeout at worst.
-            self.bg.asleep.store(true, Ordering::SeqCst);
-            let stop =
-                self.bg.wake.wait_timeout(stop, Duration::from_millis(50)).map_or_else(|e| e.into_inner().0, |r| r.0);
-            self.bg.asleep.store(false, Ordering::SeqCst);
-            drop(stop);
+            self.pause(Duration::from_millis(50));
         }
         // Stopped for good: writers are no longer paced to a rate nobody
         // measures, and the snapshot says so.
@@ -290,8 +282,8 @@ impl Engine {
         *self.bg.throttle.lock().expect("throttle") = None;
     }
 
-    /// Wait `pause` (paced cleaning), or less if the engine stops or writers
-    /// need the log reclaimed (they wake the compactor as when it sleeps).
+    /// Wait `pause` (idle, or paced cleaning), or less if the engine stops
+    /// or writers need the log reclaimed (they notify while `asleep` is set).
     fn pause(&self, pause: Duration) {
         let stop = self.bg.stop.lock().expect("compactor stop");
         if *stop {
