@@ -12,6 +12,7 @@ mod connections;
 mod directories;
 mod metrics;
 mod nbdload;
+mod recorder;
 mod serve;
 
 use clap::{Parser, Subcommand};

@@ -12,6 +12,7 @@
 //! in `sigwait`: no handler runs on an arbitrary thread.
 
 use crate::metrics::NbdCounters;
+use crate::recorder::{TraceSlot, TraceTarget, TracedVolume};
 use serde::Deserialize;
 use sluice_engine::persist::Superblock;
 use sluice_engine::{CompactorConfig, Engine, EngineConfig, EngineError, Volume, VolumeSpec};
@@ -183,6 +184,13 @@ pub struct VolumeConfig {
     /// In-place engines: I/O classes, first match wins (`[[volume.class]]`).
     #[serde(default)]
     pub class: Vec<ClassConfig>,
+    /// Record the volume's I/O to this CSV trace file (relative to
+    /// `data_dir`) while the key is set; read again on SIGHUP.
+    #[serde(default)]
+    pub trace: String,
+    /// Stop recording before the trace file exceeds this size (default 1g).
+    #[serde(default)]
+    pub trace_max: String,
 }
 
 /// `[[volume.class]]`: one I/O class of an in-place volume (docs/caching.md).
@@ -256,6 +264,21 @@ impl ClassConfig {
 }
 
 impl VolumeConfig {
+    /// Where this volume's I/O is recorded, if anywhere (`trace`, `trace_max`).
+    pub fn trace_target(&self, data_dir: &Path) -> Result<Option<TraceTarget>, ServeError> {
+        let max = match self.trace_max.as_str() {
+            "" => 1 << 30,
+            v => size_of(&format!("volume {} trace_max", self.name), v)?,
+        };
+        if max < 4096 {
+            return Err(ServeError::Config {
+                path: format!("volume {} trace_max", self.name),
+                msg: format!("{max} bytes: a trace needs at least 4k"),
+            });
+        }
+        Ok(crate::recorder::target(&self.trace, max, data_dir))
+    }
+
     /// The cache policy this volume asks for (in-place engines).
     pub fn cache_policy(&self) -> Result<sluice_engine::CachePolicy, ServeError> {
         let bad = |msg: String| ServeError::Config { path: format!("volume {}", self.name), msg };
@@ -334,6 +357,8 @@ impl Default for Config {
                 promote_after: None,
                 retain_hot: None,
                 class: Vec::new(),
+                trace: String::new(),
+                trace_max: String::new(),
             }],
         }
     }
@@ -436,6 +461,11 @@ impl Config {
         } else {
             format!("({})", d.kind)
         }
+    }
+
+    /// Each volume's name and trace target, all checked.
+    fn trace_targets(&self) -> Result<Vec<(&str, Option<TraceTarget>)>, ServeError> {
+        self.volumes.iter().map(|v| Ok((v.name.as_str(), v.trace_target(&self.data_dir)?))).collect()
     }
 
     fn in_data_dir(&self, p: &str) -> PathBuf {
@@ -1037,8 +1067,10 @@ fn reload(
     running: &Config,
     engine: &Arc<Engine>,
     classifier: &mut Option<crate::directories::DirectoryClasses>,
+    traces: &[Arc<TraceSlot>],
 ) -> Result<(), ServeError> {
     let cfg = Config::load(path)?;
+    let targets = cfg.trace_targets()?;
     let fixed = fixed_settings(&cfg);
     let differ: Vec<&str> =
         (fixed.iter().zip(fixed_settings(running))).filter(|(a, b)| a.1 != b.1).map(|(a, _)| a.0).collect();
@@ -1052,6 +1084,11 @@ fn reload(
         });
     }
     apply_policies(&cfg, engine)?;
+    for (slot, (name, target)) in traces.iter().zip(targets) {
+        if let Err(e) = slot.set(target) {
+            eprintln!("sluice: volume {name}: cannot record its trace: {e}");
+        }
+    }
     drop(classifier.take());
     *classifier = crate::directories::DirectoryClasses::start(&cfg, engine)?;
     eprintln!("sluice: reloaded the cache policies from the config");
@@ -1125,6 +1162,7 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
         (Opened::Created, _) => eprintln!("sluice: created a new engine on {}", cfg.devices_text()),
         _ => eprintln!("sluice: reopened the engine on {}", cfg.devices_text()),
     }
+    let targets = cfg.trace_targets()?;
     apply_policies(&cfg, &engine)?;
     let compactor = match compactor_cfg {
         Some(c) => Some(engine.start_compactor(c)?),
@@ -1132,8 +1170,15 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
     };
     let classifier = crate::directories::DirectoryClasses::start(&cfg, &engine)?;
     let mut exports: Vec<Arc<dyn Volume>> = Vec::new();
-    for v in &cfg.volumes {
-        exports.push(Arc::new(engine.volume(&v.name)?));
+    let mut traces = Vec::new();
+    for (v, (_, target)) in cfg.volumes.iter().zip(targets) {
+        let traced = TracedVolume::new(engine.volume(&v.name)?);
+        traced
+            .slot()
+            .set(target)
+            .map_err(|source| ServeError::Io { what: format!("volume {} trace", v.name), source })?;
+        traces.push(traced.slot());
+        exports.push(Arc::new(traced));
     }
     let server = Server::new(exports, opts).map_err(|e| ServeError::Server(e.to_string()))?;
     let mut handles = Vec::new();
@@ -1181,7 +1226,7 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
     let sig = loop {
         match wait_for_signal(&set) {
             libc::SIGHUP => {
-                if let Err(e) = reload(path, &cfg, &engine, &mut classifier) {
+                if let Err(e) = reload(path, &cfg, &engine, &mut classifier, &traces) {
                     eprintln!("sluice: reload refused, nothing changed: {e}");
                 }
             }
@@ -1191,6 +1236,9 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
     eprintln!("sluice: signal {sig}: stopping");
     for h in handles {
         h.shutdown().map_err(|e| ServeError::Server(e.to_string()))?;
+    }
+    for t in &traces {
+        t.flush();
     }
     drop(classifier);
     drop(compactor);

@@ -202,28 +202,8 @@ fn sighup_reloads_cache_policies_and_a_pass_through_config_detaches_live() {
     let text = std::fs::read_to_string(&config).unwrap().replace("[engine]\n", "[engine]\nlayout = \"in-place\"\n");
     std::fs::write(&config, &text).unwrap();
     let (mut server, port) = start(&config);
-    // The server's log, line by line: each reload is awaited by its line
-    // (signals sent before the last was taken would merge into one).
-    let (tx, log) = std::sync::mpsc::channel::<String>();
-    let err = server.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut said = Vec::new();
-    let mut await_line = |what: &str| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let line = log.recv_timeout(left).unwrap_or_else(|_| panic!("no {what:?} in the log: {said:?}"));
-            said.push(line.clone());
-            if line.contains(what) {
-                return line;
-            }
-        }
-    };
+    let mut log = common::Log::take(&mut server);
+    let mut await_line = |what: &str| log.wait_for(what);
     qemu_io(port, &["write -P 0xab 0 256k", "flush"]);
     let disk = dir.join("data").join("capacity.img");
     let home = |at: u64, len: usize| -> Vec<u8> {
@@ -259,6 +239,47 @@ fn sighup_reloads_cache_policies_and_a_pass_through_config_detaches_live() {
     let status = child.wait_with_output().unwrap().status;
     await_line("clean shutdown");
     assert!(status.success());
-    reader.join().unwrap();
+    log.join();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `[[volume]] trace` records the volume's requests from the reload that
+/// sets it to the reload that removes it; a bad `trace_max` refuses the
+/// reload.
+#[test]
+fn a_volume_trace_is_recorded_on_demand_between_reloads() {
+    need("qemu-io");
+    let (dir, config) = small_config("trace");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let (mut server, port) = start(&config);
+    let mut log = common::Log::take(&mut server);
+    let hup = |server: &common::Served| unsafe { libc::kill(server.id() as i32, libc::SIGHUP) };
+    qemu_io(port, &["write -P 1 0 64k"]);
+    let traced = |extra: &str| text.replace("size = \"256m\"\n", &format!("size = \"256m\"\n{extra}"));
+    std::fs::write(&config, traced("trace = \"io.csv\"\ntrace_max = \"1k\"\n")).unwrap();
+    hup(&server);
+    let refused = log.wait_for("reload refused, nothing changed");
+    assert!(refused.contains("trace_max"), "{refused}");
+    std::fs::write(&config, traced("trace = \"io.csv\"\n")).unwrap();
+    hup(&server);
+    log.wait_for("recording its I/O to");
+    qemu_io(port, &["write -P 2 1M 128k", "read -P 2 1M 128k", "discard 1M 64k", "flush"]);
+    std::fs::write(&config, &text).unwrap();
+    hup(&server);
+    log.wait_for("stopped the trace");
+    qemu_io(port, &["write -P 3 2M 4k"]);
+    let recs =
+        sluice_workload::parse_trace(&std::fs::read_to_string(dir.join("data").join("io.csv")).unwrap()).unwrap();
+    use sluice_workload::TraceOp;
+    let has = |op: TraceOp, at: u64| recs.iter().any(|r| r.op == op && r.offset == at);
+    assert!(has(TraceOp::Write, 1 << 20) && has(TraceOp::Read, 1 << 20) && has(TraceOp::Trim, 1 << 20), "{recs:?}");
+    assert!(recs.iter().any(|r| r.op == TraceOp::Flush));
+    assert!(!has(TraceOp::Write, 0) && !has(TraceOp::Write, 2 << 20), "only while the key was set: {recs:?}");
+    assert_eq!(recs.iter().filter(|r| r.op == TraceOp::Write).map(|r| r.size).sum::<u64>(), 128 << 10);
+    let child = server.into_child();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait_with_output().unwrap().status.success());
+    log.wait_for("clean shutdown");
+    log.join();
     let _ = std::fs::remove_dir_all(&dir);
 }

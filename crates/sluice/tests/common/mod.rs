@@ -135,3 +135,46 @@ pub fn device_config(name: &str, cache: &str, capacity: &str) -> (std::path::Pat
     .unwrap();
     (dir, config)
 }
+
+/// The server's log (stderr), line by line: a test waits for the line an
+/// action logs before the next one (signals sent before the last was taken
+/// would merge into one).
+pub struct Log {
+    lines: std::sync::mpsc::Receiver<String>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    pub said: Vec<String>,
+}
+
+impl Log {
+    pub fn take(server: &mut Served) -> Log {
+        let (tx, lines) = std::sync::mpsc::channel::<String>();
+        let err = server.stderr.take().expect("stderr piped");
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Log { lines, reader: Some(reader), said: Vec::new() }
+    }
+
+    /// The next line containing `what` (30 s at most).
+    pub fn wait_for(&mut self, what: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line =
+                self.lines.recv_timeout(left).unwrap_or_else(|_| panic!("no {what:?} in the log: {:?}", self.said));
+            self.said.push(line.clone());
+            if line.contains(what) {
+                return line;
+            }
+        }
+    }
+
+    /// Wait for the server's output to end.
+    pub fn join(mut self) {
+        if let Some(r) = self.reader.take() {
+            r.join().expect("log reader");
+        }
+    }
+}
