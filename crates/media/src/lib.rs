@@ -10,6 +10,7 @@ pub mod clock;
 pub mod crash;
 pub mod device;
 pub mod emulate;
+pub mod endurance;
 pub mod file;
 pub mod hdd;
 pub mod memory;

@@ -132,3 +132,76 @@ fn bench_caching_writes_its_rows_and_clean_refuses_a_bands_engine() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `sluice advise` on a small trace: the report, the documented JSON keys;
+/// bad input is a one-line error and writes nothing.
+#[test]
+fn advise_reports_a_curve_a_recommendation_and_endurance() {
+    let dir = tmp("advise");
+    let trace = dir.join("t.csv");
+    // 40 MiB of 64 KiB writes, each region read back and deleted 20 MiB later.
+    let mut text = String::from(
+        "# sluice trace: volume \"t\", size 268435456 bytes, started at unix time 0\ntimestamp_us,op,offset,size\n",
+    );
+    let mib = 1u64 << 20;
+    for i in 0..640u64 {
+        text += &format!("{},W,{},65536\n", i * 1000, (i * 65536) % (128 * mib));
+        if i >= 320 {
+            let old = ((i - 320) * 65536) % (128 * mib);
+            text += &format!("{},R,{old},65536\n{},T,{old},65536\n", i * 1000 + 1, i * 1000 + 2);
+        }
+    }
+    std::fs::write(&trace, text).unwrap();
+    let json = dir.join("advise.json");
+    let out = sluice()
+        .args(["advise", "--capacity", "qlc", "--sizes", "64m,128m", "--seq-cutoff", "never", "--trace"])
+        .arg(&trace)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("peak 20 MiB") && stdout.contains("recommended cache: 64 MiB"), "{stdout}");
+    // Half of what was written is deleted in the cache and never reaches the drive.
+    let a: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let written = a["curve"][0]["capacity_write_bytes"].as_u64().unwrap();
+    assert!(written <= 21 << 20, "{written} bytes reached the drive\n{stdout}");
+    assert_eq!(a["volume_bytes"], 256 << 20, "from the trace's header");
+    assert_eq!(a["curve"].as_array().unwrap().len(), 2);
+    for key in ["profile", "curve", "recommended_bytes", "reason", "p95_rule_bytes", "endurance"] {
+        assert!(a.get(key).is_some(), "missing {key}");
+    }
+    // The policy from a serve config, the volume named by the trace's header.
+    let cfg = dir.join("sluice.toml");
+    std::fs::write(&cfg, "[[volume]]\nname = \"t\"\nsize = \"256m\"\nseq_cutoff = \"never\"\n").unwrap();
+    let json2 = dir.join("advise2.json");
+    let out = sluice()
+        .args(["advise", "--capacity", "qlc", "--sizes", "64m,128m", "--config"])
+        .arg(&cfg)
+        .arg("--trace")
+        .arg(&trace)
+        .arg("--json")
+        .arg(&json2)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let b: serde_json::Value = serde_json::from_slice(&std::fs::read(&json2).unwrap()).unwrap();
+    assert_eq!(a["curve"], b["curve"], "the config's seq_cutoff = never, as the flag");
+    for (args, expect) in [
+        (vec!["--sizes", "1m"], "64 MiB or more"),
+        (vec!["--capacity", "tape"], "hdd, qlc or tlc"),
+        (vec!["--mode", "fast"], "mode"),
+        (vec!["--config", "/nonexistent/sluice.toml"], "sluice.toml"),
+    ] {
+        let bad = dir.join("bad.json");
+        let out =
+            sluice().arg("advise").arg("--trace").arg(&trace).args(&args).arg("--json").arg(&bad).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(expect), "{args:?}: {err}");
+        assert!(!bad.exists());
+    }
+    let out = sluice().args(["advise", "--trace"]).arg(dir.join("missing.csv")).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("missing.csv"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
