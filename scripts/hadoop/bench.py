@@ -38,6 +38,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 CASES = ["a-hdd", "b-class", "b2-volume", "c-scm", "d-half", "e-all"]
 MIB = 1 << 20
 JOBS_ALL = "terasort,groupby,join"
+TRACE = "temp-trace.csv"
 
 
 def sh(*args, check=True):
@@ -147,7 +148,7 @@ def devices(cache_bytes, capacity_bytes, disks):
     )
 
 
-def config(workdir, case, o, cache_bytes, disks):
+def config(workdir, case, o, cache_bytes, disks, trace=False):
     """The server config(s) of a case: [(name, toml, [(export, size, role)])]."""
     head = (
         'data_dir = "{dir}"\nlisten = ["127.0.0.1:0"]\nunix_socket = ""\n'
@@ -182,6 +183,10 @@ def config(workdir, case, o, cache_bytes, disks):
             f'[[volume]]\nname = "data"\nsize = "{data // MIB}m"\nmode = "pt"\n'
             f'[[volume]]\nname = "temp"\nsize = "{temp // MIB}m"\nseq_cutoff = "never"\npromote_after = 0\n'
         )
+        if trace:
+            # The temp volume's I/O, for `sluice advise` (docs/advise.md).
+            vols += f'trace = "{TRACE}"\ntrace_max = "4g"\n'
+
         return [
             ("hdd", head + devices(cache_bytes, cap, disks) + engine + vols, [("data", data, "data"), ("temp", temp, "temp")])
         ]
@@ -238,13 +243,15 @@ def cache_stats(metrics):
     return out
 
 
-def run_case(case, o, cache_bytes, disks, rep):
+def run_case(case, o, cache_bytes, disks, rep, trace_to=None):
+    """One run; with `trace_to`, the temp volume's trace and its server
+    config are kept as `trace_to` + ".csv" / ".toml"."""
     workdir = os.path.join(o.workdir, f"{case}-{disks}d-{rep}")
     shutil.rmtree(workdir, ignore_errors=True)
     servers, mounts = [], []
     try:
         roles = {}
-        for name, text, exports in config(workdir, case, o, cache_bytes, disks):
+        for name, text, exports in config(workdir, case, o, cache_bytes, disks, trace=trace_to is not None):
             text = text.replace("@DIR@", os.path.join(workdir, name, "data"))
             s = Server(o.sluice, os.path.join(workdir, name), text)
             servers.append((name, s))
@@ -311,6 +318,10 @@ def run_case(case, o, cache_bytes, disks, rep):
                 print(f"teardown: {e}", file=sys.stderr)
         for _, s in servers:
             s.stop()
+        if trace_to:
+            os.makedirs(os.path.dirname(trace_to), exist_ok=True)
+            shutil.copy(os.path.join(workdir, "hdd", "data", TRACE), trace_to + ".csv")
+            shutil.copy(os.path.join(workdir, "hdd", "sluice.toml"), trace_to + ".toml")
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -384,6 +395,40 @@ def svg(summary, path):
         f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{y}">' + "".join(parts) + "</svg>\n")
 
 
+def advise(o, rows):
+    """`sluice advise` on the temp volume's recorded trace, if there is one:
+    its report is printed; the essentials, with the cache b2-volume ran
+    with, go into the JSON."""
+    base = os.path.splitext(o.json)[0] + "-temp-trace"
+    if o.no_advise or not os.path.exists(base + ".csv"):
+        return None
+    out = os.path.splitext(o.json)[0] + "-advise.json"
+    r = subprocess.run(
+        [o.sluice, "advise", "--trace", base + ".csv", "--config", base + ".toml", "--volume", "temp",
+         "--capacity", "hdd", "--json", out],
+        capture_output=True, text=True,
+    )
+    print(r.stdout + r.stderr, file=sys.stderr)
+    if r.returncode != 0:
+        return {"error": r.stderr.strip()}
+    with open(out) as f:
+        a = json.load(f)
+    used = [x["cache_bytes"] for x in rows if x["case"] == "b2-volume" and x["disks"] == 1]
+    return {
+        "trace": base + ".csv",
+        "peak_live_mib": a["profile"]["peak_live_bytes"] / MIB,
+        "p95_live_mib": a["profile"]["p95_live_bytes"] / MIB,
+        "recommended_mib": (a["recommended_bytes"] or 0) / MIB,
+        "reason": a["reason"],
+        "b2_volume_cache_mib": used[0] / MIB if used else None,
+        "curve": [
+            {k: c[k] for k in ("cache_bytes", "capacity_write_bytes", "spill_bytes", "read_hit_fraction", "dirty_end_bytes")}
+            for c in a["curve"]
+        ],
+        "endurance": a["endurance"],
+    }
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
@@ -397,6 +442,7 @@ def main():
     p.add_argument("--jobs", default=JOBS_ALL, help="default: all (--quick: terasort)")
     p.add_argument("--workdir", default="/tmp/sluice-hadoop")
     p.add_argument("--json", default=os.path.join(ROOT, "target", "bench", "hadoop.json"))
+    p.add_argument("--no-advise", action="store_true", help="do not record b2-volume's temp trace and run sluice advise on it")
     o = p.parse_args()
     o.records = 3_000_000 if o.quick else 6_000_000
     if o.quick and o.jobs == JOBS_ALL:
@@ -420,15 +466,22 @@ def main():
                 size = int(base * (0.5 if case == "d-half" else o.cache_factor))
                 cache = max(64 * MIB, (size + 16 * MIB - 1) // (16 * MIB) * 16 * MIB)
                 print(f"run {rep + 1}/{o.repeats}: {case} on {disks} disk(s), cache {cache // MIB} MiB", file=sys.stderr, flush=True)
-                r = run_case(case, o, cache, disks, rep)
+                trace_to = None
+                if case == "b2-volume" and disks == 1 and rep == 0 and not o.no_advise:
+                    trace_to = os.path.splitext(o.json)[0] + "-temp-trace"
+                r = run_case(case, o, cache, disks, rep, trace_to)
                 rows.append(r)
                 if peak is None and r["peak_temp_bytes"]:
                     peak = r["peak_temp_bytes"]
                 print(json.dumps(r), file=sys.stderr, flush=True)
     summary = summarize(rows)
+    advice = advise(o, rows)
     os.makedirs(os.path.dirname(o.json), exist_ok=True)
     with open(o.json, "w") as f:
-        json.dump({"settings": {k: v for k, v in vars(o).items()}, "summary": summary, "runs": rows}, f, indent=1)
+        out = {"settings": {k: v for k, v in vars(o).items()}, "summary": summary, "runs": rows}
+        if advice:
+            out["advice"] = advice
+        json.dump(out, f, indent=1)
     svg(summary, os.path.splitext(o.json)[0] + ".svg")
     print(table(summary))
     sys.exit(0 if all(s["all_ok"] for s in summary) else 1)
