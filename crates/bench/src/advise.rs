@@ -40,7 +40,7 @@
 
 use crate::job::BenchError;
 use crate::stacked::{sluice_stack, CallTime};
-use crate::trace::{replay, TraceReport};
+use crate::trace::{replay, whole_blocks, TraceReport};
 use serde::Serialize;
 use sluice_engine::{BandPlacement, CachePolicy, EngineConfig, Layout};
 use sluice_media::endurance::{Endurance, Projection};
@@ -342,16 +342,10 @@ pub fn trace_header(path: &Path) -> Option<(String, u64)> {
     Some((name, rest.split(' ').next()?.parse().ok()?))
 }
 
-/// Records made whole blocks inside the volume: reads and writes round out
-/// to blocks (a device would read-modify-write them), trims round in.
+/// A record clamped to the volume, in whole blocks (`whole_blocks`).
 fn aligned(r: TraceRecord, volume_bytes: u64) -> Option<TraceRecord> {
     let (s, e) = (r.offset.min(volume_bytes), (r.offset + r.size).min(volume_bytes));
-    let (s, e) = match r.op {
-        TraceOp::Flush => return Some(TraceRecord { offset: 0, size: 0, ..r }),
-        TraceOp::Trim => (s.div_ceil(BLOCK) * BLOCK, e / BLOCK * BLOCK),
-        _ => (s / BLOCK * BLOCK, e.div_ceil(BLOCK) * BLOCK),
-    };
-    (e > s).then_some(TraceRecord { offset: s, size: e - s, ..r })
+    whole_blocks(TraceRecord { offset: s, size: e - s, ..r }, BLOCK)
 }
 
 /// Replay the trace at one cache size.

@@ -143,7 +143,13 @@ impl System {
     /// `stack_cache_bytes` of it, and Sluice keeps metadata (sparse memory
     /// backends, zeros unstored) because it reads its own records back.
     pub fn build(self, capacity_bytes: u64) -> Result<Built, BenchError> {
-        if let Some(b) = self.build_stack(capacity_bytes)? {
+        self.build_with_cache(capacity_bytes, None)
+    }
+
+    /// `build`, with the cache of a stacked system `cache_bytes` instead of
+    /// `stack_cache_bytes(capacity_bytes)` (ignored by bare devices).
+    pub fn build_with_cache(self, capacity_bytes: u64, cache_bytes: Option<u64>) -> Result<Built, BenchError> {
+        if let Some(b) = self.build_stack(capacity_bytes, cache_bytes)? {
             return Ok(b);
         }
         let clock: ClockRef = VirtualClock::new();
@@ -210,7 +216,7 @@ impl System {
     }
 
     /// Stacked systems: SCM cache over a QLC or ZNS capacity device.
-    fn build_stack(self, capacity_bytes: u64) -> Result<Option<Built>, BenchError> {
+    fn build_stack(self, capacity_bytes: u64, cache_bytes: Option<u64>) -> Result<Option<Built>, BenchError> {
         use crate::stacked::{setassoc_stack, sluice_stack, CallTime};
         let capacity_device = match self {
             System::SluiceQlc | System::SetAssocQlc => System::Qlc,
@@ -220,7 +226,7 @@ impl System {
         let call = CallTime::new();
         let inner = call.device_clock();
         let bad = || BenchError::BadCapacity { system: self.name(), capacity_bytes };
-        let cache_bytes = stack_cache_bytes(capacity_bytes);
+        let cache_bytes = cache_bytes.unwrap_or_else(|| stack_cache_bytes(capacity_bytes));
         let keep_data = self != System::SetAssocQlc;
         let backend = |bytes: u64| -> Box<dyn BlockDevice> {
             if keep_data {

@@ -250,12 +250,27 @@ enum Bench {
     /// Replay a CSV block trace (timestamp_us,op,offset,size) open loop on an emulated device.
     Trace {
         file: PathBuf,
-        /// qlc, tlc, scm, zns or hdd.
+        /// qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+zns, setassoc+qlc.
         #[arg(long)]
         system: String,
         /// Emulated capacity (fio size syntax); default per system.
         #[arg(long)]
         capacity: Option<String>,
+        /// csv (timestamp_us,op,offset,size), msr (MSR Cambridge CSV) or
+        /// heimdall (ts_ms devno offset size op); docs/workloads.md.
+        #[arg(long, default_value = "csv")]
+        format: String,
+        /// Replay the trace this many times; the second half of the passes
+        /// is the steady-state window.
+        #[arg(long, default_value_t = 1)]
+        passes: usize,
+        /// Write the whole device once, sequentially, before the first pass.
+        #[arg(long)]
+        precondition: bool,
+        /// Stacked systems: the cache device's size (fio size syntax;
+        /// default 1/32 of the capacity).
+        #[arg(long)]
+        cache: Option<String>,
         /// Most requests in flight; the replay stalls beyond it.
         #[arg(long, default_value_t = 256)]
         inflight_max: usize,
@@ -554,33 +569,82 @@ fn bench_job(
     Ok(())
 }
 
+/// `sluice bench trace`'s replay options.
+struct TraceRunOpts {
+    format: sluice_workload::TraceFormat,
+    passes: usize,
+    precondition: bool,
+    cache_bytes: Option<u64>,
+    inflight_max: usize,
+}
+
 fn bench_trace(
     file: &Path,
     system: &str,
     capacity: Option<&str>,
-    inflight_max: usize,
+    o: &TraceRunOpts,
     json: Option<&Path>,
 ) -> Result<(), CliError> {
     let (system, capacity_bytes) = system_and_capacity(system, capacity)?;
-    let f = std::fs::File::open(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
-    let built = system.build(capacity_bytes)?;
-    let (dev, clock) = (built.dev, built.clock);
-    let r = trace::replay(&*dev, &*clock, TraceReader::new(std::io::BufReader::new(f)), inflight_max)?;
+    // Checked here so that a missing file is reported before the build.
+    std::fs::File::open(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
+    let built = system.build_with_cache(capacity_bytes, o.cache_bytes)?;
+    let reopen = || {
+        let f = std::fs::File::open(file)?;
+        Ok(TraceReader::with_format(std::io::BufReader::new(f), o.format))
+    };
+    let run = trace::replay_passes(&built, system.name(), reopen, o.passes, o.precondition, o.inflight_max)?;
+    if run.precondition_bytes > 0 {
+        println!(
+            "preconditioned: {} GiB written sequentially in {:.1} s of device time",
+            run.precondition_bytes >> 30,
+            run.precondition_device_seconds
+        );
+    }
+    let r = &run.passes[run.passes.len() - 1].report;
     println!(
-        "{} records ({} reads, {} writes, {} trims, {} flushes) on {} in {:.3} s of device time",
+        "{} records ({} reads, {} writes, {} trims, {} flushes; {} unaligned, {} trims ignored) on {} in {:.3} s of device time{}",
         r.records,
         r.reads,
         r.writes,
         r.trims,
         r.flushes,
+        r.unaligned_records,
+        r.trims_ignored,
         system.name(),
-        r.device_seconds
+        r.device_seconds,
+        if run.passes.len() > 1 { " (last pass)" } else { "" }
     );
     println!("read  latency p50 {:>9.1} us  p99 {:>9.1} us", r.read_lat_p50_us, r.read_lat_p99_us);
     println!("write latency p50 {:>9.1} us  p99 {:>9.1} us", r.write_lat_p50_us, r.write_lat_p99_us);
-    println!("device WAF {:.3}", r.waf);
+    if run.passes.len() > 1 {
+        println!(
+            "{:>5} {:>12} {:>14} {:>12} {:>12}",
+            "pass", "written MiB", "programmed MiB", "cache wr MiB", "device s"
+        );
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        for (i, p) in run.passes.iter().enumerate() {
+            println!(
+                "{:>5} {:>12.1} {:>14.1} {:>12} {:>12.1}",
+                i + 1,
+                mib(p.report.write_bytes),
+                mib(p.report.device.media_program_bytes),
+                p.cache.map_or("-".into(), |c| format!("{:.1}", mib(c.host_write_bytes))),
+                p.report.device_seconds
+            );
+        }
+    }
+    println!(
+        "steady state (last {} of {} passes): {:.1} MiB programmed to the {} medium for {:.1} MiB written: WAF {:.3}",
+        run.steady_passes,
+        run.passes.len(),
+        run.steady_media_program_bytes as f64 / (1u64 << 20) as f64,
+        if built.tiers.is_some() { "capacity" } else { "device's" },
+        run.steady_write_bytes as f64 / (1u64 << 20) as f64,
+        run.steady_waf
+    );
     if let Some(path) = json {
-        write_json(path, &r)?;
+        write_json(path, &run)?;
     }
     Ok(())
 }
@@ -748,8 +812,15 @@ fn run(cli: Cli) -> Result<(), CliError> {
             Bench::Job { file, system, capacity, steady_state_drive_writes, json } => {
                 bench_job(&file, &system, capacity.as_deref(), steady_state_drive_writes, json.as_deref())
             }
-            Bench::Trace { file, system, capacity, inflight_max, json } => {
-                bench_trace(&file, &system, capacity.as_deref(), inflight_max, json.as_deref())
+            Bench::Trace { file, system, capacity, format, passes, precondition, cache, inflight_max, json } => {
+                let run = TraceRunOpts {
+                    format: format.parse().map_err(CliError)?,
+                    passes,
+                    precondition,
+                    cache_bytes: cache.as_deref().map(parse_bytes).transpose()?,
+                    inflight_max,
+                };
+                bench_trace(&file, &system, capacity.as_deref(), &run, json.as_deref())
             }
             Bench::Engine { ios, volume, cache, iodepth, json } => {
                 let opts = engine::EngineBenchOpts {

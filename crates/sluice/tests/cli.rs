@@ -70,7 +70,36 @@ fn bench_trace_replays_a_csv_trace() {
     let out =
         sluice().args(["bench", "trace"]).arg(&file).args(["--system", "scm", "--capacity", "1g"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("4 records (1 reads, 1 writes, 1 trims, 1 flushes)"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("4 records (1 reads, 1 writes, 1 trims, 1 flushes"));
+}
+
+/// A real trace's layout (Heimdall's cut of MSR: ms timestamps, 512-byte
+/// requests), several passes after a fill, on a stack: per-pass rows and
+/// the steady window in the JSON; an unknown format is refused.
+#[test]
+fn bench_trace_replays_a_real_trace_in_passes_on_a_stack() {
+    let dir = tmp("trace-passes");
+    let file = dir.join("t.trace");
+    std::fs::write(&file, "0.000 0 4096 4096 0\n0.500 0 8704 512 0\n1.250 0 4096 4096 1\n").unwrap();
+    let json = dir.join("t.json");
+    let out = sluice()
+        .args(["bench", "trace"])
+        .arg(&file)
+        .args(["--format", "heimdall", "--system", "sluice+qlc", "--capacity", "2g", "--cache", "64m"])
+        .args(["--passes", "4", "--precondition", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("1 unaligned") && stdout.contains("steady state (last 2 of 4 passes)"), "{stdout}");
+    let run: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(run["passes"].as_array().unwrap().len(), 4);
+    assert_eq!(run["steady_write_bytes"], 2 * 8192, "two passes of 4 KiB + 512 B widened to 4 KiB");
+    assert_eq!(run["precondition_bytes"].as_u64().unwrap() >> 20, 8 * 204, "every byte of the 8 volumes (80 % of 2 GiB)");
+    let bad =
+        sluice().args(["bench", "trace"]).arg(&file).args(["--format", "blk", "--system", "qlc"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("csv, msr or heimdall"));
 }
 
 #[test]

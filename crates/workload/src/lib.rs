@@ -28,4 +28,4 @@ pub use job::{
     SizeValue, ValueError, Warning,
 };
 pub use rng::Rng;
-pub use trace::{parse_trace, TraceError, TraceLineError, TraceOp, TraceReader, TraceRecord};
+pub use trace::{parse_trace, TraceError, TraceFormat, TraceLineError, TraceOp, TraceReader, TraceRecord};

@@ -43,6 +43,34 @@ pub struct TraceRecord {
     pub size: u64,
 }
 
+/// The layouts a trace file may have (docs/workloads.md, "Traces").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TraceFormat {
+    /// Sluice's own: `timestamp_us,op,offset,size`.
+    #[default]
+    Csv,
+    /// MSR Cambridge (SNIA IOTTA): `Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime`,
+    /// the timestamp in Windows filetime ticks (100 ns), `Type` `Read` or `Write`.
+    Msr,
+    /// The UCARE Heimdall cut of MSR and other traces: whitespace-separated
+    /// `ts_ms devno offset size op`, `ts_ms` in (fractional) milliseconds,
+    /// op 1 read, 0 write.
+    Heimdall,
+}
+
+impl std::str::FromStr for TraceFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "csv" => Ok(TraceFormat::Csv),
+            "msr" => Ok(TraceFormat::Msr),
+            "heimdall" => Ok(TraceFormat::Heimdall),
+            _ => Err(format!("trace format {s:?}: csv, msr or heimdall")),
+        }
+    }
+}
+
 /// What is wrong with a line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TraceLineError {
@@ -58,6 +86,8 @@ pub enum TraceLineError {
     BadSize(String),
     #[error("offset {offset} + size {size} overflows 64 bits")]
     Overflow { offset: u64, size: u64 },
+    #[error("expected {expected}, found {found} fields")]
+    Fields { expected: &'static str, found: usize },
 }
 
 /// A trace error with its line number.
@@ -99,10 +129,68 @@ enum Line {
     Record(TraceRecord),
 }
 
-fn parse_line(raw: &str, header_allowed: bool) -> Result<Line, TraceLineError> {
+/// A record from its parsed parts, checked.
+fn record(timestamp_us: u64, op: TraceOp, offset: u64, size: u64) -> Result<Line, TraceLineError> {
+    if offset.checked_add(size).is_none() {
+        return Err(TraceLineError::Overflow { offset, size });
+    }
+    Ok(Line::Record(TraceRecord { timestamp_us, op, offset, size }))
+}
+
+fn parse_foreign(line: &str, format: TraceFormat, header_allowed: bool) -> Result<Line, TraceLineError> {
+    let uint = |v: &str, bad: fn(String) -> TraceLineError| v.parse::<u64>().map_err(|_| bad(v.into()));
+    match format {
+        TraceFormat::Csv => unreachable!("parsed by parse_line"),
+        TraceFormat::Msr => {
+            let f: Vec<&str> = line.split(',').map(str::trim).collect();
+            if header_allowed && !f[0].starts_with(|c: char| c.is_ascii_digit()) {
+                return Ok(Line::Header);
+            }
+            let [ts, _host, _disk, op, offset, size, _resp] = f.as_slice() else {
+                return Err(TraceLineError::Fields {
+                    expected: "7 (Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime)",
+                    found: f.len(),
+                });
+            };
+            let op = match op.to_ascii_lowercase().as_str() {
+                "read" => TraceOp::Read,
+                "write" => TraceOp::Write,
+                _ => return Err(TraceLineError::BadOp((*op).into())),
+            };
+            let ticks = uint(ts, TraceLineError::BadTimestamp)?;
+            record(ticks / 10, op, uint(offset, TraceLineError::BadOffset)?, uint(size, TraceLineError::BadSize)?)
+        }
+        TraceFormat::Heimdall => {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [ts, _dev, offset, size, op] = f.as_slice() else {
+                return Err(TraceLineError::Fields { expected: "5 (ts_ms devno offset size op)", found: f.len() });
+            };
+            let ms: f64 = ts.parse().map_err(|_| TraceLineError::BadTimestamp((*ts).into()))?;
+            if !(ms.is_finite() && ms >= 0.0) {
+                return Err(TraceLineError::BadTimestamp((*ts).into()));
+            }
+            let op = match *op {
+                "1" => TraceOp::Read,
+                "0" => TraceOp::Write,
+                _ => return Err(TraceLineError::BadOp((*op).into())),
+            };
+            record(
+                (ms * 1000.0).round() as u64,
+                op,
+                uint(offset, TraceLineError::BadOffset)?,
+                uint(size, TraceLineError::BadSize)?,
+            )
+        }
+    }
+}
+
+fn parse_line(raw: &str, format: TraceFormat, header_allowed: bool) -> Result<Line, TraceLineError> {
     let line = raw.trim();
     if line.is_empty() || line.starts_with('#') {
         return Ok(Line::Skip);
+    }
+    if format != TraceFormat::Csv {
+        return parse_foreign(line, format, header_allowed);
     }
     let fields: Vec<&str> = line.split(',').map(str::trim).collect();
     if header_allowed && !fields[0].starts_with(|c: char| c.is_ascii_digit()) {
@@ -115,10 +203,7 @@ fn parse_line(raw: &str, header_allowed: bool) -> Result<Line, TraceLineError> {
     let op = parse_op(op)?;
     let offset = parse_uint(offset).map_err(|_| TraceLineError::BadOffset((*offset).into()))?;
     let size = parse_uint(size).map_err(|_| TraceLineError::BadSize((*size).into()))?;
-    if offset.checked_add(size).is_none() {
-        return Err(TraceLineError::Overflow { offset, size });
-    }
-    Ok(Line::Record(TraceRecord { timestamp_us, op, offset, size }))
+    record(timestamp_us, op, offset, size)
 }
 
 /// Streaming reader over any [`BufRead`]; yields one item per record or bad line.
@@ -126,11 +211,16 @@ pub struct TraceReader<R> {
     lines: io::Lines<R>,
     line: usize,
     header_allowed: bool,
+    format: TraceFormat,
 }
 
 impl<R: BufRead> TraceReader<R> {
     pub fn new(reader: R) -> Self {
-        TraceReader { lines: reader.lines(), line: 0, header_allowed: true }
+        Self::with_format(reader, TraceFormat::Csv)
+    }
+
+    pub fn with_format(reader: R, format: TraceFormat) -> Self {
+        TraceReader { lines: reader.lines(), line: 0, header_allowed: true, format }
     }
 }
 
@@ -146,7 +236,7 @@ impl<R: BufRead> Iterator for TraceReader<R> {
                 Ok(r) => r,
                 Err(source) => return Some(Err(TraceError::Io { line, source })),
             };
-            match parse_line(&raw, self.header_allowed) {
+            match parse_line(&raw, self.format, self.header_allowed) {
                 Ok(Line::Skip) => continue,
                 Ok(Line::Header) => {
                     self.header_allowed = false;
@@ -199,6 +289,35 @@ timestamp_us,op,offset,size
                 TraceRecord { timestamp_us: 50, op: TraceOp::Write, offset: 0, size: 4096 },
             ]
         );
+    }
+
+    #[test]
+    fn msr_and_heimdall_layouts_parse_to_the_same_records() {
+        let msr = "Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n\
+                   128166372003061629,src1,1,Read,7014609920,24576,41286\n\
+                   128166372003066629,src1,1,Write,512,1536,10\n";
+        let recs: Vec<_> =
+            TraceReader::with_format(msr.as_bytes(), TraceFormat::Msr).collect::<Result<_, _>>().unwrap();
+        assert_eq!(
+            recs[0],
+            TraceRecord { timestamp_us: 12816637200306162, op: TraceOp::Read, offset: 7014609920, size: 24576 }
+        );
+        assert_eq!(
+            (recs[1].timestamp_us - recs[0].timestamp_us, recs[1].op, recs[1].size),
+            (500, TraceOp::Write, 1536)
+        );
+        let h = "0.000 0 200626176 4096 0\n223.412 0 3159347200 36864 1\n";
+        let recs: Vec<_> =
+            TraceReader::with_format(h.as_bytes(), TraceFormat::Heimdall).collect::<Result<_, _>>().unwrap();
+        assert_eq!(recs[1], TraceRecord { timestamp_us: 223412, op: TraceOp::Read, offset: 3159347200, size: 36864 });
+        assert_eq!(recs[0].op, TraceOp::Write);
+        let bad = |f, t: &str| TraceReader::with_format(t.as_bytes(), f).next().unwrap().unwrap_err().to_string();
+        assert!(bad(TraceFormat::Heimdall, "0.0 0 0 4096 2\n").contains("unknown op \"2\""));
+        assert!(bad(TraceFormat::Heimdall, "0.0 0 0 4096\n").contains("expected 5"));
+        assert!(bad(TraceFormat::Msr, "1,h,0,Trim,0,1,0\n").contains("Trim"));
+        assert!(bad(TraceFormat::Heimdall, "-1 0 0 4096 0\n").contains("timestamp"));
+        assert_eq!("heimdall".parse::<TraceFormat>(), Ok(TraceFormat::Heimdall));
+        assert!("blk".parse::<TraceFormat>().is_err());
     }
 
     #[test]
