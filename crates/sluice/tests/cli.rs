@@ -96,7 +96,11 @@ fn bench_trace_replays_a_real_trace_in_passes_on_a_stack() {
     let run: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(run["passes"].as_array().unwrap().len(), 4);
     assert_eq!(run["steady_write_bytes"], 2 * 8192, "two passes of 4 KiB + 512 B widened to 4 KiB");
-    assert_eq!(run["precondition_bytes"].as_u64().unwrap() >> 20, 8 * 204, "every byte of the 8 volumes (80 % of 2 GiB)");
+    assert_eq!(
+        run["precondition_bytes"].as_u64().unwrap() >> 20,
+        8 * 204,
+        "every byte of the 8 volumes (80 % of 2 GiB)"
+    );
     let bad =
         sluice().args(["bench", "trace"]).arg(&file).args(["--format", "blk", "--system", "qlc"]).output().unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("csv, msr or heimdall"));
