@@ -12,7 +12,8 @@
 //! (the capacity device's own internal WAF) are reported beside it.
 //!
 //! Scale: every system gets the same capacity device (16 GiB, or 2 GiB with
-//! `--quick`) and, on stacks, an SCM cache of 1/32 of it; the measured phase
+//! `--quick`) and, on stacks, an SCM cache of 1/19.2 of it (the paper's
+//! 800 GB : 15.36 TB); the measured phase
 //! writes a fixed number of bytes per job, so fast and slow systems do the
 //! same work.
 

@@ -304,10 +304,11 @@ pub fn stack_volume_bytes(capacity_bytes: u64) -> u64 {
     (capacity_bytes as f64 * (1.0 - ENGINE_SPARE)) as u64 / STACK_VOLUMES / (1 << 20) * (1 << 20)
 }
 
-/// The SCM cache of a stacked system: 1/32 of the capacity device (a
-/// 400 GB Optane P5800X in front of a 15.36 TB QLC is 2.6 %), 1 MiB aligned.
+/// The SCM cache of a stacked system: 1/19.2 of the capacity device, the
+/// CSAL paper's own drives (an 800 GB Optane P5800X in front of a 15.36 TB
+/// Solidigm P5316, from its drive summary), 1 MiB aligned.
 pub fn stack_cache_bytes(capacity_bytes: u64) -> u64 {
-    capacity_bytes / 32 / (1 << 20) * (1 << 20)
+    capacity_bytes / 96 * 5 / (1 << 20) * (1 << 20)
 }
 
 #[derive(Debug, thiserror::Error)]
