@@ -15,6 +15,7 @@ command -v nbdkit >/dev/null 2>&1 || need+=(nbdkit)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v losetup >/dev/null 2>&1 || need+=(mount)
 /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || need+=(python3-libnbd)
+/usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need+=(python3-prometheus-client)
 if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     SUDO=""

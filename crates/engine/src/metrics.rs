@@ -19,11 +19,13 @@ const BUCKETS: usize = EXPONENTS * SUB_BUCKETS;
 /// Log-linear latency histogram in nanoseconds.
 pub struct LatencyHistogram {
     buckets: Box<[AtomicU64]>,
+    /// Every recorded latency added up (a Prometheus summary's `_sum`).
+    sum_ns: AtomicU64,
 }
 
 impl Default for LatencyHistogram {
     fn default() -> Self {
-        LatencyHistogram { buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect() }
+        LatencyHistogram { buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(), sum_ns: AtomicU64::new(0) }
     }
 }
 
@@ -49,6 +51,12 @@ fn bucket_top(i: usize) -> u64 {
 impl LatencyHistogram {
     pub fn record(&self, ns: u64) {
         self.buckets[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// The sum of every recorded latency, nanoseconds.
+    pub fn sum_ns(&self) -> u64 {
+        self.sum_ns.load(Ordering::Relaxed)
     }
 
     /// Counts per bucket, copied.
@@ -119,6 +127,8 @@ pub struct OpSnapshot {
     pub errors: u64,
     /// Latency at `QUANTILES` (p50, p90, p99, p99.9), microseconds.
     pub latency_us: [f64; 4],
+    /// Every request's latency added up, seconds.
+    pub latency_sum_s: f64,
 }
 
 impl VolumeMetrics {
@@ -153,6 +163,7 @@ impl VolumeMetrics {
                     bytes: self.bytes[i].load(Ordering::Relaxed),
                     errors: self.errors[i].load(Ordering::Relaxed),
                     latency_us: [0, 1, 2, 3].map(|k| q[k] as f64 / 1000.0),
+                    latency_sum_s: self.latency[i].sum_ns() as f64 / 1e9,
                 }
             })
             .collect()

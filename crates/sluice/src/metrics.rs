@@ -42,6 +42,12 @@ fn fields(v: &impl Serialize) -> Vec<(String, f64)> {
     }
 }
 
+/// A label value escaped as the text exposition format requires
+/// (backslash, double quote and line feed).
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 /// A metric family's HELP and TYPE lines.
 fn family(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -52,7 +58,7 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
     let mut o = String::new();
     family(&mut o, "sluice_volume_size_bytes", "gauge", "Size of the volume.");
     for v in &s.volumes {
-        let _ = writeln!(o, "sluice_volume_size_bytes{{volume=\"{}\"}} {}", v.name, v.size_bytes);
+        let _ = writeln!(o, "sluice_volume_size_bytes{{volume=\"{}\"}} {}", esc(&v.name), v.size_bytes);
     }
     for (metric, help) in [
         ("ops_total", "Requests completed (ok or not)."),
@@ -68,7 +74,7 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
                     "bytes_total" => op.bytes,
                     _ => op.errors,
                 };
-                let _ = writeln!(o, "{name}{{volume=\"{}\",op=\"{}\"}} {x}", v.name, op.op);
+                let _ = writeln!(o, "{name}{{volume=\"{}\",op=\"{}\"}} {x}", esc(&v.name), op.op);
             }
         }
     }
@@ -79,7 +85,7 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
         "Reads that found a block not matching its CRC32C (failed with EIO).",
     );
     for v in &s.volumes {
-        let _ = writeln!(o, "sluice_volume_checksum_errors_total{{volume=\"{}\"}} {}", v.name, v.checksum_errors);
+        let _ = writeln!(o, "sluice_volume_checksum_errors_total{{volume=\"{}\"}} {}", esc(&v.name), v.checksum_errors);
     }
     family(&mut o, "sluice_volume_latency_seconds", "summary", "Request latency since start (log-linear, ±12.5 %).");
     for v in &s.volumes {
@@ -88,15 +94,24 @@ pub fn render(s: &EngineSnapshot, nbd: &NbdCounters) -> String {
                 let _ = writeln!(
                     o,
                     "sluice_volume_latency_seconds{{volume=\"{}\",op=\"{}\",quantile=\"{q}\"}} {}",
-                    v.name,
+                    esc(&v.name),
                     op.op,
                     us / 1e6
                 );
             }
             let _ = writeln!(
                 o,
+                "sluice_volume_latency_seconds_sum{{volume=\"{}\",op=\"{}\"}} {}",
+                esc(&v.name),
+                op.op,
+                op.latency_sum_s
+            );
+            let _ = writeln!(
+                o,
                 "sluice_volume_latency_seconds_count{{volume=\"{}\",op=\"{}\"}} {}",
-                v.name, op.op, op.count
+                esc(&v.name),
+                op.op,
+                op.count
             );
         }
     }
@@ -222,7 +237,7 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
             CacheMode::WriteInvalidate => "wi",
             CacheMode::PassThrough => "pt",
         };
-        let _ = writeln!(o, "sluice_cache_mode{{volume=\"{}\",mode=\"{mode}\"}} 1", c.volume);
+        let _ = writeln!(o, "sluice_cache_mode{{volume=\"{}\",mode=\"{mode}\"}} 1", esc(&c.volume));
     }
     for (name, help, get) in [
         (
@@ -234,7 +249,7 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
     ] {
         family(o, name, "gauge", help);
         for c in &s.cache {
-            let _ = writeln!(o, "{name}{{volume=\"{}\"}} {}", c.volume, get(c));
+            let _ = writeln!(o, "{name}{{volume=\"{}\"}} {}", esc(&c.volume), get(c));
         }
     }
     for (k, help) in [
@@ -260,7 +275,7 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
                     "spill_bytes" => cl.spill_bytes,
                     _ => cl.reclassified_bytes,
                 };
-                let _ = writeln!(o, "{name}{{volume=\"{}\",class=\"{}\"}} {x}", c.volume, cl.class);
+                let _ = writeln!(o, "{name}{{volume=\"{}\",class=\"{}\"}} {x}", esc(&c.volume), esc(&cl.class));
             }
         }
     }
@@ -269,7 +284,7 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
         let name = format!("sluice_cache_{k}_total");
         family(o, &name, "counter", "Cache counter (docs/caching.md).");
         for (c, f) in s.cache.iter().zip(&per_volume) {
-            let _ = writeln!(o, "{name}{{volume=\"{}\"}} {}", c.volume, f[i].1);
+            let _ = writeln!(o, "{name}{{volume=\"{}\"}} {}", esc(&c.volume), f[i].1);
         }
     }
 }
@@ -637,5 +652,53 @@ mod tests {
         assert_eq!(c.read_hit_ratio, 0.5);
         assert_eq!(c.classes.len(), 1, "{:?}", c.classes);
         assert_eq!((c.classes[0].class.as_str(), c.classes[0].write_mib_per_s), ("unclassified", 2112.0 / 1024.0));
+    }
+
+    /// The exposition parses with Prometheus' own Python parser, label
+    /// values with quotes, backslashes and line feeds come back as named,
+    /// and the latency summary has its `_sum` and `_count`.
+    #[test]
+    fn the_exposition_parses_with_the_prometheus_client_parser() {
+        let cache: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(16 << 20, 4096));
+        let capacity: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(80 << 20, 4096));
+        let cfg = EngineConfig { chunk_bytes: 1 << 20, layout: Layout::InPlace, ..EngineConfig::default() };
+        let name = "a \"quoted\" \\ name\nwith a line feed";
+        let e =
+            Engine::create(cache, capacity, cfg, &[VolumeSpec { name: name.into(), size_bytes: 64 << 20 }]).unwrap();
+        let v = e.volume(name).unwrap();
+        for i in 0..10 {
+            v.write(i * 4096, &[1; 4096], false).unwrap();
+        }
+        let text = render(&e.snapshot(), &NbdCounters::default());
+        let dir = std::env::temp_dir().join(format!("sluice-prom-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("metrics.txt"), &text).unwrap();
+        let script = r#"
+import sys, json
+from prometheus_client.parser import text_string_to_metric_families
+out = {"volumes": set(), "sum": None, "count": None}
+for fam in text_string_to_metric_families(open(sys.argv[1]).read()):
+    for s in fam.samples:
+        if "volume" in s.labels:
+            out["volumes"].add(s.labels["volume"])
+        if s.name == "sluice_volume_latency_seconds_sum" and s.labels.get("op") == "write":
+            out["sum"] = s.value
+        if s.name == "sluice_volume_latency_seconds_count" and s.labels.get("op") == "write":
+            out["count"] = s.value
+out["volumes"] = sorted(out["volumes"])
+print(json.dumps(out))
+"#;
+        let out = std::process::Command::new("/usr/bin/python3")
+            .arg("-c")
+            .arg(script)
+            .arg(dir.join("metrics.txt"))
+            .output()
+            .expect("python3 (scripts/setup.sh installs python3-prometheus-client)");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(out.status.success(), "the parser refused the exposition: {}", String::from_utf8_lossy(&out.stderr));
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(got["volumes"], serde_json::json!([name]));
+        assert_eq!(got["count"], 10.0);
+        assert!(got["sum"].as_f64().unwrap() > 0.0, "{got}");
     }
 }
