@@ -1103,6 +1103,25 @@ fn reload(
     Ok(())
 }
 
+/// Descriptors kept for everything but connections: devices, listeners,
+/// trace files, the metrics endpoint (docs/serve.md, `connections_max`).
+const FDS_RESERVED: u64 = 256;
+
+/// What to say when the open-file limit (`got`, after raising it as far as
+/// this process may) cannot hold `connections_max` on each of `listeners`.
+fn open_files_advice(got: u64, connections_max: u64, listeners: u64) -> String {
+    let wanted = connections_max * FDS_PER_CONNECTION * listeners + FDS_RESERVED;
+    let fit = got.saturating_sub(FDS_RESERVED) / FDS_PER_CONNECTION;
+    format!(
+        "the open-file limit is {got} and this process may not raise it further; [server] connections_max = \
+         {connections_max} on {listeners} listener(s) needs {connections_max} x {listeners} + {FDS_RESERVED} = \
+         {wanted} descriptors, so about {fit} connections can be open at once (more wait in the listen queue). \
+         Raise the hard limit to {wanted} (systemd: LimitNOFILE={wanted}; a shell as root: ulimit -Hn {wanted}) \
+         or lower connections_max to {}",
+        fit / listeners.max(1)
+    )
+}
+
 /// Run the server until SIGTERM/SIGINT; prints one line per listener.
 /// SIGHUP reloads the cache policies from `path` (`reload`).
 pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
@@ -1115,12 +1134,10 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
         ..ServerOptions::default()
     };
     let listeners = cfg.listen.len() as u64 + u64::from(!cfg.unix_socket.is_empty());
-    let fds_wanted = opts.connections_max as u64 * FDS_PER_CONNECTION * listeners + 256;
+    let fds_wanted = opts.connections_max as u64 * FDS_PER_CONNECTION * listeners + FDS_RESERVED;
     match raise_open_files_limit(fds_wanted) {
         Ok(got) if got >= fds_wanted => {}
-        Ok(got) => eprintln!(
-            "sluice: warning: open-file limit {got} is below the {fds_wanted} that server.connections_max needs"
-        ),
+        Ok(got) => eprintln!("sluice: warning: {}", open_files_advice(got, opts.connections_max as u64, listeners)),
         Err(e) => eprintln!("sluice: warning: cannot raise the open-file limit: {e}"),
     }
     match cfg.tls.mode.as_str() {
@@ -1250,6 +1267,15 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The open-file warning explains its number and says what to do.
+    #[test]
+    fn the_open_file_warning_explains_its_number_and_the_fix() {
+        let a = open_files_advice(20_000, 16_384, 2);
+        assert!(a.contains("16384 x 2 + 256 = 33024"), "{a}");
+        assert!(a.contains("LimitNOFILE=33024") && a.contains("ulimit -Hn 33024"), "{a}");
+        assert!(a.contains("about 19744 connections") && a.contains("lower connections_max to 9872"), "{a}");
+    }
 
     #[test]
     fn device_paths_do_not_depend_on_which_keys_a_table_has() {
