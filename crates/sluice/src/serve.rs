@@ -463,6 +463,35 @@ impl Config {
         }
     }
 
+    /// One line per device for the start banner: where it is, its size and
+    /// what it emulates.
+    fn device_lines(&self) -> Vec<String> {
+        ["cache", "capacity"]
+            .iter()
+            .map(|&which| {
+                let d = if which == "cache" { &self.cache } else { &self.capacity };
+                let on_disk = (d.kind == "file")
+                    .then(|| std::fs::metadata(self.in_data_dir(&d.file_path(which))).ok())
+                    .flatten()
+                    .map(|m| m.len())
+                    .filter(|&n| n > 0);
+                let size = match (on_disk, size_of("size", &d.size)) {
+                    (Some(n), _) | (None, Ok(n)) => format!("{} MiB", n >> 20),
+                    (None, Err(_)) => "size from the device".into(),
+                };
+                let media = match (d.emulate.as_str(), d.disks) {
+                    ("", _) => "not emulated".to_string(),
+                    (m, n) if n > 1 => format!("emulated {m}, striped over {n} disks"),
+                    (m, _) => format!("emulated {m}"),
+                };
+                match d.kind.as_str() {
+                    "file" => format!("{which}: {} (file, {size}, {media})", self.device_label(which)),
+                    kind => format!("{which}: {kind}, {size}, {media}"),
+                }
+            })
+            .collect()
+    }
+
     /// Each volume's name and trace target, all checked.
     fn trace_targets(&self) -> Result<Vec<(&str, Option<TraceTarget>)>, ServeError> {
         self.volumes.iter().map(|v| Ok((v.name.as_str(), v.trace_target(&self.data_dir)?))).collect()
@@ -1181,6 +1210,21 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
     }
     let targets = cfg.trace_targets()?;
     apply_policies(&cfg, &engine)?;
+    for line in cfg.device_lines() {
+        eprintln!("sluice: {line}");
+    }
+    let report = engine.cache_report();
+    for v in &cfg.volumes {
+        let size = engine.volume(&v.name).map(|h| h.size_bytes()).unwrap_or(0);
+        let how = match report.iter().find(|r| r.volume == v.name) {
+            Some(r) => format!(
+                "cached in place, {}",
+                serde_json::to_value(r.policy.mode).ok().and_then(|m| m.as_str().map(String::from)).unwrap_or_default()
+            ),
+            None => "write-shaping log".to_string(),
+        };
+        eprintln!("sluice: export {:?}: {} MiB, {how}", v.name, size >> 20);
+    }
     let compactor = match compactor_cfg {
         Some(c) => Some(engine.start_compactor(c)?),
         None => None,

@@ -14,12 +14,21 @@ fn data_survives_a_clean_restart() {
     // More than the 64 MiB cache holds: compaction runs while we write.
     qemu_io(port, &["write -P 0xab 0 96M", "write -P 0xcd 200M 64k", "write -z 4M 4M", "flush"]);
     qemu_io(port, &["read -P 0xab 0 4M", "read -P 0 4M 4M", "read -P 0xab 8M 88M", "read -P 0xcd 200M 64k"]);
-    stop(server);
+    // The banner: created or reopened, each device, each export.
+    let log = stop(server);
+    for line in [
+        "created a new engine",
+        "sluice: cache: ",
+        "(file, 64 MiB, not emulated)",
+        "export \"default\": 256 MiB, write-shaping log",
+    ] {
+        assert!(log.contains(line), "{line:?} missing from the start banner: {log}");
+    }
 
     let (server, port) = start(&config);
     qemu_io(port, &["read -P 0xab 0 4M", "read -P 0 4M 4M", "read -P 0xab 8M 88M", "read -P 0xcd 200M 64k"]);
     qemu_io(port, &["read -P 0 201M 1M"]);
-    stop(server);
+    assert!(stop(server).contains("reopened the engine"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -90,13 +90,16 @@ pub fn start_with_metrics(config: &Path) -> (Served, u16, String) {
     (served, port, metrics)
 }
 
-pub fn stop(served: Served) {
+/// Stop the server with SIGTERM; it must shut down cleanly. Returns its log.
+pub fn stop(served: Served) -> String {
     let child = served.into_child();
     // SAFETY: sending a signal to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "server exit: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("clean shutdown"));
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "server exit: {:?} {log}", out.status);
+    assert!(log.contains("clean shutdown"), "{log}");
+    log
 }
 
 pub fn qemu_io(port: u16, cmds: &[&str]) -> String {
