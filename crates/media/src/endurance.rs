@@ -12,7 +12,8 @@
 //!   projection is the share of the rate used.
 //!
 //! Invariants: every rating names its source (a vendor figure, docs/advise.md
-//! lists them); projections are plain arithmetic on host bytes, the unit the
+//! lists them, and says which were not checked against a copy of the data
+//! sheet); projections are plain arithmetic on host bytes, the unit the
 //! ratings are given in.
 //!
 //! Why here: the ratings belong with the device profiles they describe.
@@ -96,12 +97,12 @@ impl crate::ssd::SsdProfile {
         if self.name.starts_with("qlc") {
             Endurance {
                 rating: Rating::DriveWritesPerDay { dwpd: 0.41, years: 5.0 },
-                source: "Solidigm D5-P5316 product brief: 0.41 DWPD (64 KiB random writes), 5-year warranty",
+                source: "Solidigm D5-P5316 product brief, as recalled (unverified): 0.41 DWPD (64 KiB random writes), 5-year warranty",
             }
         } else {
             Endurance {
                 rating: Rating::DriveWritesPerDay { dwpd: 1.0, years: 5.0 },
-                source: "Solidigm D7-P5520 product brief: 1 DWPD (4 KiB random writes), 5-year warranty",
+                source: "Solidigm D7-P5520 product brief, as recalled (unverified): 1 DWPD (4 KiB random writes), 5-year warranty",
             }
         }
     }
