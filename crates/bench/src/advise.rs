@@ -38,14 +38,15 @@
 //! sequential cutoff and spill shape the curve, and the only faithful model
 //! of them is the engine itself.
 
+use crate::caching::{in_place_stack, read_hit_fraction, report_sum};
 use crate::job::BenchError;
-use crate::stacked::{sluice_stack, CallTime};
+use crate::stacked::CallTime;
 use crate::trace::{replay, whole_blocks, TraceReport};
 use serde::Serialize;
-use sluice_engine::{BandPlacement, CachePolicy, EngineConfig, Layout};
+use sluice_engine::CachePolicy;
 use sluice_media::endurance::{Endurance, Projection};
 use sluice_media::ssd::{ssd_device, SsdProfile};
-use sluice_media::{hdd_device, scm_device, BlockDevice, HddProfile, MemoryDevice, ScmProfile};
+use sluice_media::{hdd_device, BlockDevice, HddProfile, MemoryDevice, ScmProfile};
 use sluice_workload::{TraceError, TraceOp, TraceReader, TraceRecord};
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -229,15 +230,17 @@ pub fn live_profile(records: impl Iterator<Item = Result<TraceRecord, TraceError
         }
         p.records += 1;
         p.footprint_bytes = p.footprint_bytes.max(r.offset + r.size);
+        // Writes cover the blocks they touch, trims only those they cover
+        // whole (`whole_blocks`).
+        let blocks = whole_blocks(r, BLOCK).map(|b| (b.offset, b.offset + b.size));
+        match (r.op, blocks) {
+            (TraceOp::Write, Some((s, e))) => live.insert(s, e),
+            (TraceOp::Trim, Some((s, e))) => live.remove(s, e),
+            _ => {}
+        }
         match r.op {
-            TraceOp::Write => {
-                p.write_bytes += r.size;
-                live.insert(r.offset / BLOCK * BLOCK, (r.offset + r.size).div_ceil(BLOCK) * BLOCK);
-            }
-            TraceOp::Trim => {
-                p.trim_bytes += r.size;
-                live.remove(r.offset.div_ceil(BLOCK) * BLOCK, (r.offset + r.size) / BLOCK * BLOCK);
-            }
+            TraceOp::Write => p.write_bytes += r.size,
+            TraceOp::Trim => p.trim_bytes += r.size,
             TraceOp::Read => p.read_bytes += r.size,
             TraceOp::Flush => {}
         }
@@ -350,20 +353,16 @@ fn aligned(r: TraceRecord, volume_bytes: u64) -> Option<TraceRecord> {
 
 /// Replay the trace at one cache size.
 fn replay_at(path: &Path, o: &AdviseOpts, volume_bytes: u64, cache_bytes: u64) -> Result<CurvePoint, AdviseError> {
-    let call = CallTime::new();
-    let clock = call.device_clock();
-    let mut scm = ScmProfile::p5800x();
-    scm.capacity_bytes = cache_bytes;
-    let cache: Arc<dyn BlockDevice> =
-        Arc::new(scm_device(scm, Box::new(MemoryDevice::new(cache_bytes, BLOCK)), clock.clone()));
     // The volume's home, then the checkpoint and the label.
-    let capacity = o.capacity.device((volume_bytes + (256 << 20)).div_ceil(1 << 30) << 30, clock);
-    let cfg = EngineConfig {
-        chunk_bytes: (cache_bytes / 32).clamp(1 << 20, 16 << 20),
-        layout: Layout::InPlace,
-        ..EngineConfig::default()
-    };
-    let s = sluice_stack(cache.clone(), capacity.clone(), call, cfg, BandPlacement::PerVolume, 1, volume_bytes)?;
+    let capacity_bytes = (volume_bytes + (256 << 20)).div_ceil(1 << 30) << 30;
+    let s = in_place_stack(
+        cache_bytes,
+        CallTime::new(),
+        |clock| o.capacity.device(capacity_bytes, clock),
+        1,
+        volume_bytes,
+    )?;
+    let (cache, capacity) = s.tiers();
     let e = s.engine();
     e.set_cache_policy("job0", o.policy).map_err(BenchError::Engine)?;
     let records = open(path)?.filter_map(|r| r.map(|r| aligned(r, volume_bytes)).transpose());
@@ -371,9 +370,8 @@ fn replay_at(path: &Path, o: &AdviseOpts, volume_bytes: u64, cache_bytes: u64) -
     let result = replay(&s, &*clock, records, o.inflight_max);
     let (cap, cached) = (capacity.stats(), cache.stats());
     let rep = e.cache_report();
-    let sum = |f: fn(&sluice_engine::CacheStats) -> u64| rep.iter().map(|v| f(&v.stats)).sum::<u64>();
+    let sum = |f| report_sum(&rep, f);
     let dirty_end: u64 = rep.iter().map(|v| v.dirty_bytes).sum();
-    let (hits, misses) = (sum(|s| s.read_hit_bytes), sum(|s| s.read_miss_bytes));
     let (report, error): (Option<TraceReport>, _) = match result {
         Ok(r) => (Some(r), None),
         Err(err) => (None, Some(err.to_string())),
@@ -384,7 +382,7 @@ fn replay_at(path: &Path, o: &AdviseOpts, volume_bytes: u64, cache_bytes: u64) -
         capacity_read_bytes: cap.host_read_bytes,
         dirty_end_bytes: dirty_end,
         spill_bytes: sum(|s| s.spill_bytes),
-        read_hit_fraction: if hits + misses == 0 { 0.0 } else { hits as f64 / (hits + misses) as f64 },
+        read_hit_fraction: read_hit_fraction(&rep),
         cache_write_bytes: cached.host_write_bytes,
         discarded_dirty_bytes: sum(|s| s.discarded_dirty_bytes),
         cleaned_bytes: sum(|s| s.cleaned_bytes),

@@ -293,7 +293,8 @@ fn run_eviction(case: &str, o: &CachingOpts, mut row: CachingRow) -> Result<Cach
     let vol = hot + cold;
     let mut hdd = HddProfile::hdd_7200();
     hdd.capacity_bytes = vol + (256 << 20);
-    let (s, capacity) = in_place_stack(cache_bytes, &hdd, o.disks, call, 1, vol)?;
+    let s = in_place_stack(cache_bytes, call, |clock| disk(&hdd, o.disks, clock), 1, vol)?;
+    let capacity = s.tiers().1;
     let e = s.engine();
     let p = CachePolicy { retain_hot: case == "evict-retain", spill: false, ..CachePolicy::default() };
     e.set_cache_policy("job0", p).map_err(BenchError::Engine)?;
@@ -324,13 +325,11 @@ fn engine_counters(row: &mut CachingRow, e: &sluice_engine::Engine, hdd: &sluice
     row.hdd_busy_s = hdd.busy_ns as f64 / 1e9;
     row.hdd_write_mb_per_s = if row.run_s > 0.0 { hdd.host_write_bytes as f64 / 1e6 / row.run_s } else { 0.0 };
     let rep = e.cache_report();
-    let sum = |f: fn(&sluice_engine::CacheStats) -> u64| rep.iter().map(|v| f(&v.stats)).sum::<u64>();
-    row.spill_bytes = sum(|s| s.spill_bytes);
-    row.discarded_dirty_bytes = sum(|s| s.discarded_dirty_bytes);
-    row.cleaned_bytes = sum(|s| s.cleaned_bytes);
-    row.retained_bytes = sum(|s| s.retained_bytes);
-    let (hits, misses) = (sum(|s| s.read_hit_bytes), sum(|s| s.read_miss_bytes));
-    row.read_hit_fraction = hits as f64 / (hits + misses).max(1) as f64;
+    row.spill_bytes = report_sum(&rep, |s| s.spill_bytes);
+    row.discarded_dirty_bytes = report_sum(&rep, |s| s.discarded_dirty_bytes);
+    row.cleaned_bytes = report_sum(&rep, |s| s.cleaned_bytes);
+    row.retained_bytes = report_sum(&rep, |s| s.retained_bytes);
+    row.read_hit_fraction = read_hit_fraction(&rep);
     row.volumes = rep;
 }
 
@@ -400,7 +399,8 @@ pub fn run_case(case: &str, o: &CachingOpts) -> Result<CachingRow, BenchError> {
         _ => {
             let one = matches!(case, "cache-all" | "selective-cutoff");
             let (vols, size) = if one { (1, 2 * vb) } else { (2, vb) };
-            let (s, capacity) = in_place_stack(cache_bytes, &hdd, o.disks, call, vols, size)?;
+            let s = in_place_stack(cache_bytes, call, |clock| disk(&hdd, o.disks, clock), vols, size)?;
+            let capacity = s.tiers().1;
             let e = s.engine();
             let wb = CachePolicy::default();
             let set = |name: &str, p: CachePolicy| e.set_cache_policy(name, p).map_err(BenchError::Engine);
@@ -468,28 +468,37 @@ pub fn run_case(case: &str, o: &CachingOpts) -> Result<CachingRow, BenchError> {
 }
 
 /// An in-place engine over an emulated SCM cache of `cache_bytes` and the
-/// disk (`disk`), with `vols` volumes of `size` bytes; and the disk.
-fn in_place_stack(
+/// capacity device `capacity` builds on the stack's device clock, with
+/// `vols` volumes of `size` bytes (`Stack::tiers` gives both devices back).
+pub(crate) fn in_place_stack(
     cache_bytes: u64,
-    hdd: &HddProfile,
-    disks: usize,
     call: Arc<CallTime>,
+    capacity: impl FnOnce(sluice_media::ClockRef) -> Arc<dyn BlockDevice>,
     vols: u64,
     size: u64,
-) -> Result<(crate::stacked::Stack<crate::stacked::SluiceExec>, Arc<dyn BlockDevice>), BenchError> {
+) -> Result<crate::stacked::Stack<crate::stacked::SluiceExec>, BenchError> {
     let clock = call.device_clock();
     let mut scm = ScmProfile::p5800x();
     scm.capacity_bytes = cache_bytes;
     let cache: Arc<dyn BlockDevice> =
         Arc::new(scm_device(scm, Box::new(MemoryDevice::new(cache_bytes, 4096)), clock.clone()));
-    let capacity = disk(hdd, disks, clock);
     let cfg = EngineConfig {
         chunk_bytes: (cache_bytes / 32).clamp(1 << 20, 16 << 20),
         layout: Layout::InPlace,
         ..EngineConfig::default()
     };
-    let s = sluice_stack(cache, capacity.clone(), call, cfg, BandPlacement::PerVolume, vols, size)?;
-    Ok((s, capacity))
+    sluice_stack(cache, capacity(clock), call, cfg, BandPlacement::PerVolume, vols, size)
+}
+
+/// One cache counter summed over the volumes of a cache report.
+pub(crate) fn report_sum(rep: &[sluice_engine::CacheReport], f: fn(&sluice_engine::CacheStats) -> u64) -> u64 {
+    rep.iter().map(|v| f(&v.stats)).sum()
+}
+
+/// Read bytes found in the cache, of all read bytes (0 without reads).
+pub(crate) fn read_hit_fraction(rep: &[sluice_engine::CacheReport]) -> f64 {
+    let (hits, misses) = (report_sum(rep, |s| s.read_hit_bytes), report_sum(rep, |s| s.read_miss_bytes));
+    hits as f64 / (hits + misses).max(1) as f64
 }
 
 /// What a case runs on: the device the jobs use, the HDD if any, the
