@@ -17,10 +17,11 @@
 //! session continues; only a broken framing (bad magic, option data beyond
 //! [`proto::OPTION_DATA_BYTES_MAX`]), bad client flags, an unknown export in
 //! `NBD_OPT_EXPORT_NAME` (which cannot be answered with an error) or too many
-//! options end the connection. Block sizes are always sent with INFO/GO:
-//! the volume needs aligned requests, and the server does not emulate
-//! read-modify-write; a client that does not ask for them still gets served
-//! and misaligned requests fail cleanly with `EINVAL`.
+//! options end the connection. Block sizes are always sent with INFO/GO. A
+//! client that asked for them (`NBD_INFO_BLOCK_SIZE`) is held to them:
+//! misaligned requests fail cleanly with `EINVAL`. A client that did not
+//! (or used `NBD_OPT_EXPORT_NAME`) is told a minimum of 1 and served at any
+//! byte offset (`subblock`), as the spec asks of servers.
 
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -28,8 +29,9 @@ use std::sync::Arc;
 use sluice_engine::Volume;
 
 use crate::proto::{self, ClientOption, Info, OptionHeader, OptionReply, ProtoError};
-use crate::server::{ConnError, Shared};
+use crate::server::{ConnError, Export, Shared};
 use crate::stream::{ConnReader, Stream};
+use crate::subblock::WriteOrder;
 
 /// Options one client may send before it must pick an export.
 pub const HANDSHAKE_OPTIONS_MAX: usize = 256;
@@ -40,6 +42,10 @@ pub const BASE_ALLOCATION_ID: u32 = 1;
 /// What the handshake settled for the transmission phase.
 pub(crate) struct Session {
     pub(crate) export: Arc<dyn Volume>,
+    /// Orders this export's sub-block read-modify-writes (`subblock`).
+    pub(crate) order: Arc<WriteOrder>,
+    /// The client never agreed to block sizes: any offset and length.
+    pub(crate) byte_granular: bool,
     pub(crate) structured: bool,
     /// `Some(id)` if `base:allocation` was selected for this export.
     pub(crate) base_allocation: Option<u32>,
@@ -176,15 +182,15 @@ fn handle_option(
                 return Err(ConnError::UnknownExport(name));
             };
             let flags = transmission_flags(st.structured);
-            w.write_all(&proto::encode_export_name_reply(export.size_bytes(), flags, st.no_zeroes))?;
-            return Ok(Some(session(export.clone(), st)));
+            w.write_all(&proto::encode_export_name_reply(export.volume.size_bytes(), flags, st.no_zeroes))?;
+            return Ok(Some(session(export, st, true)));
         }
         ClientOption::Abort => {
             // The client may already have closed: an error here is no error.
             let _ = reply(w, code, proto::REP_ACK, &[]);
         }
         ClientOption::List => {
-            for v in &shared.exports {
+            for v in shared.exports.iter().map(|e| &e.volume) {
                 reply(w, code, proto::REP_SERVER, &proto::encode_rep_server(v.name(), &shared.opts.description))?;
             }
             reply(w, code, proto::REP_ACK, &[])?;
@@ -202,13 +208,16 @@ fn handle_option(
                 return Ok(None);
             };
             let flags = transmission_flags(st.structured);
-            let (min, preferred, max) = shared.block_sizes(export.as_ref());
+            let (min, preferred, max) = shared.block_sizes(export.volume.as_ref());
+            // Not asked for: any byte offset is served, and the minimum says so.
+            let byte_granular = !requests.contains(&proto::INFO_BLOCK_SIZE);
+            let min = if byte_granular { 1 } else { min };
             let mut infos = vec![
-                Info::Export { size_bytes: export.size_bytes(), transmission_flags: flags },
+                Info::Export { size_bytes: export.volume.size_bytes(), transmission_flags: flags },
                 Info::BlockSize { min, preferred, max },
             ];
             if requests.contains(&proto::INFO_NAME) {
-                infos.push(Info::Name(export.name().to_owned()));
+                infos.push(Info::Name(export.volume.name().to_owned()));
             }
             if requests.contains(&proto::INFO_DESCRIPTION) {
                 infos.push(Info::Description(shared.opts.description.clone()));
@@ -218,7 +227,7 @@ fn handle_option(
             }
             reply(w, code, proto::REP_ACK, &[])?;
             if go {
-                return Ok(Some(session(export.clone(), st)));
+                return Ok(Some(session(export, st, byte_granular)));
             }
         }
         ClientOption::MetaContext { set, export, queries } => {
@@ -230,7 +239,7 @@ fn handle_option(
                     return Ok(None);
                 }
             }
-            let Some(v) = shared.find_export(&export) else {
+            let Some(v) = shared.find_export(&export).map(|e| &e.volume) else {
                 let msg = format!("no export named {export:?}");
                 reply(w, code, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
                 return Ok(None);
@@ -258,10 +267,16 @@ fn handle_option(
     Ok(None)
 }
 
-fn session(export: Arc<dyn Volume>, st: &State) -> Session {
+fn session(export: &Export, st: &State, byte_granular: bool) -> Session {
     let base_allocation = match &st.meta {
-        Some((name, true)) if st.structured && name == export.name() => Some(BASE_ALLOCATION_ID),
+        Some((name, true)) if st.structured && name == export.volume.name() => Some(BASE_ALLOCATION_ID),
         _ => None,
     };
-    Session { export, structured: st.structured, base_allocation }
+    Session {
+        export: export.volume.clone(),
+        order: export.order.clone(),
+        byte_granular,
+        structured: st.structured,
+        base_allocation,
+    }
 }

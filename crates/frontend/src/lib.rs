@@ -2,7 +2,8 @@
 //!
 //! `proto` is the wire format (pure, fuzzable); `server` owns listening,
 //! connections and shutdown; `handshake` negotiates options; `transmission`
-//! runs requests against an `Arc<dyn Volume>`; `stream` hides TCP vs Unix vs TLS; `tls` builds the
+//! runs requests against an `Arc<dyn Volume>` (`subblock` serves clients that
+//! never negotiated block sizes at any byte offset); `stream` hides TCP vs Unix vs TLS; `tls` builds the
 //! TLS configuration and the encrypted stream; `client` is a lean NBD client for
 //! load generation.
 
@@ -12,6 +13,7 @@ mod pool;
 pub mod proto;
 pub mod server;
 pub mod stream;
+mod subblock;
 pub mod tls;
 mod tls_records;
 mod transmission;

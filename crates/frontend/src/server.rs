@@ -35,6 +35,7 @@ use sluice_engine::{Volume, VolumeError};
 use crate::pool::WorkerPool;
 use crate::proto::{self, ProtoError};
 use crate::stream::{ConnReader, ListenAddr, Listener, Stream};
+use crate::subblock::WriteOrder;
 use crate::{handshake, transmission};
 
 /// Tunables of a server; every bound says its unit in its name.
@@ -159,18 +160,18 @@ impl ServerStats {
 
 /// What every connection of a server shares (read-only after `new`).
 pub(crate) struct Shared {
-    pub(crate) exports: Vec<Arc<dyn Volume>>,
+    pub(crate) exports: Vec<Export>,
     pub(crate) opts: ServerOptions,
     pub(crate) pool: Arc<WorkerPool>,
 }
 
 impl Shared {
     /// The export a client names; the empty name is the first export.
-    pub(crate) fn find_export(&self, name: &str) -> Option<&Arc<dyn Volume>> {
+    pub(crate) fn find_export(&self, name: &str) -> Option<&Export> {
         if name.is_empty() {
             return self.exports.first();
         }
-        self.exports.iter().find(|v| v.name() == name)
+        self.exports.iter().find(|e| e.volume.name() == name)
     }
 
     /// Block size constraints (min, preferred, max) advertised for `v`.
@@ -180,6 +181,13 @@ impl Shared {
         let max = (self.opts.request_bytes_max / min) * min;
         (min, preferred, max)
     }
+}
+
+/// One export: its volume and the lock that orders sub-block
+/// read-modify-writes against its other writes (`subblock`).
+pub(crate) struct Export {
+    pub(crate) volume: Arc<dyn Volume>,
+    pub(crate) order: Arc<WriteOrder>,
 }
 
 /// An NBD server over a fixed set of exports. Cheap to clone.
@@ -227,6 +235,7 @@ impl Server {
             return Err(ServerError::BadOptions("description is not a valid NBD string"));
         }
         let pool = WorkerPool::new(opts.workers_max);
+        let exports = exports.into_iter().map(|volume| Export { volume, order: Arc::default() }).collect();
         Ok(Server { shared: Arc::new(Shared { exports, opts, pool }) })
     }
 
@@ -317,7 +326,7 @@ impl ServerHandle {
     /// closes every connection, flushes every export, and returns.
     pub fn shutdown(mut self) -> Result<StatsSnapshot, ServerError> {
         self.stop_and_drain()?;
-        for v in &self.shared.exports {
+        for v in self.shared.exports.iter().map(|e| &e.volume) {
             v.flush().map_err(|source| ServerError::Flush { name: v.name().to_owned(), source })?;
         }
         Ok(self.stats.snapshot())

@@ -33,6 +33,7 @@ use crate::pool::WorkerPool;
 use crate::proto::{self, Chunk, Command, ProtoError, RequestHeader, SimpleReply};
 use crate::server::{ConnError, ServerStats, Shared};
 use crate::stream::{ConnReader, Stream};
+use crate::subblock::{self, WriteOrder};
 
 /// Budget charged for a request beyond its data bytes (bounds the number of
 /// queued zero-length requests too).
@@ -177,6 +178,10 @@ struct Job {
 /// Everything a worker needs to run one of this connection's requests.
 struct Conn {
     export: Arc<dyn Volume>,
+    /// Held shared by writes, exclusively by sub-block read-modify-writes.
+    order: Arc<WriteOrder>,
+    /// Any offset and length is served (`subblock`), not only whole blocks.
+    byte_granular: bool,
     /// Run requests on the reader thread (the volume serializes them anyway).
     inline: bool,
     /// On an inline connection, still hand reads to the workers
@@ -226,6 +231,8 @@ pub(crate) fn run(
     let inline = session.export.serializes_requests();
     let conn = Arc::new(Conn {
         export: session.export.clone(),
+        order: session.order.clone(),
+        byte_granular: session.byte_granular,
         inline,
         pooled_reads: inline && session.export.reads_in_parallel(),
         structured: session.structured,
@@ -330,6 +337,7 @@ fn buffered_writes(conn: &Conn, reader: &mut ConnReader) -> usize {
     let buffered = reader.buffer();
     let mut taken: Vec<(RequestHeader, std::ops::Range<usize>)> = Vec::new();
     let (mut pos, mut bytes) = (0, 0);
+    let block = conn.export.block_bytes();
     while taken.len() < BATCH_WRITES_MAX {
         let Some(hb) = buffered.get(pos..pos + proto::REQUEST_HEADER_BYTES) else { break };
         let Ok(header) = RequestHeader::decode(hb) else { break };
@@ -337,6 +345,7 @@ fn buffered_writes(conn: &Conn, reader: &mut ConnReader) -> usize {
         let plain_write = header.validate(conn.structured) == Ok(Command::Write)
             && header.flags & proto::CMD_FLAG_FUA == 0
             && len > 0
+            && subblock::aligned(header.offset, len as u64, block)
             && bytes + len <= BATCH_BYTES_MAX
             && buffered.len() >= data + len
             && conn.check(Command::Write, &header).is_ok();
@@ -352,7 +361,10 @@ fn buffered_writes(conn: &Conn, reader: &mut ConnReader) -> usize {
     }
     conn.stats.requests.fetch_add(taken.len() as u64, Ordering::Relaxed);
     let writes: Vec<(u64, &[u8])> = taken.iter().map(|(h, r)| (h.offset, &buffered[r.clone()])).collect();
-    let result = conn.export.write_batch(&writes, false);
+    let result = {
+        let _order = conn.order.shared();
+        conn.export.write_batch(&writes, false)
+    };
     let mut out = Vec::with_capacity(taken.len() * proto::SIMPLE_REPLY_BYTES);
     for (h, _) in &taken {
         let outcome = match &result {
@@ -424,20 +436,29 @@ impl Conn {
         let v = self.export.as_ref();
         let fua = h.flags & proto::CMD_FLAG_FUA != 0;
         let (off, len) = (h.offset, h.len as u64);
+        // Only a byte-granular session gets here with a partial block.
+        let whole = subblock::aligned(off, len, v.block_bytes());
+        let (_shared, _exclusive) = match job.command {
+            Command::Write | Command::WriteZeroes if !whole => (None, Some(self.order.exclusive())),
+            Command::Write | Command::WriteZeroes | Command::Trim => (Some(self.order.shared()), None),
+            _ => (None, None),
+        };
         let r = match job.command {
-            Command::Read => return self.read(off, h.len),
+            Command::Read => return self.read(off, h.len, whole),
             Command::Write => match job.payload.take() {
-                Some(data) if len > 0 => v.write_owned(off, data, fua),
+                Some(data) if len > 0 && whole => v.write_owned(off, data, fua),
+                Some(data) if len > 0 => subblock::write(v, off, data.data(), fua),
                 _ => Ok(()),
             },
             Command::Flush => v.flush(),
             Command::Trim if len == 0 => Ok(()),
-            Command::Trim => v.trim(off, len).and_then(|()| if fua { v.flush() } else { Ok(()) }),
+            Command::Trim if whole => v.trim(off, len).and_then(|()| if fua { v.flush() } else { Ok(()) }),
+            Command::Trim => subblock::trim(v, off, len).and_then(|()| if fua { v.flush() } else { Ok(()) }),
             // A hint: the range is valid, nothing else to do.
             Command::Cache => Ok(()),
             Command::WriteZeroes if len == 0 => Ok(()),
-            Command::WriteZeroes => return self.write_zeroes(h, fua),
-            Command::BlockStatus => return self.block_status(h),
+            Command::WriteZeroes => return self.write_zeroes(h, fua, whole),
+            Command::BlockStatus => return self.block_status(h, whole),
             Command::Disc => Ok(()),
         };
         match r {
@@ -473,7 +494,7 @@ impl Conn {
             let msg = format!("length {len} beyond the maximum block size {}", self.request_bytes_max);
             return Err(err(proto::EINVAL, msg));
         }
-        if !off.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+        if !self.byte_granular && !subblock::aligned(off, len, bs) {
             return Err(err(proto::EINVAL, format!("offset {off} or length {len} not a multiple of {bs}")));
         }
         let beyond = off.checked_add(len).is_none_or(|end| end > v.size_bytes());
@@ -488,59 +509,80 @@ impl Conn {
         Ok(())
     }
 
-    fn read(&self, off: u64, len: u32) -> Outcome {
+    fn read(&self, off: u64, len: u32, whole: bool) -> Outcome {
         if len == 0 {
             return Outcome::Ok;
         }
         let prefix = if self.structured { proto::OFFSET_DATA_PREFIX_BYTES } else { proto::SIMPLE_REPLY_BYTES };
         let mut buf = vec![0u8; prefix + len as usize];
-        match self.export.read(off, &mut buf[prefix..]) {
+        let r = if whole {
+            self.export.read(off, &mut buf[prefix..])
+        } else {
+            subblock::read(self.export.as_ref(), off, &mut buf[prefix..])
+        };
+        match r {
             Ok(()) => Outcome::Data { buf, prefix },
             Err(e) => volume_err(Command::Read, &e),
         }
     }
 
-    fn write_zeroes(&self, h: &RequestHeader, fua: bool) -> Outcome {
+    /// `whole`: the range is made of whole blocks; otherwise the caller
+    /// holds the write order exclusively and the edges are patched.
+    fn write_zeroes(&self, h: &RequestHeader, fua: bool, whole: bool) -> Outcome {
         let v = self.export.as_ref();
         let (off, len) = (h.offset, h.len as u64);
         let fast = h.flags & proto::CMD_FLAG_FAST_ZERO != 0;
-        let r = if h.flags & proto::CMD_FLAG_NO_HOLE == 0 {
-            // The volume zeroes by metadata (it may deallocate): fast.
-            v.write_zeroes(off, len, fua)
-        } else if fast {
+        let no_hole = h.flags & proto::CMD_FLAG_NO_HOLE != 0;
+        if no_hole && fast {
             // Allocated zeroes mean writing data: no faster than a write.
             return err(proto::ENOTSUP, "zeroes without a hole are written as data: not fast");
-        } else {
+        }
+        // Zeroes whole blocks.
+        let zero = |off: u64, len: u64| {
+            if !no_hole {
+                // The volume zeroes by metadata (it may deallocate): fast.
+                return v.write_zeroes(off, len, fua);
+            }
             let zeros = vec![0u8; ZERO_CHUNK_BYTES.min(len as usize)];
             let mut done = 0;
-            let mut r = Ok(());
-            while done < len && r.is_ok() {
+            while done < len {
                 let n = (len - done).min(zeros.len() as u64);
-                r = v.write(off + done, &zeros[..n as usize], fua);
+                v.write(off + done, &zeros[..n as usize], fua)?;
                 done += n;
             }
-            r
+            Ok(())
         };
+        let r = if whole { zero(off, len) } else { subblock::write_zeroes(v, off, len, fua, zero) };
         match r {
             Ok(()) => Outcome::Ok,
             Err(e) => volume_err(Command::WriteZeroes, &e),
         }
     }
 
-    fn block_status(&self, h: &RequestHeader) -> Outcome {
+    /// `whole`: the range is made of whole blocks; otherwise the covering
+    /// blocks are asked and the answer starts at the request's offset.
+    fn block_status(&self, h: &RequestHeader, whole: bool) -> Outcome {
         let Some(context_id) = self.base_allocation else {
             return err(proto::EINVAL, "no metadata context negotiated");
         };
         let len = h.len as u64;
-        let extents = match self.export.block_status(h.offset, len) {
+        let (start, end) = match whole {
+            true => (h.offset, h.offset + len),
+            false => subblock::covering(h.offset, len, self.export.block_bytes()),
+        };
+        let extents = match self.export.block_status(start, end - start) {
             Ok(e) => e,
             Err(e) => return volume_err(Command::BlockStatus, &e),
         };
         let max = if h.flags & proto::CMD_FLAG_REQ_ONE != 0 { 1 } else { self.block_status_extents_max };
         let mut descriptors: Vec<(u32, u32)> = Vec::new();
         let mut covered = 0u64;
+        // Bytes of the first extents before the request's offset.
+        let mut skip = h.offset - start;
         for e in extents {
-            let n = e.len.min(len - covered);
+            let skipped = skip.min(e.len);
+            skip -= skipped;
+            let n = (e.len - skipped).min(len - covered);
             if n == 0 {
                 continue;
             }

@@ -206,6 +206,21 @@ fn libnbd_python_on(vol: Arc<MemVolume>) {
     h.shutdown().expect("shutdown");
 }
 
+/// libnbd without block-size negotiation: 512-byte and 1-byte-granular
+/// writes, zeroes and reads against a model (tests/nbd_subblock.py).
+#[test]
+fn libnbd_without_block_sizes_is_served_at_any_byte_offset() {
+    let python = "/usr/bin/python3";
+    require(python, "python3");
+    let vol = MemVolume::new("default", 4 * MIB);
+    let h = start(vec![vol.clone()]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/nbd_subblock.py");
+    let out = run(Command::new(python).args([script, &uri(&h, "default"), "20261126"]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+    assert!(vol.fua_writes.load(Ordering::Relaxed) >= 1);
+    h.shutdown().expect("shutdown");
+}
+
 #[test]
 fn fio_nbd_engine_verifies_crc32c() {
     fio_verify_on(MemVolume::new("default", 32 * MIB));

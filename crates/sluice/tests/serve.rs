@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{device_config, need, qemu_io, small_config, start, start_with_metrics, stop};
+use common::{device_config, libnbd_byte_granular, need, qemu_io, small_config, start, start_with_metrics, stop};
 use std::process::Command;
 
 #[test]
@@ -40,6 +40,9 @@ fn flushed_data_survives_kill_9() {
     // More than the cache holds, so compaction has moved data to capacity
     // bands; then a trim, then a flush; then more writes nobody flushed.
     qemu_io(port, &["write -P 0x5a 0 80M", "write -z 8M 1M", "discard 16M 1M", "flush"]);
+    // Sub-block writes from a client that never negotiated block sizes: one
+    // with FUA, one covered by the flush. Acknowledged, so durable.
+    libnbd_byte_granular(port, SUB_BLOCK_WRITES);
     qemu_io(port, &["write -P 0x77 32M 1M"]);
     server.kill().unwrap(); // SIGKILL: no shutdown, no checkpoint
     let out = server.into_child().wait_with_output().unwrap();
@@ -47,7 +50,9 @@ fn flushed_data_survives_kill_9() {
 
     let (server, port) = start(&config);
     qemu_io(port, &["read -P 0x5a 0 8M", "read -P 0 8M 1M", "read -P 0x5a 9M 7M", "read -P 0 16M 1M"]);
-    qemu_io(port, &["read -P 0x5a 17M 15M", "read -P 0x5a 33M 47M"]);
+    qemu_io(port, &["read -P 0x5a 17M 15M", "read -P 0x5a 33M 39M", "read -P 0x5a 73736192 1040384"]);
+    qemu_io(port, &["read -P 0x5a 73M 7M"]);
+    libnbd_byte_granular(port, SUB_BLOCK_READS);
     // The unflushed write reached the file devices before the kill (a
     // process crash, not a power loss), so recovery finds it whole.
     qemu_io(port, &["read -P 0x77 32M 1M"]);
@@ -58,6 +63,18 @@ fn flushed_data_survives_kill_9() {
     assert!(err.contains("recovered from the devices") && err.contains("clean shutdown"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+const SUB_BLOCK_WRITES: &str = "\
+h.pwrite(b'\\x11' * 100, (72 << 20) + 7, flags=nbd.CMD_FLAG_FUA)
+h.pwrite(b'\\x22\\x33\\x44', (72 << 20) + 4095)
+h.flush()";
+
+/// What `SUB_BLOCK_WRITES` left over the 0x5a pattern.
+const SUB_BLOCK_READS: &str = "\
+want = bytearray(b'\\x5a' * 8192)
+want[7:107] = b'\\x11' * 100
+want[4095:4098] = b'\\x22\\x33\\x44'
+check(h.pread(8192, 72 << 20) == want, 'the sub-block writes after kill -9')";
 
 /// GET `path` from the metrics endpoint: (status line, body).
 fn http_get(addr: &str, path: &str) -> (String, String) {

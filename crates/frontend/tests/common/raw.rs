@@ -23,6 +23,8 @@ impl Raw {
     pub fn connect(port: u16, client_flags: u32) -> Raw {
         let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        // A header and its payload go out in two sends: no Nagle wait.
+        s.set_nodelay(true).expect("nodelay");
         let mut r = Raw { s };
         let mut g = [0u8; proto::GREETING_BYTES];
         r.s.read_exact(&mut g).expect("greeting");
@@ -49,8 +51,22 @@ impl Raw {
         OptionReply { option, reply_type, data }
     }
 
-    /// Full handshake to transmission with GO; returns (size, flags).
+    /// Full handshake to transmission with GO, asking for block sizes;
+    /// returns (size, flags).
     pub fn go(port: u16, export: &str, structured: bool, meta: bool) -> (Raw, u64, u16) {
+        let (r, size, flags, _) = Raw::go_asking(port, export, structured, meta, &[proto::INFO_BLOCK_SIZE]);
+        (r, size, flags)
+    }
+
+    /// As `go`, with the given info requests; also returns the block sizes
+    /// (min, preferred, max) if the server sent them.
+    pub fn go_asking(
+        port: u16,
+        export: &str,
+        structured: bool,
+        meta: bool,
+        requests: &[u16],
+    ) -> (Raw, u64, u16, Option<(u32, u32, u32)>) {
         let mut r = Raw::connect(port, proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES);
         if structured {
             r.option(&ClientOption::StructuredReply);
@@ -65,24 +81,24 @@ impl Raw {
             assert_eq!(r.option_reply().reply_type, proto::REP_META_CONTEXT);
             assert_eq!(r.option_reply().reply_type, proto::REP_ACK);
         }
-        r.option(&ClientOption::Info { go: true, name: export.into(), requests: vec![proto::INFO_BLOCK_SIZE] });
-        let (mut size, mut flags) = (None, 0);
+        r.option(&ClientOption::Info { go: true, name: export.into(), requests: requests.to_vec() });
+        let (mut size, mut flags, mut sizes) = (None, 0, None);
         loop {
             let rep = r.option_reply();
             match rep.reply_type {
-                proto::REP_INFO => {
-                    if let Some(Info::Export { size_bytes, transmission_flags }) =
-                        Info::decode(&rep.data).expect("valid info")
-                    {
+                proto::REP_INFO => match Info::decode(&rep.data).expect("valid info") {
+                    Some(Info::Export { size_bytes, transmission_flags }) => {
                         size = Some(size_bytes);
                         flags = transmission_flags;
                     }
-                }
+                    Some(Info::BlockSize { min, preferred, max }) => sizes = Some((min, preferred, max)),
+                    _ => {}
+                },
                 proto::REP_ACK => break,
                 other => panic!("GO failed with reply type {other:#x}"),
             }
         }
-        (r, size.expect("NBD_INFO_EXPORT sent"), flags)
+        (r, size.expect("NBD_INFO_EXPORT sent"), flags, sizes)
     }
 
     pub fn request(&mut self, command: u16, flags: u16, cookie: u64, offset: u64, len: u32) {

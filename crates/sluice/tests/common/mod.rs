@@ -114,6 +114,22 @@ pub fn qemu_io(port: u16, cmds: &[&str]) -> String {
     text
 }
 
+/// Runs `body` (Python, with `h` a libnbd handle connected to the default
+/// export WITHOUT block-size negotiation, so any byte offset is allowed, and
+/// `check(cond, what)`) and expects it to print nothing but OK.
+pub fn libnbd_byte_granular(port: u16, body: &str) {
+    need("/usr/bin/python3");
+    let script = format!(
+        "import sys, nbd\n\
+         def check(cond, what):\n    if not cond: sys.exit('FAILED: ' + what)\n\
+         h = nbd.NBD()\nh.set_request_block_size(False)\nh.connect_uri('nbd://127.0.0.1:{port}/default')\n\
+         {body}\nh.shutdown()\nprint('OK')\n"
+    );
+    let out = Command::new("/usr/bin/python3").args(["-c", &script]).output().expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.trim() == "OK", "libnbd {body:?}: {text}");
+}
+
 /// A fresh directory with a small file-backed config; returns (dir, config).
 pub fn small_config(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     device_config(name, "size = \"64m\"", "size = \"1g\"")
