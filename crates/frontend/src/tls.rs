@@ -1,6 +1,7 @@
-//! TLS for NBD: the server's TLS configuration (TLS 1.3 only, X.509 from PEM
-//! files, rustls with the `ring` provider) and the encrypted stream a
-//! connection switches to after `NBD_OPT_STARTTLS`.
+//! TLS for NBD: the server's TLS configuration (TLS 1.3, and TLS 1.2 with
+//! ECDHE and AES-GCM unless the minimum is 1.3; X.509 from PEM files, rustls
+//! with the `ring` provider) and the encrypted stream a connection switches
+//! to after `NBD_OPT_STARTTLS`.
 //!
 //! Why this shape: rustls runs the handshake (fed whole records only, so it
 //! holds no byte of what follows), then hands its traffic keys and sequence
@@ -45,8 +46,44 @@ pub enum TlsConfigError {
     Rustls(#[from] rustls::Error),
 }
 
-/// A TLS 1.3 server configuration from a PEM certificate chain and key.
-pub fn server_config(cert_pem: &Path, key_pem: &Path) -> Result<Arc<ServerConfig>, TlsConfigError> {
+/// The oldest protocol version a server accepts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MinVersion {
+    /// TLS 1.2 (ECDHE with AES-GCM only) or 1.3: what upstream `nbd-client`
+    /// and GnuTLS clients told to prefer 1.2 need, as nbdkit accepts.
+    #[default]
+    Tls12,
+    /// TLS 1.3 only.
+    Tls13,
+}
+
+impl std::str::FromStr for MinVersion {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MinVersion, String> {
+        match s {
+            "1.2" => Ok(MinVersion::Tls12),
+            "1.3" => Ok(MinVersion::Tls13),
+            other => Err(format!("TLS version {other:?}: expected \"1.2\" or \"1.3\"")),
+        }
+    }
+}
+
+/// The TLS 1.2 suites offered: forward-secret key exchange, AEAD with
+/// AES-GCM (the hardware-accelerated cipher); no CBC, no RSA key exchange.
+fn tls12_suite_allowed(suite: rustls::CipherSuite) -> bool {
+    use rustls::CipherSuite as C;
+    matches!(
+        suite,
+        C::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+            | C::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+            | C::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256
+            | C::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384
+    )
+}
+
+/// A server configuration from a PEM certificate chain and key, accepting
+/// TLS 1.3 and, unless `min` says 1.3, TLS 1.2.
+pub fn server_config(cert_pem: &Path, key_pem: &Path, min: MinVersion) -> Result<Arc<ServerConfig>, TlsConfigError> {
     let cert_err = |msg: String| TlsConfigError::Cert { path: cert_pem.display().to_string(), msg };
     let certs = CertificateDer::pem_file_iter(cert_pem)
         .map_err(|e| cert_err(e.to_string()))?
@@ -61,10 +98,23 @@ pub fn server_config(cert_pem: &Path, key_pem: &Path) -> Result<Arc<ServerConfig
     // instead of 14 on both ends, the same AEAD construction (kTLS and
     // most HTTPS servers prefer it too).
     let mut provider = rustls::crypto::ring::default_provider();
-    provider.cipher_suites.sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    provider.cipher_suites.retain(|s| s.tls13().is_some() || tls12_suite_allowed(s.suite()));
+    provider.cipher_suites.sort_by_key(|s| {
+        use rustls::CipherSuite as C;
+        !matches!(
+            s.suite(),
+            C::TLS13_AES_128_GCM_SHA256
+                | C::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+                | C::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256
+        )
+    });
     let provider = Arc::new(provider);
+    let versions: &[&rustls::SupportedProtocolVersion] = match min {
+        MinVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        MinVersion::Tls13 => &[&rustls::version::TLS13],
+    };
     let cfg = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_protocol_versions(versions)?
         .with_no_client_auth()
         .with_single_cert(certs, key)?;
     let mut cfg = cfg;
@@ -150,9 +200,10 @@ impl TlsStream {
         while conn.wants_write() {
             conn.write_tls(&mut wsock)?;
         }
+        let tls12 = conn.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_2);
         let secrets = conn.dangerous_extract_secrets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let rx = Direction::new(secrets.rx.0, secrets.rx.1)?;
-        let tx = TxRecords { dir: Direction::new(secrets.tx.0, secrets.tx.1)?, wsock, out: Vec::new() };
+        let rx = Direction::for_version(tls12, secrets.rx.0, secrets.rx.1)?;
+        let tx = TxRecords { dir: Direction::for_version(tls12, secrets.tx.0, secrets.tx.1)?, wsock, out: Vec::new() };
         // Bytes past the handshake stay buffered for `read`.
         let mut s = TlsStream::with_records(raw, Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
         (s.rbuf, s.rpos, s.rend) = (rbuf, rpos, rend);

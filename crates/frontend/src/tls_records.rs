@@ -1,19 +1,25 @@
-//! The TLS 1.3 record layer for application data, after rustls has done
-//! the handshake (RFC 8446 §5.2–5.3): what the kernel's kTLS does, in user
-//! space, because this machine's kernel has no `tls` ULP.
+//! The TLS record layer for application data, after rustls has done the
+//! handshake: TLS 1.3 (RFC 8446 §5.2–5.3) and TLS 1.2's AEAD records
+//! (RFC 5246 §6.2.3.3, RFC 5288 for AES-GCM, RFC 7905 for ChaCha20). What
+//! the kernel's kTLS does, in user space, because this machine's kernel has
+//! no `tls` ULP.
 //!
-//! Owns: one direction's AEAD key, static IV and record sequence number;
-//! sealing plaintext into `application_data` records and opening received
-//! records in place.
+//! Owns: one direction's AEAD key, static IV, record sequence number and
+//! protocol version; sealing plaintext into `application_data` records and
+//! opening received records in place.
 //!
-//! Invariants: the nonce of record `seq` is the IV XOR the big-endian `seq`
-//! (left-padded to 12 bytes) and `seq` advances by exactly one per record
-//! sealed or opened, so records must be sealed in wire order (the caller
-//! writes each sealed buffer before sealing the next) and opened in arrival
-//! order. A record that fails authentication, is longer than the protocol
-//! allows, or is not application data or an alert is an error: the
-//! connection ends (no KeyUpdate support; clients of this server do not send
-//! it, and an unexpected one fails loudly, never silently).
+//! Invariants: `seq` advances by exactly one per record sealed or opened, so
+//! records must be sealed in wire order (the caller writes each sealed
+//! buffer before sealing the next) and opened in arrival order. TLS 1.3: the
+//! nonce is the IV XOR the big-endian `seq` (left-padded to 12 bytes), the
+//! additional data is the record header, and the content type is inside the
+//! encryption. TLS 1.2: the additional data is `seq`, type, version and
+//! plaintext length; AES-GCM's nonce is the 4-byte salt and an 8-byte
+//! explicit part sent before the ciphertext (we send IV[4..] XOR `seq`, as
+//! rustls and OpenSSL do, so it never repeats); ChaCha20's is the IV XOR
+//! `seq`. A record that fails authentication, is longer than the protocol
+//! allows, or is not application data, an alert or (TLS 1.3) a handshake
+//! message is an error: the connection ends, never silently.
 //!
 //! Why: rustls's buffered connection copies every received byte three more
 //! times (into its deframer, into its plaintext queue, out to the caller)
@@ -44,23 +50,35 @@ fn bad(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-/// One direction of a TLS 1.3 session's record protection.
+/// One direction of a TLS session's record protection.
 pub(crate) struct Direction {
     key: LessSafeKey,
     iv: [u8; aead::NONCE_LEN],
     seq: u64,
+    /// TLS 1.2's record format rather than TLS 1.3's.
+    tls12: bool,
+    /// Bytes of explicit nonce before each TLS 1.2 ciphertext (8 for
+    /// AES-GCM, 0 for ChaCha20; always 0 in TLS 1.3).
+    explicit: usize,
 }
 
 impl std::fmt::Debug for Direction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the key or IV.
-        f.debug_struct("Direction").field("algorithm", self.key.algorithm()).field("seq", &self.seq).finish()
+        let mut d = f.debug_struct("Direction");
+        d.field("algorithm", self.key.algorithm()).field("seq", &self.seq).field("tls12", &self.tls12).finish()
     }
 }
 
 impl Direction {
-    /// From rustls's extracted (sequence number, secrets) of one direction.
+    /// A TLS 1.3 direction from rustls's extracted (sequence number,
+    /// secrets).
     pub(crate) fn new(seq: u64, secrets: ConnectionTrafficSecrets) -> io::Result<Direction> {
+        Direction::for_version(false, seq, secrets)
+    }
+
+    /// A direction of the negotiated version (`tls12`: TLS 1.2, else 1.3).
+    pub(crate) fn for_version(tls12: bool, seq: u64, secrets: ConnectionTrafficSecrets) -> io::Result<Direction> {
         let (alg, key, iv) = match &secrets {
             ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&aead::AES_128_GCM, key, iv),
             ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&aead::AES_256_GCM, key, iv),
@@ -69,17 +87,35 @@ impl Direction {
         };
         let key = UnboundKey::new(alg, key.as_ref()).map_err(|_| bad("TLS: bad traffic key length"))?;
         let iv: [u8; aead::NONCE_LEN] = iv.as_ref().try_into().map_err(|_| bad("TLS: bad IV length"))?;
-        Ok(Direction { key: LessSafeKey::new(key), iv, seq })
+        let explicit =
+            if tls12 && !matches!(secrets, ConnectionTrafficSecrets::Chacha20Poly1305 { .. }) { 8 } else { 0 };
+        Ok(Direction { key: LessSafeKey::new(key), iv, seq, tls12, explicit })
     }
 
-    fn next_nonce(&mut self) -> io::Result<Nonce> {
+    /// This record's sequence number; advances it.
+    fn take_seq(&mut self) -> io::Result<u64> {
+        let seq = self.seq;
+        // RFC 8446 §5.3 (and RFC 5246 §6.1): the sequence number must not wrap.
+        self.seq = seq.checked_add(1).ok_or_else(|| bad("TLS: record sequence number exhausted"))?;
+        Ok(seq)
+    }
+
+    /// The IV XOR the big-endian `seq`.
+    fn nonce_bytes(&self, seq: u64) -> [u8; aead::NONCE_LEN] {
         let mut n = self.iv;
-        for (b, s) in n[aead::NONCE_LEN - 8..].iter_mut().zip(self.seq.to_be_bytes()) {
+        for (b, s) in n[aead::NONCE_LEN - 8..].iter_mut().zip(seq.to_be_bytes()) {
             *b ^= s;
         }
-        // RFC 8446 §5.3: the sequence number must not wrap.
-        self.seq = self.seq.checked_add(1).ok_or_else(|| bad("TLS: record sequence number exhausted"))?;
-        Ok(Nonce::assume_unique_for_key(n))
+        n
+    }
+
+    /// TLS 1.2's additional data: seq, type, version, plaintext length.
+    fn tls12_aad(seq: u64, content_type: u8, plain_len: usize) -> [u8; 13] {
+        let mut a = [0u8; 13];
+        a[..8].copy_from_slice(&seq.to_be_bytes());
+        a[8..11].copy_from_slice(&[content_type, 3, 3]);
+        a[11..].copy_from_slice(&(plain_len as u16).to_be_bytes());
+        a
     }
 
     /// Appends `plaintext` to `out` as application-data records of at most
@@ -97,10 +133,16 @@ impl Direction {
         while left > 0 {
             let len = left.min(PLAINTEXT_MAX);
             left -= len;
-            let body_len = len + 1 + TAG_BYTES;
+            // TLS 1.3 carries the content type inside; TLS 1.2 AES-GCM an
+            // explicit nonce before.
+            let inner_type = usize::from(!self.tls12);
+            let body_len = self.explicit + len + inner_type + TAG_BYTES;
             let start = out.len();
             out.extend_from_slice(&[CONTENT_APPLICATION_DATA, 3, 3]);
             out.extend_from_slice(&(body_len as u16).to_be_bytes());
+            let seq = self.take_seq()?;
+            let nonce = self.nonce_bytes(seq);
+            out.extend_from_slice(&nonce[aead::NONCE_LEN - self.explicit..]);
             let mut need = len;
             while need > 0 {
                 let p = &parts[part][at..];
@@ -112,13 +154,17 @@ impl Direction {
                     (part, at) = (part + 1, 0);
                 }
             }
-            out.push(CONTENT_APPLICATION_DATA);
-            let header: [u8; HEADER_BYTES] = out[start..start + HEADER_BYTES].try_into().expect("5 bytes");
-            let nonce = self.next_nonce()?;
-            let tag = self
-                .key
-                .seal_in_place_separate_tag(nonce, Aad::from(header), &mut out[start + HEADER_BYTES..])
-                .map_err(|_| bad("TLS: sealing a record failed"))?;
+            let sealed = start + HEADER_BYTES + self.explicit;
+            let nonce = Nonce::assume_unique_for_key(nonce);
+            let tag = if self.tls12 {
+                let aad = Direction::tls12_aad(seq, CONTENT_APPLICATION_DATA, len);
+                self.key.seal_in_place_separate_tag(nonce, Aad::from(aad), &mut out[sealed..])
+            } else {
+                out.push(CONTENT_APPLICATION_DATA);
+                let header: [u8; HEADER_BYTES] = out[start..start + HEADER_BYTES].try_into().expect("5 bytes");
+                self.key.seal_in_place_separate_tag(nonce, Aad::from(header), &mut out[sealed..])
+            };
+            let tag = tag.map_err(|_| bad("TLS: sealing a record failed"))?;
             out.extend_from_slice(tag.as_ref());
         }
         Ok(())
@@ -126,10 +172,11 @@ impl Direction {
 
     /// The whole record's length (header + body) if `buf` starts with a
     /// complete one, None if more bytes are needed; an error for a header no
-    /// TLS 1.3 peer sends after the handshake.
+    /// peer sends after the handshake (anything but application data, or a
+    /// TLS 1.2 alert; `open` then holds each version to its own).
     pub(crate) fn record_len(buf: &[u8]) -> io::Result<Option<usize>> {
         let Some(h) = buf.get(..HEADER_BYTES) else { return Ok(None) };
-        if h[0] != CONTENT_APPLICATION_DATA {
+        if h[0] != CONTENT_APPLICATION_DATA && h[0] != CONTENT_ALERT {
             return Err(bad(format!("TLS: unexpected record type {} after the handshake", h[0])));
         }
         let len = u16::from_be_bytes([h[3], h[4]]) as usize;
@@ -140,10 +187,17 @@ impl Direction {
     }
 
     /// Decrypts the complete record `rec` (header + body) in place; returns
-    /// its inner content type and where its plaintext lies within `rec`.
+    /// its content type and where its plaintext lies within `rec`.
     pub(crate) fn open(&mut self, rec: &mut [u8]) -> io::Result<(u8, Range<usize>)> {
+        if self.tls12 {
+            return self.open_tls12(rec);
+        }
         let header: [u8; HEADER_BYTES] = rec[..HEADER_BYTES].try_into().expect("a whole record");
-        let nonce = self.next_nonce()?;
+        if header[0] != CONTENT_APPLICATION_DATA {
+            return Err(bad(format!("TLS 1.3: outer record type {}", header[0])));
+        }
+        let seq = self.take_seq()?;
+        let nonce = Nonce::assume_unique_for_key(self.nonce_bytes(seq));
         let inner = self
             .key
             .open_in_place(nonce, Aad::from(header), &mut rec[HEADER_BYTES..])
@@ -153,6 +207,28 @@ impl Direction {
             return Err(bad("TLS: a record with no content type"));
         };
         Ok((inner[end], HEADER_BYTES..HEADER_BYTES + end))
+    }
+
+    /// TLS 1.2: the content type is the header's; AES-GCM's explicit nonce
+    /// precedes the ciphertext.
+    fn open_tls12(&mut self, rec: &mut [u8]) -> io::Result<(u8, Range<usize>)> {
+        let content_type = rec[0];
+        let body = rec.len() - HEADER_BYTES;
+        let Some(plain_len) = body.checked_sub(self.explicit + TAG_BYTES) else {
+            return Err(bad(format!("TLS 1.2: record body of {body} bytes")));
+        };
+        let seq = self.take_seq()?;
+        let mut nonce = self.nonce_bytes(seq);
+        if self.explicit > 0 {
+            nonce[..4].copy_from_slice(&self.iv[..4]);
+            nonce[4..].copy_from_slice(&rec[HEADER_BYTES..HEADER_BYTES + 8]);
+        }
+        let aad = Direction::tls12_aad(seq, content_type, plain_len);
+        let start = HEADER_BYTES + self.explicit;
+        self.key
+            .open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(aad), &mut rec[start..])
+            .map_err(|_| bad("TLS: a record failed authentication"))?;
+        Ok((content_type, start..start + plain_len))
     }
 }
 
@@ -250,8 +326,49 @@ mod tests {
         assert_eq!(Direction::record_len(&[23, 3, 3, 0]).unwrap(), None);
         assert_eq!(Direction::record_len(&[23, 3, 3, 0, 17]).unwrap(), None);
         assert!(Direction::record_len(&[22, 3, 3, 0, 40]).is_err());
+        // A TLS 1.2 alert; a TLS 1.3 direction refuses it when opening.
+        assert_eq!(Direction::record_len(&[21, 3, 3, 0, 26]).unwrap(), None);
+        let mut alert = [21u8, 3, 3, 0, 17].into_iter().chain([0; 17]).collect::<Vec<_>>();
+        assert!(pair().1.open(&mut alert).is_err());
         assert!(Direction::record_len(&[23, 3, 3, 0, 3]).is_err());
         assert!(Direction::record_len(&[23, 3, 3, 0xff, 0xff]).is_err());
+    }
+
+    /// TLS 1.2 records: AES-GCM carries IV[4..] XOR seq as its explicit
+    /// nonce before the ciphertext, ChaCha20 none; both open in order, the
+    /// content type is the header's, and a changed explicit nonce, header
+    /// or order is refused.
+    #[test]
+    fn tls12_records_round_trip_with_their_nonces_and_refuse_tampering() {
+        let gcm = || ConnectionTrafficSecrets::Aes256Gcm { key: AeadKey::from([3u8; 32]), iv: Iv::new([5u8; 12]) };
+        let chacha =
+            || ConnectionTrafficSecrets::Chacha20Poly1305 { key: AeadKey::from([3u8; 32]), iv: Iv::new([5u8; 12]) };
+        for (secrets, explicit) in [(&gcm as &dyn Fn() -> ConnectionTrafficSecrets, 8), (&chacha, 0)] {
+            let mut tx = Direction::for_version(true, 7, secrets()).unwrap();
+            let mut rx = Direction::for_version(true, 7, secrets()).unwrap();
+            let data: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
+            let mut wire = Vec::new();
+            tx.seal(&data, &mut wire).unwrap();
+            let first = HEADER_BYTES + explicit + PLAINTEXT_MAX + TAG_BYTES;
+            assert_eq!(wire.len(), first + HEADER_BYTES + explicit + (20_000 - PLAINTEXT_MAX) + TAG_BYTES);
+            if explicit == 8 {
+                let mut want = [5u8; 8];
+                want[7] ^= 7;
+                assert_eq!(wire[HEADER_BYTES..HEADER_BYTES + 8], want, "explicit nonce of record 7");
+            }
+            let mut t = wire.clone();
+            t[HEADER_BYTES] ^= 1;
+            assert!(Direction::for_version(true, 7, secrets()).unwrap().open(&mut t[..first]).is_err());
+            let mut t = wire.clone();
+            t[0] = CONTENT_ALERT;
+            assert!(Direction::for_version(true, 7, secrets()).unwrap().open(&mut t[..first]).is_err());
+            assert!(Direction::for_version(true, 8, secrets()).unwrap().open(&mut wire.clone()[..first]).is_err());
+            let (ct, plain) = rx.open(&mut wire[..first]).unwrap();
+            assert_eq!(ct, CONTENT_APPLICATION_DATA);
+            assert_eq!(wire[plain], data[..PLAINTEXT_MAX]);
+            let (_, plain) = rx.open(&mut wire[first..]).unwrap();
+            assert_eq!(wire[first..][plain], data[PLAINTEXT_MAX..]);
+        }
     }
 
     impl Direction {

@@ -145,7 +145,7 @@ impl Default for ServerSection {
     }
 }
 
-/// `[tls]`: NBD over TLS 1.3 (STARTTLS).
+/// `[tls]`: NBD over TLS 1.3 or 1.2 (STARTTLS).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsSection {
@@ -156,6 +156,8 @@ pub struct TlsSection {
     pub cert: String,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1); relative to `data_dir`.
     pub key: String,
+    /// The oldest protocol version accepted: "1.2" (default) or "1.3".
+    pub min_version: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1179,7 +1181,11 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
                 });
             }
             let (cert, key) = (cfg.in_data_dir(&cfg.tls.cert), cfg.in_data_dir(&cfg.tls.key));
-            let tls = sluice_frontend::tls::server_config(&cert, &key)
+            let min = match cfg.tls.min_version.as_str() {
+                "" => Default::default(),
+                v => v.parse().map_err(|msg| ServeError::Config { path: "tls.min_version".into(), msg })?,
+            };
+            let tls = sluice_frontend::tls::server_config(&cert, &key, min)
                 .map_err(|e| ServeError::Config { path: "tls".into(), msg: e.to_string() })?;
             opts.tls = Some(tls);
             opts.tls_required = mode == "require";

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{need, qemu_io, small_config, start, stop};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn openssl(dir: &Path, args: &[&str]) {
@@ -94,17 +94,9 @@ fn tls_required_serves_verified_clients_and_refuses_plaintext() {
     let (ok, out) = nbdinfo(&format!("nbds://127.0.0.1:{port}/default?tls-certificates={certs}"));
     assert!(ok && out.contains("with TLS") && out.contains("export-size: 268435456"), "{out}");
 
-    let creds = format!("tls-creds-x509,id=tls0,dir={certs},endpoint=client");
-    let image = format!("driver=nbd,host=127.0.0.1,port={port},export=default,tls-creds=tls0");
     let io = |cmds: &[&str]| {
-        let mut c = Command::new("qemu-io");
-        c.args(["--object", &creds, "--image-opts", &image]);
-        cmds.iter().for_each(|x| {
-            c.args(["-c", x]);
-        });
-        let out = c.output().expect("qemu-io");
-        let t = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && !t.contains("Pattern verification failed"), "qemu-io {cmds:?}: {t}");
+        let (ok, out) = qemu_io_tls(port, &pki_dir, "NORMAL", cmds);
+        assert!(ok, "qemu-io {cmds:?}: {out}");
     };
     io(&["write -P 0x3c 0 4M", "write -P 0x3d 8M 128k", "flush"]);
     io(&["read -P 0x3c 0 4M", "read -P 0x3d 8M 128k", "read -P 0 4M 4M"]);
@@ -197,6 +189,66 @@ fn the_load_client_writes_and_reads_over_plaintext_and_tls() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A started server requiring TLS with a fresh test PKI: (dir, config,
+/// pki dir, server, port).
+fn tls_server(name: &str) -> (PathBuf, PathBuf, PathBuf, common::Served, u16) {
+    let (dir, config) = small_config(name);
+    let pki_dir = dir.join("pki");
+    pki(&pki_dir, true);
+    require_tls(&config, &pki_dir);
+    let (server, port) = start(&config);
+    (dir, config, pki_dir, server, port)
+}
+
+/// qemu-io over a GnuTLS session limited to `priority`: (success, output).
+fn qemu_io_tls(port: u16, certs: &Path, priority: &str, cmds: &[&str]) -> (bool, String) {
+    let creds = format!("tls-creds-x509,id=tls0,dir={},endpoint=client,priority={priority}", certs.display());
+    let image = format!("driver=nbd,host=127.0.0.1,port={port},export=default,tls-creds=tls0");
+    let mut c = Command::new("qemu-io");
+    c.args(["--object", &creds, "--image-opts", &image]);
+    for x in cmds {
+        c.args(["-c", x]);
+    }
+    let out = c.output().expect("qemu-io");
+    let t = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success() && !t.contains("Pattern verification failed"), t)
+}
+
+/// A GnuTLS client that may only speak TLS 1.2 (qemu's `priority`, as
+/// upstream nbd-client defaults to): served by default, with data crossing
+/// in many records both ways and over both AES-GCM key sizes; refused when
+/// `min_version = "1.3"`.
+#[test]
+fn tls_1_2_clients_are_served_unless_the_minimum_is_1_3() {
+    need("openssl");
+    need("qemu-io");
+    let (dir, config, pki_dir, server, port) = tls_server("tls12");
+    let tls12 = "NORMAL:-VERS-ALL:+VERS-TLS1.2";
+    for (suite, pattern) in [("", 0x41), (":-AES-128-GCM", 0x42)] {
+        let priority = format!("{tls12}{suite}");
+        let (ok, out) = qemu_io_tls(port, &pki_dir, &priority, &["write -P 0x12 0 3M", "write -P 0x34 5M 4k"]);
+        assert!(ok, "TLS 1.2 ({priority}) write: {out}");
+        let (ok, out) = qemu_io_tls(port, &pki_dir, &priority, &["read -P 0x12 0 3M", "read -P 0x34 5M 4k"]);
+        assert!(ok, "TLS 1.2 ({priority}) read: {out}");
+        let (ok, out) = qemu_io_tls(port, &pki_dir, &priority, &[&format!("write -P {pattern} 8M 1M"), "flush"]);
+        assert!(ok, "TLS 1.2 ({priority}) flush: {out}");
+    }
+    // Both patterns landed: each suite's session wrote what it meant to.
+    let (ok, out) = qemu_io_tls(port, &pki_dir, "NORMAL", &["read -P 0x42 8M 1M"]);
+    assert!(ok, "TLS 1.3 read back: {out}");
+    stop(server);
+
+    let text = std::fs::read_to_string(&config).unwrap() + "min_version = \"1.3\"\n";
+    std::fs::write(&config, text).unwrap();
+    let (server, port) = start(&config);
+    let (ok, out) = qemu_io_tls(port, &pki_dir, tls12, &["read 0 4k"]);
+    assert!(!ok, "a TLS 1.2 client was served with min_version 1.3: {out}");
+    let (ok, out) = qemu_io_tls(port, &pki_dir, "NORMAL", &["read -P 0x12 0 3M"]);
+    assert!(ok, "TLS 1.3 with min_version 1.3: {out}");
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn tls_config_errors_are_clear_and_open_nothing() {
     let (dir, config) = small_config("tlsbad");
@@ -205,6 +257,7 @@ fn tls_config_errors_are_clear_and_open_nothing() {
         ("[tls]\nmode = \"require\"\n", "needs cert and key"),
         ("[tls]\nmode = \"sometimes\"\ncert = \"c\"\nkey = \"k\"\n", "expected"),
         ("[tls]\nmode = \"allow\"\ncert = \"missing.pem\"\nkey = \"missing.pem\"\n", "missing.pem"),
+        ("[tls]\nmode = \"allow\"\ncert = \"c\"\nkey = \"k\"\nmin_version = \"1.1\"\n", "tls.min_version"),
     ] {
         std::fs::write(&config, format!("{base}{tls}")).unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["serve", "--config"]).arg(&config).output().unwrap();
@@ -230,11 +283,7 @@ fn an_option_sent_with_the_tls_finished_is_answered() {
     use std::sync::Arc;
 
     need("openssl");
-    let (dir, config) = small_config("tls-finished");
-    let pki_dir = dir.join("pki");
-    pki(&pki_dir, true);
-    require_tls(&config, &pki_dir);
-    let (server, port) = start(&config);
+    let (dir, _, pki_dir, server, port) = tls_server("tls-finished");
 
     let mut sock = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     sock.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
