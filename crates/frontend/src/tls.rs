@@ -13,8 +13,11 @@
 //! sequence order). rustls's buffered connection copied every received byte
 //! three more times and put both directions behind one lock: TLS writes ran
 //! at 0.5–0.67 of plaintext. Not supported after the handshake:
-//! renegotiation-like post-handshake messages (KeyUpdate) — the connection
-//! ends with an error, never silently.
+//! post-handshake messages other than TLS 1.3's KeyUpdate, which the
+//! reader answers: it derives the next receive key (rustls's
+//! `KernelConnection` keeps the traffic secrets, as for kTLS) and, if the
+//! client asks, seals a KeyUpdate of its own under the sending lock and
+//! moves the sender to the next key before any further record.
 //!
 //! AES-GCM comes from `ring`, whose assembly uses the CPU's AES-NI and
 //! carry-less multiply (and AVX2/VAES where present), chosen at run time.
@@ -23,12 +26,15 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use rustls::kernel::KernelConnection;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::{ServerConfig, ServerConnection};
+use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
+use rustls::unbuffered::{ConnectionState, EncodeError, EncodeTlsData, InsufficientSizeError, UnbufferedStatus};
+use rustls::ServerConfig;
 
 use crate::stream::Stream;
-use crate::tls_records::{self, Direction, HandshakeError};
+use crate::tls_records::{self, Direction};
 
 /// The read buffer: several TLS records per system call, and a partial
 /// record moved to its front only once the largest record no longer fits
@@ -125,6 +131,39 @@ pub fn server_config(cert_pem: &Path, key_pem: &Path, min: MinVersion) -> Result
     Ok(Arc::new(cfg))
 }
 
+fn tls_err(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+fn bad_tls(msg: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// The length of the whole record `buf` starts with, if it is all there.
+fn whole_record(buf: &[u8]) -> Option<usize> {
+    let h = buf.get(..tls_records::HEADER_BYTES)?;
+    let n = tls_records::HEADER_BYTES + u16::from_be_bytes([h[3], h[4]]) as usize;
+    (n <= buf.len()).then_some(n)
+}
+
+/// Appends a handshake record rustls has ready to `out`.
+fn encode(e: &mut EncodeTlsData<'_, ServerConnectionData>, out: &mut Vec<u8>) -> io::Result<()> {
+    let start = out.len();
+    out.resize(start + 4096, 0);
+    loop {
+        match e.encode(&mut out[start..]) {
+            Ok(n) => {
+                out.truncate(start + n);
+                return Ok(());
+            }
+            Err(EncodeError::InsufficientSize(InsufficientSizeError { required_size })) => {
+                out.resize(start + required_size, 0)
+            }
+            Err(e) => return Err(bad_tls(&e.to_string())),
+        }
+    }
+}
+
 /// The sending direction: sealing and writing happen under one lock, so
 /// records reach the wire in sequence-number order.
 #[derive(Debug)]
@@ -135,13 +174,26 @@ struct TxRecords {
     out: Vec<u8>,
 }
 
+/// The receiving direction, and what derives its next keys.
+struct RxRecords {
+    dir: Direction,
+    /// TLS 1.3 sessions: the traffic secrets for KeyUpdate.
+    kernel: Option<KernelConnection<ServerConnectionData>>,
+}
+
+impl std::fmt::Debug for RxRecords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxRecords").field("dir", &self.dir).field("key_updates", &self.kernel.is_some()).finish()
+    }
+}
+
 /// The encrypted stream: this clone's reading socket half, and the two
 /// directions' record state shared by all clones.
 #[derive(Debug)]
 pub struct TlsStream {
     rsock: Box<Stream>,
     tx: Arc<Mutex<TxRecords>>,
-    rx: Arc<Mutex<Direction>>,
+    rx: Arc<Mutex<RxRecords>>,
     /// Raw bytes read from the socket (per clone, allocated on first read);
     /// `rbuf[rpos..rend]` are not yet opened.
     rbuf: Vec<u8>,
@@ -161,48 +213,75 @@ impl TlsStream {
     /// bounds it). `early` are bytes already read from the socket past the
     /// STARTTLS reply (a client's ClientHello a buffered reader took in).
     ///
-    /// rustls is fed whole records only, so when the handshake completes it
-    /// holds no byte of what follows; its keys then move to the record layer.
+    /// rustls (its unbuffered API) sees whole records only, one more each
+    /// time it needs more, so when the handshake completes it has decrypted
+    /// no byte of what follows; its keys then move to the record layer, and
+    /// its `KernelConnection` stays for key updates.
     pub fn accept(raw: Stream, early: &[u8], cfg: Arc<ServerConfig>) -> io::Result<TlsStream> {
-        let mut conn = ServerConnection::new(cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let mut conn = UnbufferedServerConnection::new(cfg).map_err(tls_err)?;
         let mut wsock = raw.try_clone()?;
+        let mut rsock = raw.try_clone()?;
         let mut rbuf = vec![0u8; TLS_READ_BYTES.max(early.len())];
         rbuf[..early.len()].copy_from_slice(early);
-        let (mut rpos, mut rend) = (0, early.len());
-        while conn.is_handshaking() {
-            while conn.wants_write() {
-                conn.write_tls(&mut wsock)?;
-            }
-            match tls_records::feed_handshake_record(&mut conn, &rbuf[rpos..rend]) {
-                Ok(Some(n)) => {
-                    rpos += n;
-                    continue;
+        // rustls is shown `rbuf[rpos..fed]`, one more whole record only when
+        // it is blocked; `rbuf[fed..rend]` waits (it may follow the
+        // handshake).
+        let (mut rpos, mut fed, mut rend) = (0, 0, early.len());
+        let mut out = Vec::new();
+        loop {
+            let UnbufferedStatus { discard, state } = conn.process_tls_records(&mut rbuf[rpos..fed]);
+            let (mut done, mut blocked) = (false, false);
+            match state {
+                Ok(ConnectionState::EncodeTlsData(mut e)) => encode(&mut e, &mut out)?,
+                Ok(ConnectionState::TransmitTlsData(t)) => {
+                    wsock.write_all(&out)?;
+                    out.clear();
+                    t.done();
                 }
-                Ok(None) => {}
-                Err(HandshakeError::Io(e)) => return Err(e),
-                Err(HandshakeError::Tls(e)) => {
-                    let _ = conn.write_tls(&mut wsock);
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                Ok(ConnectionState::BlockedHandshake) => blocked = true,
+                Ok(ConnectionState::WriteTraffic(_)) => done = true,
+                Ok(_) => return Err(bad_tls("TLS: the client sent data or closed before the handshake ended")),
+                Err(e) => {
+                    // Tell the client why (rustls queued an alert).
+                    if let Ok(ConnectionState::EncodeTlsData(mut a)) = conn.process_tls_records(&mut []).state {
+                        out.clear();
+                        if encode(&mut a, &mut out).is_ok() {
+                            let _ = wsock.write_all(&out);
+                        }
+                    }
+                    return Err(tls_err(e));
                 }
             }
-            // Need more of this record: keep its start, read after it.
+            rpos += discard;
+            fed = fed.max(rpos);
+            if done {
+                break;
+            }
+            if !blocked {
+                continue;
+            }
+            // rustls needs more: the next whole record, else more bytes.
+            if let Some(n) = whole_record(&rbuf[fed..rend]) {
+                fed += n;
+                continue;
+            }
             rbuf.copy_within(rpos..rend, 0);
-            (rpos, rend) = (0, rend - rpos);
+            (fed, rend, rpos) = (fed - rpos, rend - rpos, 0);
             if rend == rbuf.len() {
                 rbuf.resize(rbuf.len() * 2, 0);
             }
-            let n = raw.try_clone()?.read(&mut rbuf[rend..])?;
+            let n = rsock.read(&mut rbuf[rend..])?;
             if n == 0 {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "client closed during the TLS handshake"));
             }
             rend += n;
         }
-        while conn.wants_write() {
-            conn.write_tls(&mut wsock)?;
-        }
-        let tls12 = conn.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_2);
-        let secrets = conn.dangerous_extract_secrets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let rx = Direction::for_version(tls12, secrets.rx.0, secrets.rx.1)?;
+        let (secrets, kernel) = conn.dangerous_into_kernel_connection().map_err(tls_err)?;
+        let tls12 = kernel.protocol_version() == rustls::ProtocolVersion::TLSv1_2;
+        let rx = RxRecords {
+            dir: Direction::for_version(tls12, secrets.rx.0, secrets.rx.1)?,
+            kernel: (!tls12).then_some(kernel),
+        };
         let tx = TxRecords { dir: Direction::for_version(tls12, secrets.tx.0, secrets.tx.1)?, wsock, out: Vec::new() };
         // Bytes past the handshake stay buffered for `read`.
         let mut s = TlsStream::with_records(raw, Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
@@ -210,9 +289,32 @@ impl TlsStream {
         Ok(s)
     }
 
+    /// The client sent a KeyUpdate (already opened with the old key): the
+    /// receive side moves to the next key; if asked, a KeyUpdate goes out
+    /// under the current send key and the sender moves to its next key
+    /// before any other record can be sealed (the send lock is held).
+    fn key_update(&self, rx: &mut RxRecords, requested: bool) -> io::Result<()> {
+        let Some(kernel) = rx.kernel.as_mut() else {
+            return Err(bad_tls("TLS: a handshake message on a TLS 1.2 session (renegotiation is not supported)"));
+        };
+        let (seq, secrets) = kernel.update_rx_secret().map_err(tls_err)?;
+        rx.dir = Direction::new(seq, secrets)?;
+        if requested {
+            let mut tx = self.tx.lock().unwrap_or_else(PoisonError::into_inner);
+            let tx = &mut *tx;
+            let (seq, secrets) = kernel.update_tx_secret().map_err(tls_err)?;
+            let next = Direction::new(seq, secrets)?;
+            tx.out.clear();
+            tx.dir.seal_key_update(false, &mut tx.out)?;
+            tx.dir = next;
+            tx.wsock.write_all(&tx.out)?;
+        }
+        Ok(())
+    }
+
     /// A stream reading `rsock` with the directions' record state, nothing
     /// read yet.
-    fn with_records(rsock: Stream, tx: Arc<Mutex<TxRecords>>, rx: Arc<Mutex<Direction>>) -> TlsStream {
+    fn with_records(rsock: Stream, tx: Arc<Mutex<TxRecords>>, rx: Arc<Mutex<RxRecords>>) -> TlsStream {
         let (rbuf, rpos, rend, plain) = (Vec::new(), 0, 0, 0..0);
         TlsStream { rsock: Box::new(rsock), tx, rx, rbuf, rpos, rend, plain, closed: false, pending_err: None }
     }
@@ -236,8 +338,16 @@ impl TlsStream {
             if let Some(n) = Direction::record_len(&self.rbuf[self.rpos..self.rend])? {
                 let rec = self.rpos..self.rpos + n;
                 self.rpos += n;
-                let mut rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
-                let (ct, plain) = rx.open(&mut self.rbuf[rec.clone()])?;
+                let rx = self.rx.clone();
+                let mut rx = rx.lock().unwrap_or_else(PoisonError::into_inner);
+                let (ct, plain) = rx.dir.open(&mut self.rbuf[rec.clone()])?;
+                if ct == tls_records::CONTENT_HANDSHAKE {
+                    // Keys change between this record and the next: still
+                    // under the receive lock.
+                    let requested = tls_records::key_update_request(&self.rbuf[rec.start..][plain])?;
+                    self.key_update(&mut rx, requested)?;
+                    continue;
+                }
                 drop(rx);
                 match ct {
                     tls_records::CONTENT_APPLICATION_DATA => {
@@ -250,10 +360,6 @@ impl TlsStream {
                     }
                     tls_records::CONTENT_ALERT => {
                         return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "TLS: the client sent an alert"));
-                    }
-                    tls_records::CONTENT_HANDSHAKE => {
-                        let msg = "TLS: post-handshake message (KeyUpdate?) not supported";
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, msg));
                     }
                     other => {
                         let msg = format!("TLS: unexpected inner content type {other}");
@@ -387,7 +493,7 @@ mod tests {
         let raw = Stream::Unix(Arc::new(a));
         let tx =
             TxRecords { dir: Direction::new(0, secrets()).unwrap(), wsock: raw.try_clone().unwrap(), out: Vec::new() };
-        let rx = Direction::new(0, secrets()).unwrap();
+        let rx = RxRecords { dir: Direction::new(0, secrets()).unwrap(), kernel: None };
         let s = TlsStream::with_records(raw, Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
         (s, Direction::new(0, secrets()).unwrap(), b)
     }

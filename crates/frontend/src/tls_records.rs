@@ -45,6 +45,21 @@ const TAG_BYTES: usize = 16;
 pub(crate) const CONTENT_ALERT: u8 = 21;
 pub(crate) const CONTENT_HANDSHAKE: u8 = 22;
 pub(crate) const CONTENT_APPLICATION_DATA: u8 = 23;
+/// Handshake message type of a TLS 1.3 KeyUpdate.
+const HANDSHAKE_KEY_UPDATE: u8 = 24;
+
+/// A TLS 1.3 post-handshake record's plaintext as a KeyUpdate: whether the
+/// sender asks for one back. It must be the record's only message (RFC 8446
+/// §5.1: a key change aligns with a record boundary); anything else, as any
+/// other post-handshake message (this server never asks for post-handshake
+/// authentication), is an error.
+pub(crate) fn key_update_request(plain: &[u8]) -> io::Result<bool> {
+    match plain {
+        [HANDSHAKE_KEY_UPDATE, 0, 0, 1, r @ (0 | 1)] => Ok(*r == 1),
+        [t, ..] => Err(bad(format!("TLS: unexpected post-handshake message (type {t}, {} bytes)", plain.len()))),
+        [] => Err(bad("TLS: an empty handshake record")),
+    }
+}
 
 fn bad(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
@@ -128,6 +143,22 @@ impl Direction {
     /// records of at most 2^14 plaintext bytes each: a request header and
     /// its payload share records, and nothing is copied but into `out`.
     pub(crate) fn seal_parts(&mut self, parts: &[&[u8]], out: &mut Vec<u8>) -> io::Result<()> {
+        self.seal_as(CONTENT_APPLICATION_DATA, parts, out)
+    }
+
+    /// Appends a TLS 1.3 KeyUpdate handshake message (RFC 8446 §4.6.3),
+    /// sealed with this direction's current key; `requested`: the peer must
+    /// answer with its own.
+    pub(crate) fn seal_key_update(&mut self, requested: bool, out: &mut Vec<u8>) -> io::Result<()> {
+        if self.tls12 {
+            return Err(bad("TLS 1.2 has no KeyUpdate"));
+        }
+        self.seal_as(CONTENT_HANDSHAKE, &[&[HANDSHAKE_KEY_UPDATE, 0, 0, 1, u8::from(requested)]], out)
+    }
+
+    /// Seals `parts` as records of `content_type` (inside the encryption in
+    /// TLS 1.3; the header's in TLS 1.2).
+    fn seal_as(&mut self, content_type: u8, parts: &[&[u8]], out: &mut Vec<u8>) -> io::Result<()> {
         let mut left: usize = parts.iter().map(|p| p.len()).sum();
         let (mut part, mut at) = (0, 0);
         while left > 0 {
@@ -138,7 +169,8 @@ impl Direction {
             let inner_type = usize::from(!self.tls12);
             let body_len = self.explicit + len + inner_type + TAG_BYTES;
             let start = out.len();
-            out.extend_from_slice(&[CONTENT_APPLICATION_DATA, 3, 3]);
+            let outer = if self.tls12 { content_type } else { CONTENT_APPLICATION_DATA };
+            out.extend_from_slice(&[outer, 3, 3]);
             out.extend_from_slice(&(body_len as u16).to_be_bytes());
             let seq = self.take_seq()?;
             let nonce = self.nonce_bytes(seq);
@@ -157,10 +189,10 @@ impl Direction {
             let sealed = start + HEADER_BYTES + self.explicit;
             let nonce = Nonce::assume_unique_for_key(nonce);
             let tag = if self.tls12 {
-                let aad = Direction::tls12_aad(seq, CONTENT_APPLICATION_DATA, len);
+                let aad = Direction::tls12_aad(seq, content_type, len);
                 self.key.seal_in_place_separate_tag(nonce, Aad::from(aad), &mut out[sealed..])
             } else {
-                out.push(CONTENT_APPLICATION_DATA);
+                out.push(content_type);
                 let header: [u8; HEADER_BYTES] = out[start..start + HEADER_BYTES].try_into().expect("5 bytes");
                 self.key.seal_in_place_separate_tag(nonce, Aad::from(header), &mut out[sealed..])
             };
@@ -369,6 +401,26 @@ mod tests {
             let (_, plain) = rx.open(&mut wire[first..]).unwrap();
             assert_eq!(wire[first..][plain], data[PLAINTEXT_MAX..]);
         }
+    }
+
+    /// A post-handshake record is a lone KeyUpdate or an error; a sealed
+    /// KeyUpdate opens as one (inner type handshake).
+    #[test]
+    fn only_a_lone_key_update_is_accepted_after_the_handshake() {
+        assert!(!key_update_request(&[24, 0, 0, 1, 0]).unwrap());
+        assert!(key_update_request(&[24, 0, 0, 1, 1]).unwrap());
+        assert!(key_update_request(&[24, 0, 0, 1, 2]).is_err());
+        assert!(key_update_request(&[24, 0, 0, 1, 0, 24, 0, 0, 1, 0]).is_err(), "two messages in one record");
+        assert!(key_update_request(&[4, 0, 0, 1, 0]).is_err(), "NewSessionTicket from a client");
+        assert!(key_update_request(&[]).is_err());
+        let (mut tx, mut rx) = pair();
+        let mut wire = Vec::new();
+        tx.seal_key_update(true, &mut wire).unwrap();
+        let (ct, plain) = rx.open(&mut wire).unwrap();
+        assert_eq!(ct, CONTENT_HANDSHAKE);
+        assert!(key_update_request(&wire[plain]).unwrap());
+        let tls12 = ConnectionTrafficSecrets::Aes256Gcm { key: AeadKey::from([7u8; 32]), iv: Iv::new([9u8; 12]) };
+        assert!(Direction::for_version(true, 0, tls12).unwrap().seal_key_update(false, &mut wire).is_err());
     }
 
     impl Direction {

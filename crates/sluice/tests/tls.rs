@@ -6,8 +6,14 @@
 mod common;
 
 use common::{need, qemu_io, small_config, start, stop};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use sluice_frontend::proto::{self, ClientOption, OptionReply};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
@@ -269,23 +275,10 @@ fn tls_config_errors_are_clear_and_open_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A client whose TLS Finished and first NBD option leave in one TCP write
-/// (rustls's client does that when both are queued): the server must find
-/// the option in the bytes that arrived with the handshake's last record.
-/// Before the fix the connection's reader started with an empty buffer and
-/// the session hung until the handshake timeout — 1 in 8 nbdinfo runs.
-#[test]
-fn an_option_sent_with_the_tls_finished_is_answered() {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
-    use sluice_frontend::proto::{self, ClientOption, OptionReply};
-    use std::io::{Read, Write};
-    use std::sync::Arc;
-
-    need("openssl");
-    let (dir, _, pki_dir, server, port) = tls_server("tls-finished");
-
-    let mut sock = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+/// Connects, sends STARTTLS and reads its ACK: the socket, and a rustls
+/// TLS 1.3 client (trusting `pki_dir`'s CA) that has not started.
+fn starttls(port: u16, pki_dir: &Path) -> (TcpStream, rustls::ClientConnection) {
+    let mut sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
     sock.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
     let mut greeting = [0u8; proto::GREETING_BYTES];
     sock.read_exact(&mut greeting).unwrap();
@@ -304,7 +297,72 @@ fn an_option_sent_with_the_tls_finished_is_answered() {
         .with_root_certificates(roots)
         .with_no_client_auth();
     let name = ServerName::try_from("localhost").unwrap();
-    let mut tls = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    (sock, rustls::ClientConnection::new(Arc::new(cfg), name).unwrap())
+}
+
+/// A client that rekeys mid-session (TLS 1.3 KeyUpdate asking for one
+/// back, as rustls's `refresh_traffic_keys` sends; also twice in a row):
+/// the server opens what follows with the client's next key and answers
+/// under its own next key, so writes and reads go on byte-exact.
+#[test]
+fn a_client_key_update_mid_transfer_is_followed_both_ways() {
+    use sluice_frontend::proto::{Command, RequestHeader};
+    need("openssl");
+    let (dir, _, pki_dir, server, port) = tls_server("tls-keyupdate");
+    let (sock, tls) = starttls(port, &pki_dir);
+    let mut s = rustls::StreamOwned::new(tls, sock);
+    let go = ClientOption::Info { go: true, name: "default".into(), requests: vec![proto::INFO_BLOCK_SIZE] };
+    s.write_all(&go.encode()).unwrap();
+    loop {
+        let mut h = [0u8; proto::OPTION_REPLY_HEADER_BYTES];
+        s.read_exact(&mut h).unwrap();
+        let (_, reply_type, len) = OptionReply::decode_header(&h).unwrap();
+        s.read_exact(&mut vec![0u8; len as usize]).unwrap();
+        if reply_type == proto::REP_ACK {
+            break;
+        }
+        assert_eq!(reply_type, proto::REP_INFO);
+    }
+    let mut cookie = 0u64;
+    let mut request = |s: &mut rustls::StreamOwned<_, _>, command: Command, offset: u64, data: &[u8], len: usize| {
+        cookie += 1;
+        let header = RequestHeader { flags: 0, command: command as u16, cookie, offset, len: len as u32 };
+        s.write_all(&[&header.encode()[..], data].concat()).unwrap();
+        let mut reply = vec![0u8; proto::SIMPLE_REPLY_BYTES];
+        s.read_exact(&mut reply).unwrap();
+        let r = proto::SimpleReply::decode(&reply).unwrap();
+        assert_eq!((r.error, r.cookie), (0, cookie), "{command:?} at {offset}");
+        let mut back = vec![0u8; if command == Command::Read { len } else { 0 }];
+        s.read_exact(&mut back).unwrap();
+        back
+    };
+    let a: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let b: Vec<u8> = (0..256u32 << 10).map(|i| (i * 13 + 5) as u8).collect();
+    request(&mut s, Command::Write, 0, &a, a.len());
+    s.conn.refresh_traffic_keys().unwrap();
+    request(&mut s, Command::Write, 1 << 20, &b, b.len());
+    assert!(request(&mut s, Command::Read, 0, &[], a.len()) == a, "data read back after one key update");
+    for _ in 0..2 {
+        s.conn.refresh_traffic_keys().unwrap();
+        assert!(request(&mut s, Command::Read, 1 << 20, &[], b.len()) == b, "data after repeated key updates");
+    }
+    request(&mut s, Command::Flush, 0, &[], 0);
+    drop(s);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client whose TLS Finished and first NBD option leave in one TCP write
+/// (rustls's client does that when both are queued): the server must find
+/// the option in the bytes that arrived with the handshake's last record.
+/// Before the fix the connection's reader started with an empty buffer and
+/// the session hung until the handshake timeout — 1 in 8 nbdinfo runs.
+#[test]
+fn an_option_sent_with_the_tls_finished_is_answered() {
+    need("openssl");
+    let (dir, _, pki_dir, server, port) = tls_server("tls-finished");
+
+    let (mut sock, mut tls) = starttls(port, &pki_dir);
     // Handshake until the client has queued its Finished, but not sent it.
     while tls.is_handshaking() {
         if tls.wants_write() {
