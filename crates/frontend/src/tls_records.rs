@@ -158,7 +158,7 @@ impl Direction {
 
     /// Seals `parts` as records of `content_type` (inside the encryption in
     /// TLS 1.3; the header's in TLS 1.2).
-    fn seal_as(&mut self, content_type: u8, parts: &[&[u8]], out: &mut Vec<u8>) -> io::Result<()> {
+    pub(crate) fn seal_as(&mut self, content_type: u8, parts: &[&[u8]], out: &mut Vec<u8>) -> io::Result<()> {
         let mut left: usize = parts.iter().map(|p| p.len()).sum();
         let (mut part, mut at) = (0, 0);
         while left > 0 {
