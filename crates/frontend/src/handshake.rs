@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use sluice_engine::Volume;
 
+use crate::access::{ClientIdentity, Grant};
 use crate::proto::{self, ClientOption, Info, OptionHeader, OptionReply, ProtoError};
 use crate::server::{ConnError, Export, Shared};
 use crate::stream::{ConnReader, Stream};
@@ -46,13 +47,16 @@ pub(crate) struct Session {
     pub(crate) order: Arc<WriteOrder>,
     /// The client never agreed to block sizes: any offset and length.
     pub(crate) byte_granular: bool,
+    /// Writes, trims and zeroes are refused (EPERM).
+    pub(crate) read_only: bool,
     pub(crate) structured: bool,
     /// `Some(id)` if `base:allocation` was selected for this export.
     pub(crate) base_allocation: Option<u32>,
 }
 
-/// Transmission flags for an export, given what was negotiated.
-pub(crate) fn transmission_flags(structured: bool) -> u16 {
+/// Transmission flags for an export, given what was negotiated and
+/// granted.
+pub(crate) fn transmission_flags(structured: bool, read_only: bool) -> u16 {
     let mut f = proto::FLAG_HAS_FLAGS
         | proto::FLAG_SEND_FLUSH
         | proto::FLAG_SEND_FUA
@@ -65,10 +69,17 @@ pub(crate) fn transmission_flags(structured: bool) -> u16 {
         // Reads are always answered with one content chunk.
         f |= proto::FLAG_SEND_DF;
     }
+    if read_only {
+        f |= proto::FLAG_READ_ONLY;
+    }
     f
 }
 
 struct State {
+    /// The client's address, for log lines.
+    peer: String,
+    /// The names of the client's verified certificate (after STARTTLS).
+    client: Option<ClientIdentity>,
     structured: bool,
     no_zeroes: bool,
     /// The export and whether `base:allocation` was selected by the last
@@ -89,7 +100,8 @@ pub(crate) fn negotiate(
     reader.read_exact(&mut cf)?;
     let client_flags = proto::decode_client_flags(&cf, offered)?;
     let no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
-    let mut st = State { structured: false, no_zeroes, meta: None };
+    let peer = writer.peer();
+    let mut st = State { peer: peer.clone(), client: None, structured: false, no_zeroes, meta: None };
     let mut tls_active = false;
 
     for _ in 0..HANDSHAKE_OPTIONS_MAX {
@@ -128,12 +140,13 @@ pub(crate) fn negotiate(
                     reply(writer, hdr.option, proto::REP_ACK, &[])?;
                     let early = reader.buffer().to_vec();
                     let tls = crate::tls::TlsStream::accept(writer.try_clone()?, &early, cfg.clone())?;
+                    let client = tls.client_identity().cloned();
                     // The reader keeps `tls` itself: it holds any bytes that
                     // came after the client's Finished (clones start empty).
                     *writer = Stream::Tls(tls.try_clone()?);
                     *reader = ConnReader::new(Stream::Tls(tls), reader.capacity());
                     tls_active = true;
-                    st = State { structured: false, no_zeroes, meta: None };
+                    st = State { peer: peer.clone(), client, structured: false, no_zeroes, meta: None };
                 }
             }
             continue;
@@ -181,9 +194,17 @@ fn handle_option(
             let Some(export) = shared.find_export(&name) else {
                 return Err(ConnError::UnknownExport(name));
             };
-            let flags = transmission_flags(st.structured);
+            let grant = shared.grant(export.volume.name(), st.client.as_ref());
+            if grant == Grant::Refused {
+                // EXPORT_NAME cannot carry an error: the connection closes
+                // (and the refusal is logged with it).
+                let client = client_name(st);
+                return Err(ConnError::Refused { export: export.volume.name().to_owned(), client });
+            }
+            let read_only = grant == Grant::ReadOnly;
+            let flags = transmission_flags(st.structured, read_only);
             w.write_all(&proto::encode_export_name_reply(export.volume.size_bytes(), flags, st.no_zeroes))?;
-            return Ok(Some(session(export, st, true)));
+            return Ok(Some(session(export, st, true, read_only)));
         }
         ClientOption::Abort => {
             // The client may already have closed: an error here is no error.
@@ -207,7 +228,15 @@ fn handle_option(
                 reply(w, code, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
                 return Ok(None);
             };
-            let flags = transmission_flags(st.structured);
+            let grant = shared.grant(export.volume.name(), st.client.as_ref());
+            if grant == Grant::Refused {
+                let msg = format!("client {} may not use export {:?}", client_name(st), export.volume.name());
+                crate::server::log_client(&st.peer, &format!("{msg}: refused (NBD_REP_ERR_POLICY)"));
+                reply(w, code, proto::REP_ERR_POLICY, msg.as_bytes())?;
+                return Ok(None);
+            }
+            let read_only = grant == Grant::ReadOnly;
+            let flags = transmission_flags(st.structured, read_only);
             let (min, preferred, max) = shared.block_sizes(export.volume.as_ref());
             // Not asked for: any byte offset is served, and the minimum says so.
             let byte_granular = !requests.contains(&proto::INFO_BLOCK_SIZE);
@@ -227,7 +256,7 @@ fn handle_option(
             }
             reply(w, code, proto::REP_ACK, &[])?;
             if go {
-                return Ok(Some(session(export, st, byte_granular)));
+                return Ok(Some(session(export, st, byte_granular, read_only)));
             }
         }
         ClientOption::MetaContext { set, export, queries } => {
@@ -267,7 +296,16 @@ fn handle_option(
     Ok(None)
 }
 
-fn session(export: &Export, st: &State, byte_granular: bool) -> Session {
+/// How a client is named in refusals: its certificate's names, or that it
+/// has none.
+fn client_name(st: &State) -> String {
+    match &st.client {
+        Some(c) => format!("{:?}", c.to_string()),
+        None => "without a verified certificate".to_owned(),
+    }
+}
+
+fn session(export: &Export, st: &State, byte_granular: bool, read_only: bool) -> Session {
     let base_allocation = match &st.meta {
         Some((name, true)) if st.structured && name == export.volume.name() => Some(BASE_ALLOCATION_ID),
         _ => None,
@@ -276,6 +314,7 @@ fn session(export: &Export, st: &State, byte_granular: bool) -> Session {
         export: export.volume.clone(),
         order: export.order.clone(),
         byte_granular,
+        read_only,
         structured: st.structured,
         base_allocation,
     }

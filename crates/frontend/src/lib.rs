@@ -7,6 +7,7 @@
 //! TLS configuration and the encrypted stream; `client` is a lean NBD client for
 //! load generation.
 
+pub mod access;
 pub mod client;
 pub mod handshake;
 mod pool;

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use sluice_engine::{Volume, VolumeError};
 
+use crate::access::{self, ClientIdentity, ExportAccess, Grant};
 use crate::pool::WorkerPool;
 use crate::proto::{self, ProtoError};
 use crate::stream::{ConnReader, ListenAddr, Listener, Stream};
@@ -58,6 +59,9 @@ pub struct ServerOptions {
     /// Descriptors returned in one BLOCK_STATUS reply at most (the spec lets
     /// a server answer less than the requested range).
     pub block_status_extents_max: usize,
+    /// Per-export access rules by export name (`access`); an export not
+    /// named here is open to every client, read-write.
+    pub access: HashMap<String, ExportAccess>,
     /// How long shutdown waits for connections to drain before cutting them.
     pub shutdown_grace: Duration,
     /// Text sent as `NBD_INFO_DESCRIPTION` / in `NBD_REP_SERVER`.
@@ -83,6 +87,7 @@ impl Default for ServerOptions {
             description: String::from("sluice volume"),
             tls: None,
             tls_required: false,
+            access: HashMap::new(),
         }
     }
 }
@@ -94,6 +99,8 @@ pub enum ServerError {
     NoExports,
     #[error("export {name:?}: {reason}")]
     BadExport { name: String, reason: &'static str },
+    #[error("access rules for {0:?}, which is not an export")]
+    BadAccess(String),
     #[error("two exports are named {0:?}")]
     DuplicateExport(String),
     #[error("bad server option: {0}")]
@@ -121,6 +128,8 @@ pub enum ConnError {
     TooManyOptions(usize),
     #[error("NBD_OPT_EXPORT_NAME before STARTTLS on a TLS-required server")]
     TlsRequired,
+    #[error("client {client} may not use export {export:?} (not on its allow-lists)")]
+    Refused { export: String, client: String },
 }
 
 /// Counters of one listener's activity.
@@ -174,6 +183,14 @@ impl Shared {
         self.exports.iter().find(|e| e.volume.name() == name)
     }
 
+    /// What `client` may do with the export named `name`.
+    pub(crate) fn grant(&self, name: &str, client: Option<&ClientIdentity>) -> Grant {
+        match self.opts.access.get(name) {
+            Some(a) => access::decide(a, client),
+            None => Grant::ReadWrite,
+        }
+    }
+
     /// Block size constraints (min, preferred, max) advertised for `v`.
     pub(crate) fn block_sizes(&self, v: &dyn Volume) -> (u32, u32, u32) {
         let min = v.block_bytes() as u32;
@@ -224,6 +241,9 @@ impl Server {
             if !seen.insert(name.clone()) {
                 return Err(ServerError::DuplicateExport(name));
             }
+        }
+        if let Some(name) = opts.access.keys().find(|n| !seen.contains(*n)) {
+            return Err(ServerError::BadAccess(name.clone()));
         }
         if opts.workers_max == 0 {
             return Err(ServerError::BadOptions("workers_max must be at least 1"));
@@ -517,19 +537,24 @@ fn start_connection(
     Ok(())
 }
 
-/// Log why a connection was closed, unless the client simply went away: at
-/// most 10 lines a second, with how many were left out.
+/// Log why a connection was closed, unless the client simply went away.
 fn log_violation(peer: &str, e: &ConnError) {
-    use sluice_engine::report::LogLimit;
     if let ConnError::Io(io) = e {
         use io::ErrorKind::*;
         if matches!(io.kind(), ConnectionReset | BrokenPipe | UnexpectedEof | ConnectionAborted) {
             return;
         }
     }
+    log_client(peer, &format!("{e}; connection closed"));
+}
+
+/// One line about a client: at most 10 lines a second (all clients
+/// together), with how many were left out.
+pub(crate) fn log_client(peer: &str, what: &str) {
+    use sluice_engine::report::LogLimit;
     static LIMIT: LogLimit = LogLimit::new();
     if let Some(left_out) = LIMIT.admit() {
-        eprintln!("sluice: NBD client {peer}: {e}; connection closed{}", LogLimit::also(left_out));
+        eprintln!("sluice: NBD client {peer}: {what}{}", LogLimit::also(left_out));
     }
 }
 

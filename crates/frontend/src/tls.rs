@@ -33,6 +33,7 @@ use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
 use rustls::unbuffered::{ConnectionState, EncodeError, EncodeTlsData, InsufficientSizeError, UnbufferedStatus};
 use rustls::ServerConfig;
 
+use crate::access::ClientIdentity;
 use crate::stream::Stream;
 use crate::tls_records::{self, Direction};
 
@@ -48,6 +49,8 @@ pub enum TlsConfigError {
     Cert { path: String, msg: String },
     #[error("TLS key {path}: {msg}")]
     Key { path: String, msg: String },
+    #[error("TLS client CA {path}: {msg}")]
+    ClientCa { path: String, msg: String },
     #[error("TLS: {0}")]
     Rustls(#[from] rustls::Error),
 }
@@ -88,8 +91,16 @@ fn tls12_suite_allowed(suite: rustls::CipherSuite) -> bool {
 }
 
 /// A server configuration from a PEM certificate chain and key, accepting
-/// TLS 1.3 and, unless `min` says 1.3, TLS 1.2.
-pub fn server_config(cert_pem: &Path, key_pem: &Path, min: MinVersion) -> Result<Arc<ServerConfig>, TlsConfigError> {
+/// TLS 1.3 and, unless `min` says 1.3, TLS 1.2. With `client_ca` (PEM, one
+/// or more CA certificates) every client must present a certificate that CA
+/// issued (mutual TLS); its names are then the client's identity
+/// (`access`).
+pub fn server_config(
+    cert_pem: &Path,
+    key_pem: &Path,
+    min: MinVersion,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsConfigError> {
     let cert_err = |msg: String| TlsConfigError::Cert { path: cert_pem.display().to_string(), msg };
     let certs = CertificateDer::pem_file_iter(cert_pem)
         .map_err(|e| cert_err(e.to_string()))?
@@ -119,10 +130,25 @@ pub fn server_config(cert_pem: &Path, key_pem: &Path, min: MinVersion) -> Result
         MinVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         MinVersion::Tls13 => &[&rustls::version::TLS13],
     };
-    let cfg = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(versions)?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
+    let builder = ServerConfig::builder_with_provider(provider.clone()).with_protocol_versions(versions)?;
+    let cfg = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let ca_err = |msg: String| TlsConfigError::ClientCa { path: ca.display().to_string(), msg };
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca).map_err(|e| ca_err(e.to_string()))? {
+                roots.add(c.map_err(|e| ca_err(e.to_string()))?).map_err(|e| ca_err(e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(ca_err("no CERTIFICATE in the file".into()));
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| ca_err(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    }
+    .with_single_cert(certs, key)?;
     let mut cfg = cfg;
     // After the handshake the keys move to our own record layer
     // (`tls_records`), which needs them.
@@ -206,6 +232,8 @@ pub struct TlsStream {
     /// An error met after a read had already taken plaintext: reported by
     /// the next read, so the bytes before it are not lost.
     pending_err: Option<io::Error>,
+    /// The names of the client's verified certificate (mutual TLS).
+    client: Option<ClientIdentity>,
 }
 
 impl TlsStream {
@@ -276,6 +304,7 @@ impl TlsStream {
             }
             rend += n;
         }
+        let client = conn.peer_certificates().and_then(|c| c.first()).and_then(ClientIdentity::of);
         let (secrets, kernel) = conn.dangerous_into_kernel_connection().map_err(tls_err)?;
         let tls12 = kernel.protocol_version() == rustls::ProtocolVersion::TLSv1_2;
         let rx = RxRecords {
@@ -285,7 +314,7 @@ impl TlsStream {
         let tx = TxRecords { dir: Direction::for_version(tls12, secrets.tx.0, secrets.tx.1)?, wsock, out: Vec::new() };
         // Bytes past the handshake stay buffered for `read`.
         let mut s = TlsStream::with_records(raw, Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
-        (s.rbuf, s.rpos, s.rend) = (rbuf, rpos, rend);
+        (s.rbuf, s.rpos, s.rend, s.client) = (rbuf, rpos, rend, client);
         Ok(s)
     }
 
@@ -316,11 +345,20 @@ impl TlsStream {
     /// read yet.
     fn with_records(rsock: Stream, tx: Arc<Mutex<TxRecords>>, rx: Arc<Mutex<RxRecords>>) -> TlsStream {
         let (rbuf, rpos, rend, plain) = (Vec::new(), 0, 0, 0..0);
-        TlsStream { rsock: Box::new(rsock), tx, rx, rbuf, rpos, rend, plain, closed: false, pending_err: None }
+        let (closed, pending_err, client) = (false, None, None);
+        TlsStream { rsock: Box::new(rsock), tx, rx, rbuf, rpos, rend, plain, closed, pending_err, client }
     }
 
     pub fn try_clone(&self) -> io::Result<TlsStream> {
-        Ok(TlsStream::with_records(self.rsock.try_clone()?, self.tx.clone(), self.rx.clone()))
+        let mut s = TlsStream::with_records(self.rsock.try_clone()?, self.tx.clone(), self.rx.clone());
+        s.client = self.client.clone();
+        Ok(s)
+    }
+
+    /// The names of the client's certificate, if it presented one the
+    /// configured client CA verified.
+    pub fn client_identity(&self) -> Option<&ClientIdentity> {
+        self.client.as_ref()
     }
 
     /// The raw socket (timeouts, shutdown, peer name).

@@ -182,6 +182,8 @@ struct Conn {
     order: Arc<WriteOrder>,
     /// Any offset and length is served (`subblock`), not only whole blocks.
     byte_granular: bool,
+    /// Writes, trims and zeroes get EPERM (a read-only export or grant).
+    read_only: bool,
     /// Run requests on the reader thread (the volume serializes them anyway).
     inline: bool,
     /// On an inline connection, still hand reads to the workers
@@ -233,6 +235,7 @@ pub(crate) fn run(
         export: session.export.clone(),
         order: session.order.clone(),
         byte_granular: session.byte_granular,
+        read_only: session.read_only,
         inline,
         pooled_reads: inline && session.export.reads_in_parallel(),
         structured: session.structured,
@@ -485,6 +488,9 @@ impl Conn {
             }
             _ => true,
         };
+        if self.read_only && matches!(command, Command::Write | Command::Trim | Command::WriteZeroes) {
+            return Err(err(proto::EPERM, "the export is read-only for this client"));
+        }
         if !ranged {
             return Ok(());
         }

@@ -16,6 +16,7 @@ use crate::recorder::{TraceSlot, TraceTarget, TracedVolume};
 use serde::Deserialize;
 use sluice_engine::persist::Superblock;
 use sluice_engine::{CompactorConfig, Engine, EngineConfig, EngineError, Volume, VolumeSpec};
+use sluice_frontend::access::ExportAccess;
 use sluice_frontend::{raise_open_files_limit, Listener, Server, ServerMonitor, ServerOptions, FDS_PER_CONNECTION};
 use sluice_media::ssd::{ssd_device, SsdProfile};
 use sluice_media::{
@@ -23,6 +24,7 @@ use sluice_media::{
     MemoryDevice, RealClock, ScmProfile, StripedDevice, ZnsProfile,
 };
 use sluice_workload::parse_bytes;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -158,9 +160,12 @@ pub struct TlsSection {
     pub key: String,
     /// The oldest protocol version accepted: "1.2" (default) or "1.3".
     pub min_version: String,
+    /// PEM CA certificate(s): clients must present a certificate it issued
+    /// (mutual TLS); its names are what `[[volume]] allow` lists match.
+    pub client_ca: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeConfig {
     pub name: String,
@@ -193,6 +198,18 @@ pub struct VolumeConfig {
     /// Stop recording before the trace file exceeds this size (default 1g).
     #[serde(default)]
     pub trace_max: String,
+    /// Every client is refused writes (EPERM) and told the export is
+    /// read-only.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Client certificate names (subject CN or DNS name) with full access;
+    /// with `allow_read_only`, every other client is refused. Needs
+    /// `[tls] client_ca`.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Client certificate names with read-only access.
+    #[serde(default)]
+    pub allow_read_only: Vec<String>,
 }
 
 /// `[[volume.class]]`: one I/O class of an in-place volume (docs/caching.md).
@@ -350,18 +367,7 @@ impl Default for Config {
             engine: EngineSection::default(),
             server: ServerSection::default(),
             tls: TlsSection::default(),
-            volumes: vec![VolumeConfig {
-                name: "default".into(),
-                size: "4g".into(),
-                mode: String::new(),
-                seq_cutoff: String::new(),
-                seq_cutoff_size: String::new(),
-                promote_after: None,
-                retain_hot: None,
-                class: Vec::new(),
-                trace: String::new(),
-                trace_max: String::new(),
-            }],
+            volumes: vec![VolumeConfig { name: "default".into(), size: "4g".into(), ..Default::default() }],
         }
     }
 }
@@ -1074,7 +1080,8 @@ fn fixed_settings(c: &Config) -> Vec<(&'static str, String)> {
             &e.compaction_setpoint
         )
     ) + &format!("{:?}", (&e.l2p_dram, &e.layout));
-    let volumes: Vec<(&String, &String)> = c.volumes.iter().map(|v| (&v.name, &v.size)).collect();
+    let volumes: Vec<_> =
+        c.volumes.iter().map(|v| (&v.name, &v.size, v.read_only, &v.allow, &v.allow_read_only)).collect();
     vec![
         ("data_dir", format!("{:?}", c.data_dir)),
         ("listen / unix_socket / metrics_listen", format!("{:?}", (&c.listen, &c.unix_socket, &c.metrics_listen))),
@@ -1083,8 +1090,32 @@ fn fixed_settings(c: &Config) -> Vec<(&'static str, String)> {
         ("[engine]", engine),
         ("[server]", format!("{:?}", c.server)),
         ("[tls]", format!("{:?}", c.tls)),
-        ("volume names and sizes", format!("{volumes:?}")),
+        ("volume names, sizes and access (read_only, allow, allow_read_only)", format!("{volumes:?}")),
     ]
+}
+
+/// Each volume's access rules for the server. Allow-lists match names of
+/// client certificates, which only mutual TLS provides: lists without
+/// `[tls] client_ca` (or with TLS not required, so a plaintext client
+/// could bypass them) are refused.
+fn export_access(cfg: &Config) -> Result<HashMap<String, ExportAccess>, ServeError> {
+    let mut out = HashMap::new();
+    for v in &cfg.volumes {
+        let listed = !v.allow.is_empty() || !v.allow_read_only.is_empty();
+        if listed && (cfg.tls.client_ca.is_empty() || cfg.tls.mode != "require") {
+            let msg = "allow / allow_read_only need [tls] mode = \"require\" and client_ca (names come from verified client certificates)";
+            return Err(ServeError::Config { path: format!("volume {:?}", v.name), msg: msg.into() });
+        }
+        if listed || v.read_only {
+            let access = ExportAccess {
+                read_only: v.read_only,
+                allow: v.allow.clone(),
+                allow_read_only: v.allow_read_only.clone(),
+            };
+            out.insert(v.name.clone(), access);
+        }
+    }
+    Ok(out)
 }
 
 /// SIGHUP: read the config file again and apply what can change while the
@@ -1171,6 +1202,7 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
         Ok(got) => eprintln!("sluice: warning: {}", open_files_advice(got, opts.connections_max as u64, listeners)),
         Err(e) => eprintln!("sluice: warning: cannot raise the open-file limit: {e}"),
     }
+    opts.access = export_access(&cfg)?;
     match cfg.tls.mode.as_str() {
         "" | "off" => {}
         mode @ ("allow" | "require") => {
@@ -1185,7 +1217,8 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
                 "" => Default::default(),
                 v => v.parse().map_err(|msg| ServeError::Config { path: "tls.min_version".into(), msg })?,
             };
-            let tls = sluice_frontend::tls::server_config(&cert, &key, min)
+            let client_ca = (!cfg.tls.client_ca.is_empty()).then(|| cfg.in_data_dir(&cfg.tls.client_ca));
+            let tls = sluice_frontend::tls::server_config(&cert, &key, min, client_ca.as_deref())
                 .map_err(|e| ServeError::Config { path: "tls".into(), msg: e.to_string() })?;
             opts.tls = Some(tls);
             opts.tls_required = mode == "require";

@@ -195,6 +195,96 @@ fn the_load_client_writes_and_reads_over_plaintext_and_tls() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A client certificate for `name` (subject CN) issued by the CA in
+/// `ca_dir`, in a new directory laid out as GnuTLS clients (qemu, libnbd)
+/// look for it: ca-cert.pem (the server's CA, `trust`), client-cert.pem,
+/// client-key.pem.
+fn client_cert(dir: &Path, ca_dir: &Path, trust: &Path, name: &str) -> PathBuf {
+    let out = dir.join(format!("client-{name}-{}", ca_dir.file_name().unwrap().to_string_lossy()));
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy(trust.join("ca-cert.pem"), out.join("ca-cert.pem")).unwrap();
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let subj = format!("/CN={name}");
+    let mut req = vec!["req"];
+    req.extend(ec);
+    req.extend(["-keyout", "client-key.pem", "-out", "client.csr", "-subj", &subj]);
+    openssl(&out, &req);
+    std::fs::write(
+        out.join("ext.cnf"),
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .unwrap();
+    let (ca_cert, ca_key) = (ca_dir.join("ca-cert.pem"), ca_dir.join("ca-key.pem"));
+    let args = ["x509", "-req", "-in", "client.csr", "-CA", ca_cert.to_str().unwrap(), "-CAkey"];
+    let rest =
+        [ca_key.to_str().unwrap(), "-CAcreateserial", "-out", "client-cert.pem", "-days", "2", "-extfile", "ext.cnf"];
+    openssl(&out, &[&args[..], &rest[..]].concat());
+    out
+}
+
+/// libnbd (python3-libnbd) as the client with `certs` on `export`: runs
+/// `body` with `h` connected and `check(cond, what)`; (success, output).
+fn libnbd_tls(port: u16, certs: &Path, export: &str, body: &str) -> (bool, String) {
+    let uri = format!("nbds://127.0.0.1:{port}/{export}?tls-certificates={}", certs.display());
+    let script = format!(
+        "import errno, sys, nbd\n\
+         def check(cond, what):\n    if not cond: sys.exit('FAILED: ' + what)\n\
+         h = nbd.NBD()\nh.set_uri_allow_local_file(True)\nh.connect_uri({uri:?})\n{body}\nh.shutdown()\nprint('OK')\n"
+    );
+    let out = Command::new("/usr/bin/python3").args(["-c", &script]).output().expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success() && text.trim() == "OK", text)
+}
+
+/// Mutual TLS with per-export allow-lists: alice (listed) reads and writes;
+/// carol (read-only list) reads, is told the export is read-only and gets
+/// EPERM for a write; mallory (certified by the same CA, not listed) is
+/// refused with NBD_REP_ERR_POLICY and the refusal is logged; a client with
+/// no certificate, or one from another CA, fails the TLS handshake. A
+/// read-only export refuses even alice's writes.
+#[test]
+fn client_certificates_decide_who_may_use_which_export() {
+    need("openssl");
+    need("qemu-io");
+    need("/usr/bin/python3");
+    let (dir, config) = small_config("tls-mtls");
+    let (pki_dir, other_ca) = (dir.join("pki"), dir.join("other-ca"));
+    pki(&pki_dir, true);
+    pki(&other_ca, false);
+    let [alice, carol, mallory] = ["alice", "carol", "mallory"].map(|n| client_cert(&dir, &pki_dir, &pki_dir, n));
+    let forged = client_cert(&dir, &other_ca, &pki_dir, "alice");
+    let volumes = "allow = [\"alice\"]\nallow_read_only = [\"carol\"]\n\
+                   [[volume]]\nname = \"archive\"\nsize = \"64m\"\nread_only = true\n";
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + volumes).unwrap();
+    require_tls(&config, &pki_dir);
+    let ca = format!("client_ca = {:?}\n", pki_dir.join("ca-cert.pem"));
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + &ca).unwrap();
+    let (server, port) = start(&config);
+
+    let (ok, out) = qemu_io_tls_on(port, &alice, "NORMAL", "default", &["write -P 0x61 0 1M", "read -P 0x61 0 1M"]);
+    assert!(ok, "alice on default: {out}");
+    let carol_reads = "check(h.is_read_only(), 'carol is not told the export is read-only')\n\
+         check(h.pread(4096, 0) == b'\\x61' * 4096, 'carol reads what alice wrote')\n\
+         h.set_strict_mode(0)\n\
+         try:\n    h.pwrite(b'x' * 4096, 0)\n    check(False, 'carol wrote')\n\
+         except nbd.Error as e:\n    check(e.errno in (errno.EPERM, 'EPERM'), 'errno %s' % e.errno)";
+    let (ok, out) = libnbd_tls(port, &carol, "default", carol_reads);
+    assert!(ok, "carol on default: {out}");
+    let (ok, out) = libnbd_tls(port, &mallory, "default", "");
+    assert!(!ok && out.contains("server policy prevents NBD_OPT_GO"), "mallory was served: {out}");
+    let (ok, out) = libnbd_tls(port, &alice, "archive", carol_reads.replace("\\x61", "\\x00").as_str());
+    assert!(ok, "alice on the read-only export: {out}");
+    for (who, certs) in [("no certificate", &pki_dir), ("another CA's alice", &forged)] {
+        let (ok, out) = libnbd_tls(port, certs, "default", "");
+        assert!(!ok && out.contains("TLS fatal alert"), "{who} was served: {out}");
+    }
+    let (ok, out) = qemu_io_tls_on(port, &alice, "NORMAL", "default", &["read -P 0x61 0 1M"]);
+    assert!(ok, "alice after carol's refused write: {out}");
+    let log = stop(server);
+    assert!(log.contains("client \"mallory\" may not use export \"default\": refused"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A started server requiring TLS with a fresh test PKI: (dir, config,
 /// pki dir, server, port).
 fn tls_server(name: &str) -> (PathBuf, PathBuf, PathBuf, common::Served, u16) {
@@ -208,8 +298,12 @@ fn tls_server(name: &str) -> (PathBuf, PathBuf, PathBuf, common::Served, u16) {
 
 /// qemu-io over a GnuTLS session limited to `priority`: (success, output).
 fn qemu_io_tls(port: u16, certs: &Path, priority: &str, cmds: &[&str]) -> (bool, String) {
+    qemu_io_tls_on(port, certs, priority, "default", cmds)
+}
+
+fn qemu_io_tls_on(port: u16, certs: &Path, priority: &str, export: &str, cmds: &[&str]) -> (bool, String) {
     let creds = format!("tls-creds-x509,id=tls0,dir={},endpoint=client,priority={priority}", certs.display());
-    let image = format!("driver=nbd,host=127.0.0.1,port={port},export=default,tls-creds=tls0");
+    let image = format!("driver=nbd,host=127.0.0.1,port={port},export={export},tls-creds=tls0");
     let mut c = Command::new("qemu-io");
     c.args(["--object", &creds, "--image-opts", &image]);
     for x in cmds {
@@ -264,6 +358,10 @@ fn tls_config_errors_are_clear_and_open_nothing() {
         ("[tls]\nmode = \"sometimes\"\ncert = \"c\"\nkey = \"k\"\n", "expected"),
         ("[tls]\nmode = \"allow\"\ncert = \"missing.pem\"\nkey = \"missing.pem\"\n", "missing.pem"),
         ("[tls]\nmode = \"allow\"\ncert = \"c\"\nkey = \"k\"\nmin_version = \"1.1\"\n", "tls.min_version"),
+        (
+            "allow = [\"alice\"]\n[tls]\nmode = \"allow\"\ncert = \"c\"\nkey = \"k\"\n",
+            "need [tls] mode = \"require\" and client_ca",
+        ),
     ] {
         std::fs::write(&config, format!("{base}{tls}")).unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["serve", "--config"]).arg(&config).output().unwrap();
