@@ -48,6 +48,12 @@ enum Cmd {
         /// TOML config (docs/serve.md); every key is optional.
         #[arg(long)]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        flags: serve::Overrides,
+        /// Print the effective config (the file with these flags applied)
+        /// as TOML and exit without starting.
+        #[arg(long)]
+        print_config: bool,
     },
     /// Create a new, empty engine on the configured devices (files are
     /// created if missing). Refuses devices that hold an engine or other
@@ -766,7 +772,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
-        Cmd::Serve { config } => Ok(serve::run(serve::Config::load(config.as_deref())?, config.as_deref())?),
+        Cmd::Serve { config, flags, print_config } => {
+            let cfg = flags.apply(serve::Config::load(config.as_deref())?)?;
+            if print_config {
+                print!("{}", toml::to_string(&cfg)?);
+                return Ok(());
+            }
+            Ok(serve::run(cfg, config.as_deref(), &flags)?)
+        }
         Cmd::Check { config, json, salvage } => {
             let (text, damaged) = serve::check(&serve::Config::load(config.as_deref())?, json, salvage)?;
             print!("{text}");

@@ -13,7 +13,7 @@
 
 use crate::metrics::NbdCounters;
 use crate::recorder::{TraceSlot, TraceTarget, TracedVolume};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sluice_engine::persist::Superblock;
 use sluice_engine::{CompactorConfig, Engine, EngineConfig, EngineError, Volume, VolumeSpec};
 use sluice_frontend::access::ExportAccess;
@@ -28,8 +28,61 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// `sluice serve` flags that override the config file, as qemu-nbd's and
+/// nbdkit's do; applied again to the file on every SIGHUP reload, so a
+/// reload sees the same effective config.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Overrides {
+    /// Listen on this TCP address instead of the config's `listen` (repeat
+    /// for several).
+    #[arg(long = "listen", value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// Unix socket instead of the config's `unix_socket` ("" for none).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<String>,
+    /// Data directory instead of the config's `data_dir`.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The export's name, for a config with one volume.
+    #[arg(long, value_name = "NAME")]
+    pub export: Option<String>,
+    /// Serve every export read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Write the server's process id here once it serves; removed on a
+    /// clean stop.
+    #[arg(long, value_name = "FILE")]
+    pub pidfile: Option<PathBuf>,
+}
+
+impl Overrides {
+    /// The config with these flags applied.
+    pub fn apply(&self, mut cfg: Config) -> Result<Config, ServeError> {
+        if !self.listen.is_empty() {
+            cfg.listen = self.listen.clone();
+        }
+        if let Some(s) = &self.socket {
+            cfg.unix_socket = s.clone();
+        }
+        if let Some(d) = &self.data_dir {
+            cfg.data_dir = d.clone();
+        }
+        if let Some(name) = &self.export {
+            let [v] = cfg.volumes.as_mut_slice() else {
+                let msg = format!("--export names the one volume; the config has {}", cfg.volumes.len());
+                return Err(ServeError::Config { path: "--export".into(), msg });
+            };
+            v.name = name.clone();
+        }
+        if self.read_only {
+            cfg.volumes.iter_mut().for_each(|v| v.read_only = true);
+        }
+        Ok(cfg)
+    }
+}
+
 /// The whole config file; docs/serve.md documents every key.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub data_dir: PathBuf,
@@ -48,7 +101,7 @@ pub struct Config {
     pub volumes: Vec<VolumeConfig>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceConfig {
     /// "file" (a regular file, created if missing, or a raw block device) or "memory".
@@ -90,7 +143,7 @@ impl DeviceConfig {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineSection {
     pub chunk_size: String,
@@ -124,7 +177,7 @@ pub struct EngineSection {
 }
 
 /// `[server]`: bounds of the NBD server (per listener).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerSection {
     /// Connections served at once on each listener; more are closed at once.
@@ -148,7 +201,7 @@ impl Default for ServerSection {
 }
 
 /// `[tls]`: NBD over TLS 1.3 or 1.2 (STARTTLS).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsSection {
     /// "off" (default): no TLS; "allow": clients may STARTTLS; "require":
@@ -165,7 +218,7 @@ pub struct TlsSection {
     pub client_ca: String,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeConfig {
     pub name: String,
@@ -213,7 +266,7 @@ pub struct VolumeConfig {
 }
 
 /// `[[volume.class]]`: one I/O class of an in-place volume (docs/caching.md).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClassConfig {
     pub name: String,
@@ -1090,7 +1143,7 @@ fn fixed_settings(c: &Config) -> Vec<(&'static str, String)> {
         ("[engine]", engine),
         ("[server]", format!("{:?}", c.server)),
         ("[tls]", format!("{:?}", c.tls)),
-        ("volume names, sizes and access (read_only, allow, allow_read_only)", format!("{volumes:?}")),
+        ("volume names, sizes and access", format!("{volumes:?}")),
     ]
 }
 
@@ -1118,6 +1171,51 @@ fn export_access(cfg: &Config) -> Result<HashMap<String, ExportAccess>, ServeErr
     Ok(out)
 }
 
+/// `--pidfile`: the process id, written whole (a temporary file renamed
+/// over the path) once the server serves; removed when dropped.
+struct Pidfile(PathBuf);
+
+impl Pidfile {
+    fn write(path: &Path) -> Result<Pidfile, ServeError> {
+        let io = |source| ServeError::Io { what: format!("pidfile {}", path.display()), source };
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, format!("{}\n", std::process::id())).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)?;
+        Ok(Pidfile(path.to_owned()))
+    }
+}
+
+impl Drop for Pidfile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Tells systemd (a `Type=notify` unit: `$NOTIFY_SOCKET` is set) the
+/// server's state, e.g. `READY=1` once every listener accepts. Without
+/// systemd it does nothing; a failure is reported, never fatal.
+fn notify_systemd(state: &str) {
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let sent = (|| -> std::io::Result<()> {
+        let sock = UnixDatagram::unbound()?;
+        let bytes = path.as_encoded_bytes();
+        // A leading '@' names a socket in the abstract namespace.
+        let addr = match bytes.strip_prefix(b"@") {
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                SocketAddr::from_abstract_name(name)?
+            }
+            None => SocketAddr::from_pathname(&path)?,
+        };
+        sock.send_to_addr(state.as_bytes(), &addr)?;
+        Ok(())
+    })();
+    if let Err(e) = sent {
+        eprintln!("sluice: warning: telling systemd {state:?} through NOTIFY_SOCKET failed: {e}");
+    }
+}
+
 /// SIGHUP: read the config file again and apply what can change while the
 /// engine runs — cleaning, each volume's cache policy and I/O classes (the
 /// directory-class refresher restarts) — or, if anything else differs or
@@ -1126,12 +1224,13 @@ fn export_access(cfg: &Config) -> Result<HashMap<String, ExportAccess>, ServeErr
 /// home: a live detach (the disk alone then holds every volume).
 fn reload(
     path: Option<&Path>,
+    flags: &Overrides,
     running: &Config,
     engine: &Arc<Engine>,
     classifier: &mut Option<crate::directories::DirectoryClasses>,
     traces: &[Arc<TraceSlot>],
 ) -> Result<(), ServeError> {
-    let cfg = Config::load(path)?;
+    let cfg = flags.apply(Config::load(path)?)?;
     let targets = cfg.trace_targets()?;
     let fixed = fixed_settings(&cfg);
     let differ: Vec<&str> =
@@ -1186,7 +1285,7 @@ fn open_files_advice(got: u64, connections_max: u64, listeners: u64) -> String {
 
 /// Run the server until SIGTERM/SIGINT; prints one line per listener.
 /// SIGHUP reloads the cache policies from `path` (`reload`).
-pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
+pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), ServeError> {
     let set = block_signals();
     // TLS first: a bad [tls] section must not leave an opened engine behind.
     let mut opts = ServerOptions {
@@ -1322,11 +1421,17 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();
+    // Removed when `run` returns (a clean stop, or an error after this).
+    let _pidfile = match &flags.pidfile {
+        Some(p) => Some(Pidfile::write(p)?),
+        None => None,
+    };
+    notify_systemd("READY=1");
     let mut classifier = classifier;
     let sig = loop {
         match wait_for_signal(&set) {
             libc::SIGHUP => {
-                if let Err(e) = reload(path, &cfg, &engine, &mut classifier, &traces) {
+                if let Err(e) = reload(path, flags, &cfg, &engine, &mut classifier, &traces) {
                     eprintln!("sluice: reload refused, nothing changed: {e}");
                 }
             }
@@ -1334,6 +1439,7 @@ pub fn run(cfg: Config, path: Option<&Path>) -> Result<(), ServeError> {
         }
     };
     eprintln!("sluice: signal {sig}: stopping");
+    notify_systemd("STOPPING=1");
     for h in handles {
         h.shutdown().map_err(|e| ServeError::Server(e.to_string()))?;
     }

@@ -3,7 +3,11 @@
 
 mod common;
 
-use common::{device_config, libnbd_byte_granular, need, qemu_io, small_config, start, start_with_metrics, stop};
+use common::{
+    device_config, libnbd_byte_granular, need, qemu_io, serve_command, small_config, start, start_command,
+    start_with_metrics, stop,
+};
+use std::path::Path;
 use std::process::Command;
 
 #[test]
@@ -246,7 +250,7 @@ fn sighup_reloads_cache_policies_and_a_pass_through_config_detaches_live() {
     std::fs::write(&config, text.replace("size = \"256m\"", "size = \"512m\"")).unwrap();
     hup(&server);
     let refused = await_line("reload refused, nothing changed");
-    assert!(refused.contains("volume names and sizes changed"), "{refused}");
+    assert!(refused.contains("volume names, sizes and access changed"), "{refused}");
     std::fs::write(&config, text.replace("size = \"256m\"\n", "size = \"256m\"\nmode = \"fast\"\n")).unwrap();
     hup(&server);
     let refused = await_line("reload refused, nothing changed");
@@ -307,5 +311,84 @@ fn a_volume_trace_is_recorded_on_demand_between_reloads() {
     assert!(child.wait_with_output().unwrap().status.success());
     log.wait_for("clean shutdown");
     log.join();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The effective config of a file plus flags, printed as TOML, parses back
+/// to itself and starts nothing; --export on a config with two volumes is
+/// a clear error.
+#[test]
+fn print_config_shows_the_flags_applied_and_round_trips() {
+    let (dir, config) = small_config("printcfg");
+    let data = dir.join("elsewhere");
+    let print = |config: &Path, extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--print-config", "--config"])
+            .arg(config)
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let flags = ["--listen", "127.0.0.1:7", "--listen", "[::1]:7", "--socket", "", "--export", "vm1", "--read-only"];
+    let (ok, text, err) = print(&config, &[&flags[..], &["--data-dir", data.to_str().unwrap()]].concat());
+    assert!(ok, "{err}");
+    for want in [
+        "listen = [\"127.0.0.1:7\", \"[::1]:7\"]",
+        "unix_socket = \"\"",
+        "name = \"vm1\"",
+        "read_only = true",
+        "size = \"256m\"",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from:\n{text}");
+    }
+    assert!(text.contains(&format!("data_dir = {:?}", data.display().to_string())), "{text}");
+    let printed = dir.join("printed.toml");
+    std::fs::write(&printed, &text).unwrap();
+    let (ok, again, err) = print(&printed, &[]);
+    assert!(ok && again == text, "the printed config does not round-trip: {err}\n{again}");
+    assert!(!data.exists(), "--print-config created the data directory");
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + "[[volume]]\nname = \"b\"\nsize = \"64m\"\n")
+        .unwrap();
+    let (ok, _, err) = print(&config, &["--export", "x"]);
+    assert!(!ok && err.contains("--export names the one volume; the config has 2"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Started as a systemd `Type=notify` service would be, with the flags a
+/// unit file passes: READY=1 once it serves, the pidfile holds its pid,
+/// the export answers on the flag's socket under the flag's name,
+/// read-only; STOPPING=1 and the pidfile removed on SIGTERM.
+#[test]
+fn flags_pidfile_and_systemd_notification() {
+    need("qemu-io");
+    let (dir, config) = small_config("flags");
+    let notify = std::os::unix::net::UnixDatagram::bind(dir.join("notify.sock")).unwrap();
+    notify.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let (sock, pidfile) = (dir.join("nbd.sock"), dir.join("sluice.pid"));
+    let mut cmd = serve_command(&config);
+    cmd.args(["--export", "vm", "--read-only", "--socket"]).arg(&sock).arg("--pidfile").arg(&pidfile);
+    cmd.env("NOTIFY_SOCKET", dir.join("notify.sock"));
+    let (server, _, _) = start_command(cmd);
+    let mut buf = [0u8; 64];
+    let n = notify.recv(&mut buf).expect("READY=1 from the server");
+    assert_eq!(&buf[..n], b"READY=1");
+    assert_eq!(std::fs::read_to_string(&pidfile).unwrap().trim(), server.id().to_string());
+    let uri = format!("nbd+unix:///vm?socket={}", sock.display());
+    let io = |args: &[&str]| Command::new("qemu-io").args(args).output().unwrap();
+    let read = io(&["-r", "-f", "raw", &uri, "-c", "read -P 0 0 64k"]);
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stdout));
+    let write = io(&["-f", "raw", &uri, "-c", "write 0 4k"]);
+    let text = String::from_utf8_lossy(&write.stdout).to_string() + &String::from_utf8_lossy(&write.stderr);
+    // qemu sees the read-only flag and will not open the export for writing.
+    assert!(!write.status.success() && text.contains("Permission denied"), "{text}");
+    stop(server);
+    let n = notify.recv(&mut buf).expect("STOPPING=1 from the server");
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    assert!(!pidfile.exists(), "the pidfile outlived a clean stop");
     let _ = std::fs::remove_dir_all(&dir);
 }

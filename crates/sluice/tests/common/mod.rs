@@ -66,7 +66,13 @@ pub fn serve_command(config: &Path) -> Command {
 
 /// Start the server; also returns the metrics address (its second line).
 pub fn start_with_metrics(config: &Path) -> (Served, u16, String) {
-    let child = serve_command(config).spawn().expect("spawn sluice serve");
+    start_command(serve_command(config))
+}
+
+/// Start `cmd` (a `serve_command`, perhaps with more flags or environment):
+/// the server, its TCP port and its metrics address.
+pub fn start_command(mut cmd: Command) -> (Served, u16, String) {
+    let child = cmd.spawn().expect("spawn sluice serve");
     // Held from here, so a panic below does not leave it running.
     let mut served = Served(Some(child));
     let mut out = BufReader::new(served.stdout.take().expect("stdout"));
@@ -79,8 +85,12 @@ pub fn start_with_metrics(config: &Path) -> (Served, u16, String) {
         let _ = served.stderr.take().expect("stderr").read_to_string(&mut err);
         panic!("no port in {line:?}; the server said: {err}")
     });
+    // Further listeners (a Unix socket) come before the metrics line.
     let mut metrics = String::new();
-    out.read_line(&mut metrics).expect("second line");
+    while metrics.is_empty() || metrics.starts_with("sluice: serving ") {
+        metrics.clear();
+        out.read_line(&mut metrics).expect("the metrics line");
+    }
     let metrics = metrics
         .trim()
         .strip_prefix("sluice: metrics on http://")
