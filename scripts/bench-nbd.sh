@@ -10,7 +10,12 @@
 # reports the server's CPU time per request (utime+stime from /proc over the
 # run): with one job the fio client saturates a core before the servers do
 # on this 2-core machine, so IOPS alone hides the servers' own cost.
-# Environment: RUNTIME (s per job, default 10), SIZE (default 1g), PORT (default 10809).
+# The flush row: fio 4 KiB randwrite, iodepth 32, a flush after every 4
+# writes (fsync=4), against `sluice serve` on its default file-backed config
+# and `nbdkit file` on a file in the same directory, on the disk under
+# target/bench (not /dev/shm: a flush must reach a disk to cost anything).
+# Environment: RUNTIME (s per job, default 10), SIZE (default 1g), PORT (default 10809),
+# ONLY=flush (just the flush row), FLUSH_DIR (default target/bench/flush).
 # SLUICE: the binary under test (scripts/bench-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +47,51 @@ PY
 }
 
 declare -A result
+
+# The flush row (see the header): sluice on its default config, nbdkit file.
+flush_row() {
+    local dir=${FLUSH_DIR:-$OUT/flush} r
+    rm -rf "$dir" && mkdir -p "$dir"
+    dir=$(realpath "$dir")
+    local fsync_fio=(--ioengine=nbd --rw=randwrite --bs=4k --iodepth=32 --fsync=4 --size="$SIZE"
+        --time_based --runtime="$RUNTIME" --output-format=json)
+    printf 'data_dir = "%s/sluice-data"\nlisten = ["127.0.0.1:%s"]\nmetrics_listen = ""\n' "$dir" "$PORT" >"$dir/sluice.toml"
+    "$SLUICE" serve --config "$dir/sluice.toml" >/dev/null 2>&1 &
+    pid=$!
+    wait_port default
+    local t0 t1
+    t0=$(cpu_ticks "$pid")
+    fio --name=flush-sluice "${fsync_fio[@]}" --uri="nbd://127.0.0.1:$PORT/default" --output="$dir/sluice.json" >/dev/null
+    t1=$(cpu_ticks "$pid")
+    result["sluice,randwrite-4k-fsync4"]=$(flush_result "$dir/sluice.json" $((t1 - t0)))
+    kill -TERM $pid; wait $pid || true
+    truncate -s 4G "$dir/nbdkit.img"
+    nbdkit --foreground --exit-with-parent -p "$PORT" -i 127.0.0.1 file "$dir/nbdkit.img" &
+    pid=$!
+    wait_port ""
+    t0=$(cpu_ticks "$pid")
+    fio --name=flush-nbdkit "${fsync_fio[@]}" --uri="nbd://127.0.0.1:$PORT/" --output="$dir/nbdkit.json" >/dev/null
+    t1=$(cpu_ticks "$pid")
+    result["nbdkit,randwrite-4k-fsync4"]=$(flush_result "$dir/nbdkit.json" $((t1 - t0)))
+    kill $pid; wait $pid 2>/dev/null || true
+    echo "flush row: sluice ${result["sluice,randwrite-4k-fsync4"]}, nbdkit file ${result["nbdkit,randwrite-4k-fsync4"]} (IOPS MiB/s server-CPU-us/IO)" >&2
+    rm -rf "$dir"
+}
+
+flush_result() { # fio.json cpu-ticks
+    python3 - "$1" "$2" "$(getconf CLK_TCK)" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]["write"]
+ios = j["total_ios"] or 1
+print(f'{j["iops"]:.0f} {j["bw"] / 1024:.1f} {int(sys.argv[2]) / int(sys.argv[3]) * 1e6 / ios:.2f}')
+PY
+}
+
+if [ "${ONLY:-}" = flush ]; then
+    flush_row
+    exit 0
+fi
+
 bench_server() { # label export
     for job in "randwrite 4k 1" "randread 4k 1" "randwrite 4k 2" "randread 4k 2" "write 128k 1"; do
         set -- $job
@@ -81,6 +131,8 @@ fio --name=fill --ioengine=nbd --uri="nbd://127.0.0.1:$PORT/" --rw=write --bs=1m
 bench_server
 kill $pid; wait $pid 2>/dev/null || true
 
+flush_row
+
 python3 - "$OUT/nbd-peers.json" <<PY
 import json, sys
 rows = []
@@ -99,5 +151,9 @@ for job in ["randwrite-4k-j1", "randread-4k-j1", "randwrite-4k-j2", "randread-4k
     unit = "iops" if "4k" in job else "mib_per_s"
     cpu = " / ".join(f'{r["server_cpu_us_per_io"]:.1f}' for r in (s, n, q))
     print(f'{job:<18}{s[unit]:>10.0f}{n[unit]:>10.0f}{q[unit]:>10.0f}{s[unit]/n[unit]:>10.2f}x{s[unit]/q[unit]:>12.2f}x   {cpu}')
-print("4 KiB rows in IOPS, 128 KiB row in MiB/s; goal: sluice >= 1.2x nbdkit and >= 1.5x qemu-nbd on 4 KiB IOPS")
+s, n = by[("sluice", "randwrite-4k-fsync4")], by[("nbdkit", "randwrite-4k-fsync4")]
+print(f'{"randwrite-4k-fsync4":<18}{s["iops"]:>10.0f}{n["iops"]:>10.0f}{"-":>10}{s["iops"]/n["iops"]:>10.2f}x{"":>13}   '
+      f'{s["server_cpu_us_per_io"]:.1f} / {n["server_cpu_us_per_io"]:.1f} (default file config vs nbdkit file, on disk)')
+print("4 KiB rows in IOPS, 128 KiB row in MiB/s; goal: sluice >= 1.2x nbdkit and >= 1.5x qemu-nbd on 4 KiB IOPS;")
+print("flush row: sluice on its default file config >= 1.0x nbdkit file")
 PY

@@ -61,6 +61,7 @@ mod classes;
 mod cleaning;
 mod compaction;
 mod config;
+mod flushes;
 mod gc;
 mod handle;
 mod identity;
@@ -219,6 +220,8 @@ pub struct Engine {
     epoch: std::time::Instant,
     /// Tell servers to run reads in parallel (`set_parallel_reads`).
     parallel_reads: std::sync::atomic::AtomicBool,
+    /// FLUSH requests grouped into rounds (`flushes.rs`).
+    flushes: flushes::FlushGroup,
 }
 
 impl Engine {
@@ -235,7 +238,9 @@ impl Engine {
             cache: SharedDevice::wrap(cache),
             capacity: SharedDevice::wrap(capacity),
             unlocked_reads: std::sync::atomic::AtomicUsize::new(0),
-            unlocked_reads_max: depth.saturating_sub(CAP_QUEUE_DEPTH + 2),
+            // + 3: the lock holder's log write and flush, and a grouped
+            // FLUSH round's cache flush outside the lock (`flushes.rs`).
+            unlocked_reads_max: depth.saturating_sub(CAP_QUEUE_DEPTH + 3),
             inner: Mutex::new(inner),
             write_bufs: Mutex::new(BufPool::default()),
             recovered_in,
@@ -244,6 +249,7 @@ impl Engine {
             bg: worker::Background::new(),
             parallel_reads: std::sync::atomic::AtomicBool::new(false),
             epoch: std::time::Instant::now(),
+            flushes: Default::default(),
         })
     }
 

@@ -260,7 +260,7 @@ pub(crate) fn run(
 /// The reader loop: returns Ok on DISC or a clean end of stream.
 fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPool>) -> Result<(), ConnError> {
     loop {
-        if conn.inline && buffered_writes(conn, reader) > 0 {
+        if conn.inline && buffered_writes(conn, reader, pool) > 0 {
             continue;
         }
         if reader.buffer().len() < proto::REQUEST_HEADER_BYTES {
@@ -314,7 +314,11 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
             conn.budget.acquire(cost);
         }
         let job = Job { header, command, payload, cost };
-        if conn.inline && !(conn.pooled_reads && command == Command::Read) {
+        // A FLUSH goes to a worker even on an inline connection: the writes
+        // read after it go on while the device flushes, and flushes in
+        // flight together share one device flush (the engine groups them).
+        let pooled = command == Command::Flush || (conn.pooled_reads && command == Command::Read);
+        if conn.inline && !pooled {
             conn.execute(job, false);
         } else {
             // A worker's reply goes out at once, not into the inline
@@ -333,18 +337,27 @@ const BATCH_BYTES_MAX: usize = 1 << 20;
 /// On an inline connection: if the reader's buffer starts with plain
 /// (non-FUA) writes received whole, runs them straight from the buffer as
 /// one `write_batch` — no copy, no wait for more bytes — answers them all in
-/// one send, and returns how many. Stops at the first request that is
+/// one send, and returns how many. FLUSH requests among them are taken too
+/// and handed to the workers once the batch is written: a flush then covers
+/// every write before it (and some after it, which NBD allows), and the
+/// batch is not cut at every flush. Stops at the first request that is
 /// anything else, incomplete, or would be refused, which the reader loop
 /// then handles as usual.
-fn buffered_writes(conn: &Conn, reader: &mut ConnReader) -> usize {
+fn buffered_writes(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPool>) -> usize {
     let buffered = reader.buffer();
     let mut taken: Vec<(RequestHeader, std::ops::Range<usize>)> = Vec::new();
+    let mut flushes: Vec<RequestHeader> = Vec::new();
     let (mut pos, mut bytes) = (0, 0);
     let block = conn.export.block_bytes();
     while taken.len() < BATCH_WRITES_MAX {
         let Some(hb) = buffered.get(pos..pos + proto::REQUEST_HEADER_BYTES) else { break };
         let Ok(header) = RequestHeader::decode(hb) else { break };
         let (len, data) = (header.len as usize, pos + proto::REQUEST_HEADER_BYTES);
+        if header.validate(conn.structured) == Ok(Command::Flush) && conn.check(Command::Flush, &header).is_ok() {
+            flushes.push(header);
+            pos = data;
+            continue;
+        }
         let plain_write = header.validate(conn.structured) == Ok(Command::Write)
             && header.flags & proto::CMD_FLAG_FUA == 0
             && len > 0
@@ -359,14 +372,17 @@ fn buffered_writes(conn: &Conn, reader: &mut ConnReader) -> usize {
         pos = data + len;
         bytes += len;
     }
-    if taken.is_empty() {
+    if taken.is_empty() && flushes.is_empty() {
         return 0;
     }
-    conn.stats.requests.fetch_add(taken.len() as u64, Ordering::Relaxed);
+    conn.stats.requests.fetch_add((taken.len() + flushes.len()) as u64, Ordering::Relaxed);
     let writes: Vec<(u64, &[u8])> = taken.iter().map(|(h, r)| (h.offset, &buffered[r.clone()])).collect();
-    let result = {
-        let _order = conn.order.shared();
-        conn.export.write_batch(&writes, false)
+    let result = match writes.is_empty() {
+        true => Ok(()),
+        false => {
+            let _order = conn.order.shared();
+            conn.export.write_batch(&writes, false)
+        }
     };
     let mut out = Vec::with_capacity(taken.len() * proto::SIMPLE_REPLY_BYTES);
     for (h, _) in &taken {
@@ -378,7 +394,14 @@ fn buffered_writes(conn: &Conn, reader: &mut ConnReader) -> usize {
     }
     conn.out.send(&out);
     reader.consume(pos);
-    taken.len()
+    for header in &flushes {
+        let cost = REQUEST_OVERHEAD_BYTES;
+        conn.budget.acquire(cost);
+        let job = Job { header: *header, command: Command::Flush, payload: None, cost };
+        let conn = conn.clone();
+        pool.submit(Box::new(move || conn.execute(job, true)));
+    }
+    taken.len() + flushes.len()
 }
 
 /// Reads `buf` fully; `Ok(false)` on end of stream before its first byte.

@@ -463,6 +463,47 @@ fn random_garbage_after_the_handshake_never_hurts_the_server() {
     h.shutdown().expect("shutdown");
 }
 
+/// FLUSHes among buffered writes on an inline connection are taken with
+/// the batch and run after it on a worker: each is answered, and each
+/// comes after every write sent before it.
+#[test]
+fn flushes_inside_a_write_batch_run_after_the_writes_before_them() {
+    let vol = MemVolume::new("default", SIZE).serializing();
+    let h = start(vec![vol.clone()]);
+    let (mut c, _, _) = Raw::go(h.port().expect("tcp"), "default", false, false);
+    vol.log.lock().expect("log").clear();
+    let flush = Command::Flush as u16;
+    let reqs: [(u64, u16, u64); 6] =
+        [(1, WRITE, 0), (2, WRITE, 4096), (3, flush, 0), (4, WRITE, 8192), (5, flush, 0), (6, WRITE, 12288)];
+    let mut wire = Vec::new();
+    for &(cookie, command, offset) in &reqs {
+        let len = if command == WRITE { 4096 } else { 0 };
+        wire.extend_from_slice(&proto::RequestHeader { flags: 0, command, cookie, offset, len }.encode());
+        wire.extend_from_slice(&pattern(cookie, len as usize));
+    }
+    c.send(&wire);
+    let mut answered: Vec<u64> = (0..reqs.len())
+        .map(|_| match c.reply(0).0 {
+            Reply::Simple { error: 0, cookie } => cookie,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    answered.sort();
+    assert_eq!(answered, vec![1, 2, 3, 4, 5, 6]);
+    let log = vol.log.lock().expect("log").clone();
+    assert_eq!(log.matches('f').count(), 2, "{log}");
+    assert_eq!(
+        log.find('f').map(|i| log[..i].matches('w').count() >= 2),
+        Some(true),
+        "flush 3 before writes 1-2: {log}"
+    );
+    assert!(log.rfind('f').map(|i| log[..i].matches('w').count() >= 3) == Some(true), "flush 5 before write 4: {log}");
+    for (cookie, offset) in [(1, 0), (2, 4096), (4, 8192), (6, 12288)] {
+        assert_eq!(vol.snapshot(offset, 4096), pattern(cookie, 4096));
+    }
+    h.shutdown().expect("shutdown");
+}
+
 #[test]
 fn inline_write_batches_stop_at_refused_and_fua_writes_and_answer_each() {
     let vol = MemVolume::new("default", SIZE).serializing();

@@ -271,6 +271,14 @@ pub trait BlockDevice: Send + Sync {
     fn next_completion_ns(&self) -> Option<u64> {
         None
     }
+
+    /// Makes every write completed so far durable, synchronously and
+    /// without going through (or waiting behind) the request queue: a
+    /// file's `fdatasync`. None if the device has no such path; the caller
+    /// then submits an `IoOp::Flush`. Counted as a flush in `stats`.
+    fn flush_now(&self) -> Option<Result<(), DeviceError>> {
+        None
+    }
 }
 
 /// Zone state per NVMe ZNS.

@@ -705,6 +705,16 @@ impl BlockDevice for FileDevice {
         st.in_ring + st.done.len()
     }
 
+    /// `fdatasync` on the descriptor from the calling thread: the ring's
+    /// lock is not held, so other threads' submits and reaps go on.
+    fn flush_now(&self) -> Option<Result<(), DeviceError>> {
+        // SAFETY: fdatasync on a descriptor this device keeps open.
+        let rc = unsafe { libc::fdatasync(self.file.as_raw_fd()) };
+        let result = if rc == 0 { Ok(()) } else { Err(DeviceError::from_io(&std::io::Error::last_os_error())) };
+        self.lock().stats.count_host(IoOp::Flush, 0, result.is_ok());
+        Some(result)
+    }
+
     fn stats(&self) -> DeviceStats {
         let st = self.lock();
         let mut s = st.stats;

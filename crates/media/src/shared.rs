@@ -22,7 +22,7 @@
 //! this, reads run outside the lock, concurrently, while the engine's own
 //! writes keep their simple submit-then-reap shape.
 
-use crate::device::{BlockDevice, DeviceInfo, DeviceStats, IoCompletion, IoRequest, ZonedDevice};
+use crate::device::{BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoRequest, ZonedDevice};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -183,6 +183,10 @@ impl BlockDevice for SharedDevice {
 
     fn stats(&self) -> DeviceStats {
         self.dev.stats()
+    }
+
+    fn flush_now(&self) -> Option<Result<(), DeviceError>> {
+        self.dev.flush_now()
     }
 
     fn as_zoned(&self) -> Option<&dyn ZonedDevice> {

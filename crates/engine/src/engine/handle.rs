@@ -391,7 +391,7 @@ impl Volume for EngineVolume {
     }
 
     fn flush(&self) -> Result<(), VolumeError> {
-        self.timed(Op::Flush, 0, || self.flush_both())
+        self.timed(Op::Flush, 0, || self.engine.flush_grouped())
     }
 
     /// Several writes (offset, data) as one group commit: they share log
