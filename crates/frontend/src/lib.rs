@@ -16,6 +16,8 @@ pub mod server;
 pub mod stream;
 mod subblock;
 pub mod tls;
+#[doc(hidden)]
+pub mod tls_bench;
 mod tls_records;
 mod transmission;
 

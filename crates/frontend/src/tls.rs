@@ -173,7 +173,7 @@ fn whole_record(buf: &[u8]) -> Option<usize> {
 }
 
 /// Appends a handshake record rustls has ready to `out`.
-fn encode(e: &mut EncodeTlsData<'_, ServerConnectionData>, out: &mut Vec<u8>) -> io::Result<()> {
+pub(crate) fn encode(e: &mut EncodeTlsData<'_, ServerConnectionData>, out: &mut Vec<u8>) -> io::Result<()> {
     let start = out.len();
     out.resize(start + 4096, 0);
     loop {

@@ -379,6 +379,20 @@ enum Bench {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The TLS record layer against rustls's own unbuffered API, in one
+    /// process: the server opening a client's records and sealing replies
+    /// (TLS 1.3, AES-128-GCM), MiB/s each (a test certificate is made with
+    /// openssl).
+    TlsRecords {
+        /// Plaintext each way, MiB.
+        #[arg(long, default_value_t = 512)]
+        mib: u64,
+        /// Request and reply size.
+        #[arg(long, default_value = "128k")]
+        message: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// 4 KiB random writes through the io_uring file backend.
     Uring {
         #[arg(long)]
@@ -950,6 +964,50 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     write_json(p, &r)?;
                 }
                 nbdload::print(&r, json.as_deref());
+                Ok(())
+            }
+            Bench::TlsRecords { mib, message, json } => {
+                let message_bytes = parse_bytes(&message)? as usize;
+                if message_bytes == 0 || mib == 0 {
+                    return Err(CliError("--mib and --message must be positive".into()));
+                }
+                let dir = std::env::temp_dir().join(format!("sluice-tls-records-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).map_err(|e| CliError(format!("{}: {e}", dir.display())))?;
+                let made = std::process::Command::new("openssl")
+                    .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
+                    .args(["-keyout", "key.pem", "-out", "cert.pem", "-subj", "/CN=localhost", "-days", "1"])
+                    .current_dir(&dir)
+                    .output()
+                    .map_err(|e| CliError(format!("openssl (scripts/setup.sh installs it): {e}")))?;
+                if !made.status.success() {
+                    return Err(CliError(format!("openssl: {}", String::from_utf8_lossy(&made.stderr))));
+                }
+                let cfg = sluice_frontend::tls::server_config(
+                    &dir.join("cert.pem"),
+                    &dir.join("key.pem"),
+                    sluice_frontend::tls::MinVersion::Tls13,
+                    None,
+                )
+                .map_err(|e| CliError(e.to_string()))?;
+                let r = sluice_frontend::tls_bench::compare(&cfg, mib, message_bytes);
+                let _ = std::fs::remove_dir_all(&dir);
+                let r = r.map_err(|e| CliError(format!("tls-records: {e}")))?;
+                println!(
+                    "record layer, {} MiB each way in {} B messages (TLS 1.3, AES-128-GCM, server side):",
+                    r.mib, r.message_bytes
+                );
+                println!("  {:<20} {:>12} {:>12}", "", "open MiB/s", "seal MiB/s");
+                for (name, s) in [("own (tls_records)", r.own), ("rustls unbuffered", r.rustls_unbuffered)] {
+                    println!("  {name:<20} {:>12.0} {:>12.0}", s.open_mib_per_s, s.seal_mib_per_s);
+                }
+                println!(
+                    "  own / rustls: open {:.2}x, seal {:.2}x",
+                    r.own.open_mib_per_s / r.rustls_unbuffered.open_mib_per_s,
+                    r.own.seal_mib_per_s / r.rustls_unbuffered.seal_mib_per_s
+                );
+                if let Some(p) = &json {
+                    write_json(p, &r)?;
+                }
                 Ok(())
             }
             Bench::Uring { path, file_bytes, iodepth, seconds, json } => {

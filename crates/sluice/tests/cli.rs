@@ -14,6 +14,25 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
+/// Both record layers open and seal the same bytes (each checks what it
+/// opened and a rustls client checks what it sealed) and report speeds.
+#[test]
+fn bench_tls_records_compares_both_record_layers() {
+    let dir = tmp("tls-records");
+    let json = dir.join("tls.json");
+    let out = sluice().args(["bench", "tls-records", "--mib", "4", "--json"]).arg(&json).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("own / rustls"));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for side in ["own", "rustls_unbuffered"] {
+        for key in ["open_mib_per_s", "seal_mib_per_s"] {
+            assert!(r[side][key].as_f64().is_some_and(|v| v > 0.0), "{side}.{key} in {r}");
+        }
+    }
+    let bad = sluice().args(["bench", "tls-records", "--mib", "0"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("must be positive"));
+}
+
 #[test]
 fn bench_media_writes_the_documented_json_rows() {
     let dir = tmp("media");
