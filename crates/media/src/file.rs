@@ -101,6 +101,13 @@ pub struct FileOptions {
     /// size must be exactly `capacity_bytes` (`FileError::SizeMismatch`).
     /// Off: create or extend sparsely (tests, benchmarks).
     pub allocate: bool,
+    /// With `allocate`: a new file is also written with zeros (and synced),
+    /// so its extents are written, not only reserved. On ext4 and XFS the
+    /// first write into a reserved (unwritten) extent is converted in the
+    /// filesystem journal, and every flush then waits for that commit: a
+    /// log written in small records with frequent flushes (the engine's
+    /// cache) ran at about three quarters of the speed.
+    pub zero_fill: bool,
     /// Take the device for this process alone: an exclusive `flock` on a
     /// regular file, `O_EXCL` on a block device (which the kernel refuses
     /// while it is mounted or held the same way). A second opener gets
@@ -118,6 +125,7 @@ impl Default for FileOptions {
             spin_us: DEFAULT_SPIN_US,
             single_reaper: false,
             allocate: false,
+            zero_fill: false,
             exclusive: false,
         }
     }
@@ -281,11 +289,18 @@ impl FileDevice {
                     return Err(FileError::SizeMismatch { path, file_bytes: device_bytes, capacity_bytes: cap });
                 }
                 if !existed {
-                    if let Err(e) = allocate(&file, cap) {
+                    let made = allocate(&file, cap).map_err(|e| ("allocating the file", e)).and_then(|()| {
+                        if opts.zero_fill {
+                            zero_fill(&path, cap).map_err(|e| ("writing zeros over the file", e))
+                        } else {
+                            Ok(())
+                        }
+                    });
+                    if let Err((what, errno)) = made {
                         // Leave nothing half made behind.
                         drop(file);
                         let _ = std::fs::remove_file(&path);
-                        return Err(FileError::Sys { path, what: "allocating the file", errno: e });
+                        return Err(FileError::Sys { path, what, errno });
                     }
                 }
                 cap
@@ -583,6 +598,22 @@ fn claim(path: &Path, block_device: bool) -> Result<File, FileError> {
         return Err(FileError::Sys { path: path.to_path_buf(), what: "locking", errno: errno_of(&e) });
     }
     Ok(f)
+}
+
+/// Write zeros over the first `bytes` of the file at `path` (through the
+/// page cache, 1 MiB at a time) and sync them. Returns the errno.
+fn zero_fill(path: &Path, bytes: u64) -> Result<(), i32> {
+    use std::io::Write;
+    let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let mut f = OpenOptions::new().write(true).open(path).map_err(errno)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut done = 0;
+    while done < bytes {
+        let n = (bytes - done).min(zeros.len() as u64) as usize;
+        f.write_all(&zeros[..n]).map_err(errno)?;
+        done += n as u64;
+    }
+    f.sync_data().map_err(errno)
 }
 
 /// Reserve `bytes` of disk for a new file: `fallocate`, or where the

@@ -462,3 +462,34 @@ fn block_device_via_loop() {
     let _ = Command::new("losetup").arg("-d").arg(&loopdev).status();
     result.unwrap();
 }
+
+/// `zero_fill` leaves no unwritten (reserved only) extent in a new file,
+/// where `allocate` alone leaves them all unwritten (the case the option
+/// exists for), as `filefrag -v` reports the extents. On a filesystem
+/// without unwritten extents (tmpfs) or without filefrag there is nothing
+/// to tell apart, and the test says so.
+#[test]
+fn zero_fill_leaves_no_unwritten_extent() {
+    let dir = std::env::temp_dir();
+    let extents = |zero_fill: bool| -> Option<String> {
+        let p = temp_path(&dir, if zero_fill { "zeroed" } else { "reserved" });
+        let opts = FileOptions {
+            capacity_bytes: Some(4 << 20),
+            cache: CacheMode::DirectOrBuffered,
+            allocate: true,
+            zero_fill,
+            ..Default::default()
+        };
+        let dev = FileDevice::open(&p.0, &opts).expect("create");
+        let b = read_at(&dev, (4 << 20) - 4096, 4096).expect("read");
+        assert!(b.iter().all(|&x| x == 0), "reads zeros");
+        let out = std::process::Command::new("filefrag").arg("-v").arg(&p.0).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    match (extents(false), extents(true)) {
+        (Some(reserved), Some(zeroed)) if reserved.contains("unwritten") => {
+            assert!(!zeroed.contains("unwritten"), "zero_fill left unwritten extents:\n{zeroed}");
+        }
+        other => eprintln!("no unwritten extents to tell apart here ({:?}); nothing checked", other.0.map(|_| "filefrag ran")),
+    }
+}

@@ -648,6 +648,8 @@ impl Config {
                     capacity_bytes: Some(size),
                     cache: CacheMode::DirectOrBuffered,
                     allocate: true,
+                    // The log: small records and frequent flushes (FileOptions).
+                    zero_fill: which == "cache",
                     exclusive: true,
                     ..Default::default()
                 };
