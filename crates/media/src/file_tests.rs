@@ -490,6 +490,9 @@ fn zero_fill_leaves_no_unwritten_extent() {
         (Some(reserved), Some(zeroed)) if reserved.contains("unwritten") => {
             assert!(!zeroed.contains("unwritten"), "zero_fill left unwritten extents:\n{zeroed}");
         }
-        other => eprintln!("no unwritten extents to tell apart here ({:?}); nothing checked", other.0.map(|_| "filefrag ran")),
+        other => eprintln!(
+            "no unwritten extents to tell apart here ({:?}); nothing checked",
+            other.0.map(|_| "filefrag ran")
+        ),
     }
 }
