@@ -117,7 +117,7 @@ impl BlockDevice for TimedDevice {
 /// `prealloc`: devices fully resident from the start (see
 /// `MemoryDevice::preallocated`). `device_ns` (if given) adds up the time
 /// spent inside both devices' calls.
-fn bench_engine(
+pub(crate) fn bench_engine(
     volume_bytes: u64,
     cache_bytes: u64,
     prealloc: bool,
@@ -142,7 +142,7 @@ fn bench_engine(
 }
 
 /// Uniformly random block numbers below `blocks` (xorshift64, seeded).
-fn random_blocks(seed: u64, blocks: u64) -> impl FnMut() -> u64 {
+pub(crate) fn random_blocks(seed: u64, blocks: u64) -> impl FnMut() -> u64 {
     let mut x = seed | 1;
     move || {
         x ^= x << 13;

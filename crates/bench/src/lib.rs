@@ -5,6 +5,7 @@ pub mod advise;
 pub mod caching;
 pub mod csal;
 pub mod engine;
+pub mod engine_threads;
 pub mod heap;
 pub mod job;
 pub mod l2p;

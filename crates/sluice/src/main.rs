@@ -296,6 +296,11 @@ enum Bench {
         /// Writes submitted together, as one group commit (1: one per call).
         #[arg(long, default_value_t = 32)]
         iodepth: usize,
+        /// Also run the requests on one thread and then split across this
+        /// many, reporting wall-clock IOPS and the scaling (JSON keys
+        /// `threads`, `write_iops_total`, `read_iops_total`, `write_scaling`).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
         #[arg(long, default_value = "target/bench/engine.json")]
         json: PathBuf,
     },
@@ -849,7 +854,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 };
                 bench_trace(&file, &system, capacity.as_deref(), &run, json.as_deref())
             }
-            Bench::Engine { ios, volume, cache, iodepth, json } => {
+            Bench::Engine { ios, volume, cache, iodepth, threads, json } => {
                 let opts = engine::EngineBenchOpts {
                     ios,
                     iodepth,
@@ -857,24 +862,33 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     cache_bytes: parse_bytes(&cache)?,
                     ..Default::default()
                 };
-                let r = engine::run(&opts)?;
+                if threads <= 1 {
+                    return engine_bench_one_thread(&opts, &json);
+                }
+                let r = sluice_bench::engine_threads::run_threads(&opts, threads)?;
                 println!(
-                    "engine, 4 KiB random in process: write (QD{} group commit) {:.0} IOPS/core, read (QD1) {:.0} \
-                     IOPS/core, DRAM {:.2} bytes/block (L2P 4 + CRC 4 + chunk P2L 16 per cache block), host WAF {:.2}",
-                    r.iodepth, r.write_iops_per_core, r.read_iops_per_core, r.dram_bytes_per_block, r.host_waf
+                    "engine, 4 KiB random in process on {} threads (writes QD{} group commit, reads QD1), wall-clock IOPS:",
+                    r.threads, r.iodepth
+                );
+                let each = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" / ");
+                println!(
+                    "  write: 1 thread {:.0}, {} threads {:.0} total ({} each): {:.2}x",
+                    r.one_thread_write_iops,
+                    r.threads,
+                    r.write_iops_total,
+                    each(&r.write_iops_per_thread),
+                    r.write_scaling
                 );
                 println!(
-                    "  where the time goes: memory devices' memcpy {:.0} % of write time, {:.0} % of read time; the \
-                     engine itself adds {:.0} ns per write (incl. the compaction it triggers; {:.0} k IOPS/core) \
-                     and {:.0} ns per read ({:.0} k IOPS/core)",
-                    r.write_device_share * 100.0,
-                    r.read_device_share * 100.0,
-                    r.write_engine_ns_per_io,
-                    1e6 / r.write_engine_ns_per_io,
-                    r.read_engine_ns_per_io,
-                    1e6 / r.read_engine_ns_per_io
+                    "  read:  1 thread {:.0}, {} threads {:.0} total ({} each): {:.2}x",
+                    r.one_thread_read_iops,
+                    r.threads,
+                    r.read_iops_total,
+                    each(&r.read_iops_per_thread),
+                    r.read_scaling
                 );
-                write_json(&json, &r)
+                write_json(&json, &r)?;
+                Ok(())
             }
             Bench::Recovery { cache, volume, json } => {
                 let opts = engine::RecoveryBenchOpts {
@@ -1052,4 +1066,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `sluice bench engine` on one thread: IOPS per core and where the time goes.
+fn engine_bench_one_thread(opts: &engine::EngineBenchOpts, json: &std::path::Path) -> Result<(), CliError> {
+    let r = engine::run(opts)?;
+    println!(
+        "engine, 4 KiB random in process: write (QD{} group commit) {:.0} IOPS/core, read (QD1) {:.0} \
+             IOPS/core, DRAM {:.2} bytes/block (L2P 4 + CRC 4 + chunk P2L 16 per cache block), host WAF {:.2}",
+        r.iodepth, r.write_iops_per_core, r.read_iops_per_core, r.dram_bytes_per_block, r.host_waf
+    );
+    println!(
+        "  where the time goes: memory devices' memcpy {:.0} % of write time, {:.0} % of read time; the \
+             engine itself adds {:.0} ns per write (incl. the compaction it triggers; {:.0} k IOPS/core) \
+             and {:.0} ns per read ({:.0} k IOPS/core)",
+        r.write_device_share * 100.0,
+        r.read_device_share * 100.0,
+        r.write_engine_ns_per_io,
+        1e6 / r.write_engine_ns_per_io,
+        r.read_engine_ns_per_io,
+        1e6 / r.read_engine_ns_per_io
+    );
+    write_json(json, &r)
 }
