@@ -1,6 +1,6 @@
 //! The `sluice` command: Sluice's server, experiments and tools.
 //!
-//! `sluice serve` serves the engine's volumes over NBD (see serve.rs).
+//! `sluice serve` serves the engine's volumes over NBD (see serve/mod.rs).
 //! `sluice bench media` regenerates the CSAL paper's QLC/TLC rows on the
 //! emulators; `sluice bench job FILE.fio --system …` runs any fio-style job
 //! file on an emulated device; `sluice bench trace` replays a CSV block trace

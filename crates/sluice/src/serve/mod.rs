@@ -1,0 +1,597 @@
+//! `sluice serve`: engine volumes over NBD.
+//!
+//! Startup steps, in order: read the config (TOML, every key optional) →
+//! create the data directory → open the cache and capacity devices (files,
+//! raw block devices or memory) → reopen the engine from its superblock, or
+//! create it on blank devices → bind the listeners (TCP and a Unix socket in
+//! the data directory) → serve until SIGTERM or SIGINT. Shutdown steps: stop
+//! accepting, finish in-flight requests and flush (the server does that), then
+//! checkpoint the engine and mark it clean, so the next start reopens fast.
+//!
+//! The signal mask is set before any thread starts, and the main thread waits
+//! in `sigwait`: no handler runs on an arbitrary thread.
+//!
+//! Layout: `config.rs` is the configuration (file sections, defaults, flags);
+//! `devices.rs` opens the devices and the engine on them (and `format`,
+//! `clean`, `check`); this file runs the server: access rules, reload on
+//! SIGHUP, systemd notification, the pidfile, and the start and stop.
+
+use crate::metrics::NbdCounters;
+use crate::recorder::{TraceSlot, TraceTarget, TracedVolume};
+use serde::{Deserialize, Serialize};
+use sluice_engine::persist::Superblock;
+use sluice_engine::{CompactorConfig, Engine, EngineConfig, EngineError, Volume, VolumeSpec};
+use sluice_frontend::access::ExportAccess;
+use sluice_frontend::{raise_open_files_limit, Listener, Server, ServerMonitor, ServerOptions, FDS_PER_CONNECTION};
+use sluice_media::ssd::{ssd_device, SsdProfile};
+use sluice_media::{
+    hdd_device, scm_device, zns_device, BlockDevice, CacheMode, ClockRef, FileDevice, FileOptions, HddProfile,
+    MemoryDevice, RealClock, ScmProfile, StripedDevice, ZnsProfile,
+};
+use sluice_workload::parse_bytes;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+mod config;
+mod devices;
+pub use config::*;
+pub use devices::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("config {path}: {msg}")]
+    Config { path: String, msg: String },
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("{0}")]
+    Device(String),
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    #[error("server: {0}")]
+    Server(String),
+    #[error(
+        "data directory {} is in use by another sluice process (PID {holder}); stop it first, or give this one another data_dir",
+        dir.display()
+    )]
+    Locked { dir: PathBuf, holder: String },
+    #[error(
+        "the config differs from the engine on the devices; nothing was changed:\n  {}",
+        .0.join("\n  ")
+    )]
+    ConfigDiffers(Vec<String>),
+    #[error("refusing to format; `sluice format --force` destroys what is there:\n  {}", .0.join("\n  "))]
+    FormatRefused(Vec<String>),
+    #[error(
+        "the {which} device {path} existed before this start and holds no Sluice engine: \
+         `sluice format` creates one on it (destroying what it holds)"
+    )]
+    NotFresh { which: &'static str, path: String },
+}
+
+/// Block SIGINT, SIGTERM and SIGHUP in this thread (and every thread it
+/// starts): the main thread takes them with `sigwait`.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: `set` is initialised; `sig` is a valid out pointer.
+    unsafe { libc::sigwait(set, &mut sig) };
+    sig
+}
+
+/// Set the engine's cleaning and every volume's cache policy and I/O
+/// classes from `cfg`: all parsed and checked first, so a bad config
+/// changes nothing.
+fn apply_policies(cfg: &Config, engine: &Arc<Engine>) -> Result<(), ServeError> {
+    let in_place = cfg.layout()? == sluice_engine::Layout::InPlace;
+    let cleaning = cfg.cleaning()?;
+    if !in_place && cleaning.mode != sluice_engine::CleaningMode::None {
+        return Err(ServeError::Config {
+            path: "engine.cleaning".into(),
+            msg: "cleaning policies apply to an in-place engine ([engine] layout = \"in-place\")".into(),
+        });
+    }
+    let mut volumes = Vec::new();
+    for v in &cfg.volumes {
+        let policy = v.cache_policy()?;
+        let classes = v.class.iter().map(|c| c.to_class(&v.name)).collect::<Result<Vec<_>, _>>()?;
+        if !in_place && (policy != sluice_engine::CachePolicy::default() || !classes.is_empty()) {
+            return Err(ServeError::Config {
+                path: format!("volume {}", v.name),
+                msg: "mode, seq_cutoff, promote_after and classes apply to an in-place engine ([engine] layout = \"in-place\")"
+                    .into(),
+            });
+        }
+        engine.volume(&v.name)?;
+        sluice_engine::engine::check_io_classes(&classes)
+            .map_err(|e| ServeError::Config { path: format!("volume {}", v.name), msg: e.to_string() })?;
+        volumes.push((v.name.as_str(), policy, classes));
+    }
+    if !in_place {
+        return Ok(());
+    }
+    engine.set_cleaning(cleaning)?;
+    for (name, policy, classes) in volumes {
+        engine.set_cache_policy(name, policy)?;
+        engine.set_io_classes(name, classes)?;
+    }
+    Ok(())
+}
+
+/// What a reload cannot change, by section, as text to compare: everything
+/// but `[engine] cleaning*` and the volumes' policies and classes.
+fn fixed_settings(c: &Config) -> Vec<(&'static str, String)> {
+    let e = &c.engine;
+    let engine = format!(
+        "{:?}",
+        (
+            &e.chunk_size,
+            &e.band_size,
+            &e.write_unit,
+            &e.background_compaction,
+            &e.compaction_start,
+            &e.compaction_setpoint
+        )
+    ) + &format!("{:?}", (&e.l2p_dram, &e.layout));
+    let volumes: Vec<_> =
+        c.volumes.iter().map(|v| (&v.name, &v.size, v.read_only, &v.allow, &v.allow_read_only)).collect();
+    vec![
+        ("data_dir", format!("{:?}", c.data_dir)),
+        ("listen / unix_socket / metrics_listen", format!("{:?}", (&c.listen, &c.unix_socket, &c.metrics_listen))),
+        ("[cache]", format!("{:?}", c.cache)),
+        ("[capacity]", format!("{:?}", c.capacity)),
+        ("[engine]", engine),
+        ("[server]", format!("{:?}", c.server)),
+        ("[tls]", format!("{:?}", c.tls)),
+        ("volume names, sizes and access", format!("{volumes:?}")),
+    ]
+}
+
+/// Each volume's access rules for the server. Allow-lists match names of
+/// client certificates, which only mutual TLS provides: lists without
+/// `[tls] client_ca` (or with TLS not required, so a plaintext client
+/// could bypass them) are refused.
+fn export_access(cfg: &Config) -> Result<HashMap<String, ExportAccess>, ServeError> {
+    let mut out = HashMap::new();
+    for v in &cfg.volumes {
+        let listed = !v.allow.is_empty() || !v.allow_read_only.is_empty();
+        if listed && (cfg.tls.client_ca.is_empty() || cfg.tls.mode != "require") {
+            let msg = "allow / allow_read_only need [tls] mode = \"require\" and client_ca (names come from verified client certificates)";
+            return Err(ServeError::Config { path: format!("volume {:?}", v.name), msg: msg.into() });
+        }
+        if listed || v.read_only {
+            let access = ExportAccess {
+                read_only: v.read_only,
+                allow: v.allow.clone(),
+                allow_read_only: v.allow_read_only.clone(),
+            };
+            out.insert(v.name.clone(), access);
+        }
+    }
+    Ok(out)
+}
+
+/// `--pidfile`: the process id, written whole (a temporary file renamed
+/// over the path) once the server serves; removed when dropped.
+struct Pidfile(PathBuf);
+
+impl Pidfile {
+    fn write(path: &Path) -> Result<Pidfile, ServeError> {
+        let io = |source| ServeError::Io { what: format!("pidfile {}", path.display()), source };
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, format!("{}\n", std::process::id())).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)?;
+        Ok(Pidfile(path.to_owned()))
+    }
+}
+
+impl Drop for Pidfile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Tells systemd (a `Type=notify` unit: `$NOTIFY_SOCKET` is set) the
+/// server's state, e.g. `READY=1` once every listener accepts. Without
+/// systemd it does nothing; a failure is reported, never fatal.
+fn notify_systemd(state: &str) {
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let sent = (|| -> std::io::Result<()> {
+        let sock = UnixDatagram::unbound()?;
+        let bytes = path.as_encoded_bytes();
+        // A leading '@' names a socket in the abstract namespace.
+        let addr = match bytes.strip_prefix(b"@") {
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                SocketAddr::from_abstract_name(name)?
+            }
+            None => SocketAddr::from_pathname(&path)?,
+        };
+        sock.send_to_addr(state.as_bytes(), &addr)?;
+        Ok(())
+    })();
+    if let Err(e) = sent {
+        eprintln!("sluice: warning: telling systemd {state:?} through NOTIFY_SOCKET failed: {e}");
+    }
+}
+
+/// SIGHUP: read the config file again and apply what can change while the
+/// engine runs — cleaning, each volume's cache policy and I/O classes (the
+/// directory-class refresher restarts) — or, if anything else differs or
+/// it does not parse, change nothing and say why. If every volume of an
+/// in-place engine is pass-through afterwards, clean every dirty block
+/// home: a live detach (the disk alone then holds every volume).
+fn reload(
+    path: Option<&Path>,
+    flags: &Overrides,
+    running: &Config,
+    engine: &Arc<Engine>,
+    classifier: &mut Option<crate::directories::DirectoryClasses>,
+    traces: &[Arc<TraceSlot>],
+) -> Result<(), ServeError> {
+    let cfg = flags.apply(Config::load(path)?)?;
+    let targets = cfg.trace_targets()?;
+    let fixed = fixed_settings(&cfg);
+    let differ: Vec<&str> =
+        (fixed.iter().zip(fixed_settings(running))).filter(|(a, b)| a.1 != b.1).map(|(a, _)| a.0).collect();
+    if !differ.is_empty() {
+        return Err(ServeError::Config {
+            path: path.map_or("(defaults)".into(), |p| p.display().to_string()),
+            msg: format!(
+                "{} changed: only [engine] cleaning*, and each volume's policy and classes, change on reload; restart for the rest",
+                differ.join(", ")
+            ),
+        });
+    }
+    apply_policies(&cfg, engine)?;
+    for (slot, (name, target)) in traces.iter().zip(targets) {
+        if let Err(e) = slot.set(target) {
+            eprintln!("sluice: volume {name}: cannot record its trace: {e}");
+        }
+    }
+    drop(classifier.take());
+    *classifier = crate::directories::DirectoryClasses::start(&cfg, engine)?;
+    eprintln!("sluice: reloaded the cache policies from the config");
+    let report = engine.cache_report();
+    if !report.is_empty() && report.iter().all(|r| r.policy.mode == sluice_engine::CacheMode::PassThrough) {
+        let bytes = engine.clean(false)?;
+        eprintln!(
+            "sluice: detached: every volume is pass-through and {} MiB of dirty data went home; the disk alone holds every volume",
+            bytes >> 20
+        );
+    }
+    Ok(())
+}
+
+/// Descriptors kept for everything but connections: devices, listeners,
+/// trace files, the metrics endpoint (docs/serve.md, `connections_max`).
+const FDS_RESERVED: u64 = 256;
+
+/// What to say when the open-file limit (`got`, after raising it as far as
+/// this process may) cannot hold `connections_max` on each of `listeners`.
+fn open_files_advice(got: u64, connections_max: u64, listeners: u64) -> String {
+    let wanted = connections_max * FDS_PER_CONNECTION * listeners + FDS_RESERVED;
+    let fit = got.saturating_sub(FDS_RESERVED) / FDS_PER_CONNECTION;
+    format!(
+        "the open-file limit is {got} and this process may not raise it further; [server] connections_max = \
+         {connections_max} on {listeners} listener(s) needs {connections_max} x {listeners} + {FDS_RESERVED} = \
+         {wanted} descriptors, so about {fit} connections can be open at once (more wait in the listen queue). \
+         Raise the hard limit to {wanted} (systemd: LimitNOFILE={wanted}; a shell as root: ulimit -Hn {wanted}) \
+         or lower connections_max to {}",
+        fit / listeners.max(1)
+    )
+}
+
+/// Run the server until SIGTERM/SIGINT; prints one line per listener.
+/// SIGHUP reloads the cache policies from `path` (`reload`).
+pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), ServeError> {
+    let set = block_signals();
+    // TLS first: a bad [tls] section must not leave an opened engine behind.
+    let mut opts = ServerOptions {
+        connections_max: cfg.server.connections_max,
+        workers_max: cfg.server.workers_max,
+        inflight_bytes_max: size_of("server.inflight_bytes_max", &cfg.server.inflight_bytes_max)?,
+        ..ServerOptions::default()
+    };
+    let listeners = cfg.listen.len() as u64 + u64::from(!cfg.unix_socket.is_empty());
+    let fds_wanted = opts.connections_max as u64 * FDS_PER_CONNECTION * listeners + FDS_RESERVED;
+    match raise_open_files_limit(fds_wanted) {
+        Ok(got) if got >= fds_wanted => {}
+        Ok(got) => eprintln!("sluice: warning: {}", open_files_advice(got, opts.connections_max as u64, listeners)),
+        Err(e) => eprintln!("sluice: warning: cannot raise the open-file limit: {e}"),
+    }
+    opts.access = export_access(&cfg)?;
+    match cfg.tls.mode.as_str() {
+        "" | "off" => {}
+        mode @ ("allow" | "require") => {
+            if cfg.tls.cert.is_empty() || cfg.tls.key.is_empty() {
+                return Err(ServeError::Config {
+                    path: "tls".into(),
+                    msg: format!("mode {mode:?} needs cert and key"),
+                });
+            }
+            let (cert, key) = (cfg.in_data_dir(&cfg.tls.cert), cfg.in_data_dir(&cfg.tls.key));
+            let min = match cfg.tls.min_version.as_str() {
+                "" => Default::default(),
+                v => v.parse().map_err(|msg| ServeError::Config { path: "tls.min_version".into(), msg })?,
+            };
+            let client_ca = (!cfg.tls.client_ca.is_empty()).then(|| cfg.in_data_dir(&cfg.tls.client_ca));
+            let tls = sluice_frontend::tls::server_config(&cert, &key, min, client_ca.as_deref())
+                .map_err(|e| ServeError::Config { path: "tls".into(), msg: e.to_string() })?;
+            opts.tls = Some(tls);
+            opts.tls_required = mode == "require";
+        }
+        other => {
+            let msg = format!("mode {other:?}: expected \"off\", \"allow\" or \"require\"");
+            return Err(ServeError::Config { path: "tls".into(), msg });
+        }
+    }
+    // Checked before the engine opens: bad input changes nothing.
+    let compactor_cfg = cfg.engine.background_compaction.then_some(cfg.compactor(cfg.layout()?));
+    if let Some(c) = &compactor_cfg {
+        c.check().map_err(|e| ServeError::Config { path: "engine".into(), msg: e.to_string() })?;
+    }
+    let _lock = DirLock::take_creating(&cfg.data_dir)?;
+    let (engine, how) = open_engine(&cfg)?;
+    // Reads run outside the engine lock; handing them to workers pays where
+    // a device has latency to overlap (files, raw devices, emulated media),
+    // not on plain memory.
+    let instant = |d: &DeviceConfig| d.kind == "memory" && d.emulate.is_empty();
+    engine.set_parallel_reads(!(instant(&cfg.cache) && instant(&cfg.capacity)));
+    match (how, engine.recovered_in()) {
+        (_, Some(t)) => {
+            eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64())
+        }
+        (Opened::Created, _) => eprintln!("sluice: created a new engine on {}", cfg.devices_text()),
+        _ => eprintln!("sluice: reopened the engine on {}", cfg.devices_text()),
+    }
+    let targets = cfg.trace_targets()?;
+    apply_policies(&cfg, &engine)?;
+    for line in cfg.device_lines() {
+        eprintln!("sluice: {line}");
+    }
+    let report = engine.cache_report();
+    for v in &cfg.volumes {
+        let size = engine.volume(&v.name).map(|h| h.size_bytes()).unwrap_or(0);
+        let how = match report.iter().find(|r| r.volume == v.name) {
+            Some(r) => format!(
+                "cached in place, {}",
+                serde_json::to_value(r.policy.mode).ok().and_then(|m| m.as_str().map(String::from)).unwrap_or_default()
+            ),
+            None => "write-shaping log".to_string(),
+        };
+        eprintln!("sluice: export {:?}: {} MiB, {how}", v.name, size >> 20);
+    }
+    let compactor = match compactor_cfg {
+        Some(c) => Some(engine.start_compactor(c)?),
+        None => None,
+    };
+    let classifier = crate::directories::DirectoryClasses::start(&cfg, &engine)?;
+    let mut exports: Vec<Arc<dyn Volume>> = Vec::new();
+    let mut traces = Vec::new();
+    for (v, (_, target)) in cfg.volumes.iter().zip(targets) {
+        let traced = TracedVolume::new(engine.volume(&v.name)?);
+        traced
+            .slot()
+            .set(target)
+            .map_err(|source| ServeError::Io { what: format!("volume {} trace", v.name), source })?;
+        traces.push(traced.slot());
+        exports.push(Arc::new(traced));
+    }
+    let server = Server::new(exports, opts).map_err(|e| ServeError::Server(e.to_string()))?;
+    let mut handles = Vec::new();
+    for addr in &cfg.listen {
+        let l = Listener::bind_tcp(addr.as_str()).map_err(|source| ServeError::Io { what: addr.clone(), source })?;
+        handles.push(server.spawn(l).map_err(|e| ServeError::Server(e.to_string()))?);
+    }
+    if !cfg.unix_socket.is_empty() {
+        let p = cfg.in_data_dir(&cfg.unix_socket);
+        let l = Listener::bind_unix(&p).map_err(|source| ServeError::Io { what: p.display().to_string(), source })?;
+        handles.push(server.spawn(l).map_err(|e| ServeError::Server(e.to_string()))?);
+    }
+    for h in &handles {
+        println!(
+            "sluice: serving {} on {}",
+            cfg.volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(","),
+            h.local_addr()
+        );
+    }
+    if !cfg.metrics_listen.is_empty() {
+        let what = || format!("metrics_listen {}", cfg.metrics_listen);
+        let l = std::net::TcpListener::bind(&cfg.metrics_listen)
+            .map_err(|source| ServeError::Io { what: what(), source })?;
+        let addr = l.local_addr().map_err(|source| ServeError::Io { what: what(), source })?;
+        let monitors: Vec<ServerMonitor> = handles.iter().map(|h| h.monitor()).collect();
+        let counters = move || {
+            let mut c = NbdCounters::default();
+            for m in &monitors {
+                let s = m.stats();
+                c.connections_open += m.connections() as u64;
+                c.connections_accepted += s.connections_accepted;
+                c.connections_refused += s.connections_refused;
+                c.connections_failed += s.connections_failed;
+                c.requests += s.requests;
+                c.request_errors += s.request_errors;
+            }
+            c
+        };
+        crate::metrics::spawn(l, engine.clone(), counters).map_err(|source| ServeError::Io { what: what(), source })?;
+        println!("sluice: metrics on http://{addr}/metrics");
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // Removed when `run` returns (a clean stop, or an error after this).
+    let _pidfile = match &flags.pidfile {
+        Some(p) => Some(Pidfile::write(p)?),
+        None => None,
+    };
+    notify_systemd("READY=1");
+    let mut classifier = classifier;
+    let sig = loop {
+        match wait_for_signal(&set) {
+            libc::SIGHUP => {
+                if let Err(e) = reload(path, flags, &cfg, &engine, &mut classifier, &traces) {
+                    eprintln!("sluice: reload refused, nothing changed: {e}");
+                }
+            }
+            sig => break sig,
+        }
+    };
+    eprintln!("sluice: signal {sig}: stopping");
+    notify_systemd("STOPPING=1");
+    for h in handles {
+        h.shutdown().map_err(|e| ServeError::Server(e.to_string()))?;
+    }
+    for t in &traces {
+        t.flush();
+    }
+    drop(classifier);
+    drop(compactor);
+    engine.shutdown()?;
+    eprintln!("sluice: clean shutdown");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The open-file warning explains its number and says what to do.
+    #[test]
+    fn the_open_file_warning_explains_its_number_and_the_fix() {
+        let a = open_files_advice(20_000, 16_384, 2);
+        assert!(a.contains("16384 x 2 + 256 = 33024"), "{a}");
+        assert!(a.contains("LimitNOFILE=33024") && a.contains("ulimit -Hn 33024"), "{a}");
+        assert!(a.contains("about 19744 connections") && a.contains("lower connections_max to 9872"), "{a}");
+    }
+
+    #[test]
+    fn device_paths_do_not_depend_on_which_keys_a_table_has() {
+        let default = Config::default();
+        let sized: Config = toml::from_str("[cache]\nsize = \"1g\"\n[capacity]\nsize = \"8g\"\n").unwrap();
+        for which in ["cache", "capacity"] {
+            assert_eq!(default.device_label(which), sized.device_label(which), "{which}");
+        }
+        assert!(sized.device_label("cache").ends_with("sluice-data/cache.img"));
+    }
+
+    /// `[engine] layout = "in-place"` creates an engine whose volume is at
+    /// home on the capacity device; volumes' cache settings parse into a
+    /// policy, a bad one is refused, and a config whose layout differs
+    /// from the engine's is reported before anything is opened.
+    #[test]
+    fn an_in_place_layout_and_cache_settings_are_configured() {
+        let text = "[engine]\nlayout = \"in-place\"\nchunk_size = \"1m\"\n\n[[volume]]\nname = \"v\"\nsize = \"64m\"\nmode = \"wt\"\nseq_cutoff_size = \"256k\"\npromote_after = 2\nretain_hot = false\n";
+        let cfg: Config = toml::from_str(text).unwrap();
+        let p = cfg.volumes[0].cache_policy().unwrap();
+        assert_eq!(
+            (p.mode, p.seq_cutoff_bytes, p.promote_after_misses, p.retain_hot),
+            (sluice_engine::CacheMode::WriteThrough, 256 << 10, 2, false)
+        );
+        let cache: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(16 << 20, 4096));
+        let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(80 << 20, 4096));
+        let engine = cfg.create_engine(cache.clone(), capacity.clone()).unwrap();
+        assert_eq!(engine.home_offset("v"), Some(0));
+        let sb = Engine::inspect(&*cache, &*capacity).unwrap();
+        assert!(cfg.differences(&sb, false).unwrap().is_empty());
+        let bands: Config = toml::from_str(&text.replace("layout = \"in-place\"\n", "")).unwrap();
+        let diff = bands.differences(&sb, false).unwrap();
+        assert!(diff.len() == 1 && diff[0].starts_with("engine.layout"), "{diff:?}");
+        let bad: Config = toml::from_str(&text.replace("\"wt\"", "\"fast\"")).unwrap();
+        assert!(matches!(bad.volumes[0].cache_policy(), Err(ServeError::Config { .. })));
+        let bad: Config = toml::from_str(&text.replace("in-place", "sideways")).unwrap();
+        assert!(matches!(bad.layout(), Err(ServeError::Config { .. })));
+        let alru: Config = toml::from_str(&text.replace(
+            "[engine]\n",
+            "[engine]\ncleaning = \"alru\"\ncleaning_age = \"2.5s\"\ncleaning_idle = \"0s\"\ncleaning_response = \"40s\"\n",
+        ))
+        .unwrap();
+        let c = alru.cleaning().unwrap();
+        let s = std::time::Duration::from_secs;
+        assert_eq!(
+            (c.mode, c.age, c.idle, c.response),
+            (sluice_engine::CleaningMode::Alru, std::time::Duration::from_millis(2500), s(0), s(40))
+        );
+        engine.set_cleaning(c).unwrap();
+        for wrong in ["cleaning_response = \"0s\"", "cleaning_idle = \"-1s\"", "cleaning_setpoint = 1.5"] {
+            let bad: Config = toml::from_str(&text.replace("[engine]\n", &format!("[engine]\n{wrong}\n"))).unwrap();
+            assert!(matches!(bad.cleaning(), Err(ServeError::Config { .. })), "{wrong}");
+        }
+        let bad: Config = toml::from_str(&text.replace("[engine]\n", "[engine]\ncleaning = \"eager\"\n")).unwrap();
+        assert!(matches!(bad.cleaning(), Err(ServeError::Config { .. })));
+        // Emulated HDDs, striped.
+        let hdds: Config = toml::from_str(
+            "[capacity]\nkind = \"memory\"\nsize = \"64m\"\nemulate = \"hdd\"\ndisks = 4\n[[volume]]\nname = \"v\"\nsize = \"32m\"\n",
+        )
+        .unwrap();
+        let d = hdds.open_device("capacity", &hdds.capacity).unwrap().dev;
+        assert!(d.info().name.starts_with("4x") && d.info().capacity_bytes == 64 << 20, "{:?}", d.info());
+        let bad: Config = toml::from_str(
+            "[capacity]\nkind = \"file\"\nsize = \"64m\"\nemulate = \"hdd\"\ndisks = 2\n[[volume]]\nname = \"v\"\nsize = \"32m\"\n",
+        )
+        .unwrap();
+        assert!(matches!(bad.open_device("capacity", &bad.capacity), Err(ServeError::Config { .. })));
+        // I/O classes.
+        let classes = format!(
+            "{text}[[volume.class]]\nname = \"bulk\"\nstart = \"32m\"\nshare = 0.0\n\
+             [[volume.class]]\nname = \"small\"\nsize_max = \"64k\"\ndirection = \"write\"\nshare = 0.5\n\
+             pinned = true\npriority = 3\n"
+        );
+        let cfg: Config = toml::from_str(&classes).unwrap();
+        let got: Vec<sluice_engine::IoClass> = cfg.volumes[0].class.iter().map(|c| c.to_class("v").unwrap()).collect();
+        assert_eq!(got[0].range, Some((32 << 20, u64::MAX)));
+        assert_eq!((got[1].size_max, got[1].direction), (64 << 10, Some(sluice_engine::ClassDirection::Write)));
+        assert_eq!((got[0].pinned, got[1].pinned, got[1].priority), (false, true, 3));
+        engine.set_io_classes("v", got).unwrap();
+        let bad: Config = toml::from_str(&classes.replace("\"write\"", "\"sideways\"")).unwrap();
+        assert!(matches!(bad.volumes[0].class[1].to_class("v"), Err(ServeError::Config { .. })));
+    }
+
+    /// `[engine] l2p_dram` pages the maps of an engine created with it, and
+    /// a size that does not parse is refused before anything is written.
+    #[test]
+    fn an_l2p_budget_pages_the_maps_and_a_bad_one_is_refused() {
+        let text = "[engine]\nl2p_dram = \"64k\"\nchunk_size = \"1m\"\nband_size = \"4m\"\n\n[[volume]]\nname = \"v\"\nsize = \"1g\"\n";
+        let cfg: Config = toml::from_str(text).unwrap();
+        let cache: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(64 << 20, 4096));
+        let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(2 << 30, 4096));
+        let engine = cfg.create_engine(cache, capacity).unwrap();
+        let s = engine.l2p_stats();
+        assert!(s.paged && s.dram_bytes < 1 << 20, "{s:?}");
+        let bad: Config = toml::from_str(&text.replace("64k", "lots")).unwrap();
+        let cache: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(64 << 20, 4096));
+        let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(2 << 30, 4096));
+        assert!(bad.create_engine(cache.clone(), capacity).is_err());
+        assert!(sluice_engine::engine::superblock_present(&*cache).unwrap().is_none(), "nothing written");
+    }
+
+    #[test]
+    fn every_example_config_parses_and_its_sizes_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let cfg = Config::load(Some(&path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                for d in [&cfg.cache, &cfg.capacity] {
+                    size_of("size", &d.size).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                }
+                n += 1;
+            }
+        }
+        assert!(n >= 6, "examples found: {n}");
+    }
+}
