@@ -345,6 +345,23 @@ pub fn trace_header(path: &Path) -> Option<(String, u64)> {
     Some((name, rest.split(' ').next()?.parse().ok()?))
 }
 
+/// What the disk alone would be asked to write and read: the trace's
+/// writes and reads clamped to the volume and widened to whole blocks, as
+/// the curve's replays count them (so the "none" row and the curve compare
+/// like with like; the trace's own byte counts can be smaller).
+fn disk_bytes_without_cache(path: &Path, volume_bytes: u64) -> Result<(u64, u64), AdviseError> {
+    let (mut w, mut r) = (0, 0);
+    for rec in open(path)? {
+        let rec = rec?;
+        match (rec.op, aligned(rec, volume_bytes)) {
+            (TraceOp::Write, Some(b)) => w += b.size,
+            (TraceOp::Read, Some(b)) => r += b.size,
+            _ => {}
+        }
+    }
+    Ok((w, r))
+}
+
 /// A record clamped to the volume, in whole blocks (`whole_blocks`).
 fn aligned(r: TraceRecord, volume_bytes: u64) -> Option<TraceRecord> {
     let (s, e) = (r.offset.min(volume_bytes), (r.offset + r.size).min(volume_bytes));
@@ -485,7 +502,7 @@ pub fn advise(path: &Path, o: &AdviseOpts) -> Result<Advice, AdviseError> {
         curve.push(replay_at(path, o, volume_bytes, s.div_ceil(GRAIN) * GRAIN)?);
     }
     curve.sort_by_key(|p| p.cache_bytes);
-    let (no_cache_write_bytes, no_cache_read_bytes) = (profile.write_bytes, profile.read_bytes);
+    let (no_cache_write_bytes, no_cache_read_bytes) = disk_bytes_without_cache(path, volume_bytes)?;
     let (pick, reason) = knee(&curve, no_cache_write_bytes, profile.read_bytes > 0);
     let per_day = |b: u64| if profile.duration_s > 0.0 { b as f64 * 86_400.0 / profile.duration_s } else { 0.0 };
     let mut endurance = Vec::new();
@@ -728,6 +745,23 @@ mod tests {
         assert!(p.p95_live_bytes <= peak && p.p95_live_bytes >= peak / 2, "{} vs {peak}", p.p95_live_bytes);
         assert!(p.read_bytes == p.trim_bytes && p.trim_bytes < p.write_bytes, "{p:?}");
         assert!(!p.timeline.is_empty() && p.timeline.len() <= 201);
+    }
+
+    /// The "none" row counts what the disk would be asked for: unaligned
+    /// writes and reads widened to the blocks they touch, clamped to the
+    /// volume, as the replays count them.
+    #[test]
+    fn the_no_cache_row_counts_whole_blocks_like_the_curve() {
+        let dir = std::env::temp_dir().join(format!("sluice-advise-none-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.csv");
+        let text = "timestamp_us,op,offset,size\n0,W,100,512\n1000,W,4096,8192\n2000,R,4000,200\n3000,W,8388600,4096\n";
+        std::fs::write(&path, text).unwrap();
+        // Widened: 4096 (block 0), 8192, a read over blocks 0 and 1, and
+        // a write clamped at the end of an 8 MiB volume (8 bytes: one block).
+        let (w, r) = disk_bytes_without_cache(&path, 8 << 20).unwrap();
+        assert_eq!((w, r), (4096 + 8192 + 4096, 8192));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The recommendation sits at the knee: on temporary files whose live
