@@ -7,8 +7,8 @@
 //! A round snapshots the log's position under the lock, flushes the cache
 //! device *without* the lock (skipped when no record was written since the
 //! last flush), then, under the lock again, raises the flushed watermarks to
-//! the snapshot (never lowers them) and flushes the capacity device
-//! when anything was written to it since its last flush. One round runs at
+//! the snapshot (never lowers them) and, in place, flushes the capacity
+//! device when anything was written to it since its last flush. One round runs at
 //! a time; a request is answered by the first
 //! round that *started* after it arrived, so every write acknowledged before
 //! the request is in a record at or below that round's snapshot, written to
@@ -19,11 +19,14 @@
 //! Why: a FLUSH used to hold the engine lock across two device flushes, so
 //! with a flush every few writes (fio `fsync=4`, a journaling filesystem)
 //! every write waited for the disk and flushes could never overlap or merge.
-//! Writes now go on while the cache device flushes. The capacity flush stays
-//! under the lock (its watermark orders compaction's chunk reuse), but is
-//! skipped when nothing was written to the capacity device since its last
-//! flush: every capacity write path (segments, home writes that bypass the
-//! log, cleaning, GC) sets `CapWrites::dirty`.
+//! Writes now go on while the cache device flushes. With bands the capacity
+//! device holds only copies of logged data until its own flush (rule 3:
+//! a chunk is freed, a GC victim discarded, only after the capacity device
+//! is flushed), so a FLUSH leaves it alone; it used to flush it under the
+//! lock on every round while compaction ran. In place, user writes can go
+//! straight home, so a round flushes the capacity device (under the lock:
+//! its watermark orders chunk reuse) when anything was written to it since
+//! its last flush: every capacity write path sets `CapWrites::dirty`.
 
 use std::sync::{Condvar, Mutex, PoisonError};
 
@@ -97,10 +100,12 @@ impl Engine {
             cache?;
             inner.cache_flushed_seq = inner.cache_flushed_seq.max(seq);
             inner.log.flushed_lsn = inner.log.flushed_lsn.max(lsn);
-            // Every capacity write sets `dirty` until a capacity flush; with
-            // none since the last, there is nothing to make durable (the
-            // capacity watermark then waits for the next real flush).
-            if inner.cap.dirty || inner.cap.inflight > 0 {
+            // With bands, acknowledged data stays in the log until
+            // compaction's or GC's own capacity flush lets its chunk go
+            // (rule 3), so a FLUSH has no capacity work. In place, writes
+            // can go straight home: flush if any capacity write happened
+            // since the last capacity flush (every one sets `dirty`).
+            if inner.in_place() && (inner.cap.dirty || inner.cap.inflight > 0) {
                 e.flush_capacity(inner)?;
             }
             Ok(())
