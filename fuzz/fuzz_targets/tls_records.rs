@@ -1,4 +1,4 @@
-//! Fuzzes the TLS record reader (crates/frontend/src/tls.rs and
+//! Fuzzes the TLS record reader (crates/frontend/src/tls/fuzz.rs and
 //! tls_records.rs) as a server meets it after the handshake: the input
 //! builds a stream of correctly sealed records of any content type and
 //! length, raw attacker bytes and bit flips, in TLS 1.3 or TLS 1.2 with
