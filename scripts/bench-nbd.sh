@@ -29,12 +29,12 @@ wait_port() { # export
     wait_nbd "nbd://127.0.0.1:$PORT/$1"
 }
 
-run_fio() { # name export rw bs numjobs
+run_fio() { # name export rw bs numjobs [more fio options]
     local t0 t1
     t0=$(cpu_ticks "$pid")
     fio --name="$1" --ioengine=nbd --uri="nbd://127.0.0.1:$PORT/$2" --rw="$3" --bs="$4" \
         --iodepth=32 --size="$SIZE" --time_based --runtime="$RUNTIME" --numjobs="$5" --group_reporting \
-        --output-format=json --output="$work/$1.json" >/dev/null
+        --output-format=json --output="$work/$1.json" "${@:6}" >/dev/null
     t1=$(cpu_ticks "$pid")
     python3 - "$work/$1.json" "$3" "$((t1 - t0))" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
@@ -50,41 +50,23 @@ declare -A result
 
 # The flush row (see the header): sluice on its default config, nbdkit file.
 flush_row() {
-    local dir=${FLUSH_DIR:-$OUT/flush} r
+    local dir=${FLUSH_DIR:-$OUT/flush}
     rm -rf "$dir" && mkdir -p "$dir"
     dir=$(realpath "$dir")
-    local fsync_fio=(--ioengine=nbd --rw=randwrite --bs=4k --iodepth=32 --fsync=4 --size="$SIZE"
-        --time_based --runtime="$RUNTIME" --output-format=json)
     printf 'data_dir = "%s/sluice-data"\nlisten = ["127.0.0.1:%s"]\nmetrics_listen = ""\n' "$dir" "$PORT" >"$dir/sluice.toml"
     "$SLUICE" serve --config "$dir/sluice.toml" >/dev/null 2>&1 &
     pid=$!
     wait_port default
-    local t0 t1
-    t0=$(cpu_ticks "$pid")
-    fio --name=flush-sluice "${fsync_fio[@]}" --uri="nbd://127.0.0.1:$PORT/default" --output="$dir/sluice.json" >/dev/null
-    t1=$(cpu_ticks "$pid")
-    result["sluice,randwrite-4k-fsync4"]=$(flush_result "$dir/sluice.json" $((t1 - t0)))
+    result["sluice,randwrite-4k-fsync4"]=$(run_fio flush-sluice default randwrite 4k 1 --fsync=4)
     kill -TERM $pid; wait $pid || true
     truncate -s 4G "$dir/nbdkit.img"
     nbdkit --foreground --exit-with-parent -p "$PORT" -i 127.0.0.1 file "$dir/nbdkit.img" &
     pid=$!
     wait_port ""
-    t0=$(cpu_ticks "$pid")
-    fio --name=flush-nbdkit "${fsync_fio[@]}" --uri="nbd://127.0.0.1:$PORT/" --output="$dir/nbdkit.json" >/dev/null
-    t1=$(cpu_ticks "$pid")
-    result["nbdkit,randwrite-4k-fsync4"]=$(flush_result "$dir/nbdkit.json" $((t1 - t0)))
+    result["nbdkit,randwrite-4k-fsync4"]=$(run_fio flush-nbdkit "" randwrite 4k 1 --fsync=4)
     kill $pid; wait $pid 2>/dev/null || true
     echo "flush row: sluice ${result["sluice,randwrite-4k-fsync4"]}, nbdkit file ${result["nbdkit,randwrite-4k-fsync4"]} (IOPS MiB/s server-CPU-us/IO)" >&2
     rm -rf "$dir"
-}
-
-flush_result() { # fio.json cpu-ticks
-    python3 - "$1" "$2" "$(getconf CLK_TCK)" <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))["jobs"][0]["write"]
-ios = j["total_ios"] or 1
-print(f'{j["iops"]:.0f} {j["bw"] / 1024:.1f} {int(sys.argv[2]) / int(sys.argv[3]) * 1e6 / ios:.2f}')
-PY
 }
 
 if [ "${ONLY:-}" = flush ]; then

@@ -321,11 +321,7 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
         if conn.inline && !pooled {
             conn.execute(job, false);
         } else {
-            // A worker's reply goes out at once, not into the inline
-            // connection's held replies (the reader may be waiting for the
-            // client, with nothing left to flush them).
-            let conn = conn.clone();
-            pool.submit(Box::new(move || conn.execute(job, true)));
+            conn.to_worker(pool, job);
         }
     }
 }
@@ -397,9 +393,7 @@ fn buffered_writes(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerP
     for header in &flushes {
         let cost = REQUEST_OVERHEAD_BYTES;
         conn.budget.acquire(cost);
-        let job = Job { header: *header, command: Command::Flush, payload: None, cost };
-        let conn = conn.clone();
-        pool.submit(Box::new(move || conn.execute(job, true)));
+        conn.to_worker(pool, Job { header: *header, command: Command::Flush, payload: None, cost });
     }
     taken.len() + flushes.len()
 }
@@ -444,6 +438,14 @@ fn discard_payload<R: Read>(conn: &Conn, reader: &mut R, len: u32) -> Result<(),
 }
 
 impl Conn {
+    /// Hands a request to the worker pool. Its reply goes out at once, not
+    /// into an inline connection's held replies (the reader may be waiting
+    /// for the client, with nothing left to flush them).
+    fn to_worker(self: &Arc<Conn>, pool: &Arc<WorkerPool>, job: Job) {
+        let conn = self.clone();
+        pool.submit(Box::new(move || conn.execute(job, true)));
+    }
+
     /// Runs one request and answers it; `direct`: send the reply now rather
     /// than hold it for the reader's next flush.
     fn execute(&self, mut job: Job, direct: bool) {

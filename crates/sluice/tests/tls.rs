@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{need, qemu_io, small_config, start, stop};
+use common::{libnbd, need, qemu_io, small_config, start, stop};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use sluice_frontend::proto::{self, ClientOption, OptionReply};
@@ -222,18 +222,10 @@ fn client_cert(dir: &Path, ca_dir: &Path, trust: &Path, name: &str) -> PathBuf {
     out
 }
 
-/// libnbd (python3-libnbd) as the client with `certs` on `export`: runs
-/// `body` with `h` connected and `check(cond, what)`; (success, output).
+/// `libnbd` as the client with `certs` on `export`: (success, output).
 fn libnbd_tls(port: u16, certs: &Path, export: &str, body: &str) -> (bool, String) {
     let uri = format!("nbds://127.0.0.1:{port}/{export}?tls-certificates={}", certs.display());
-    let script = format!(
-        "import errno, sys, nbd\n\
-         def check(cond, what):\n    if not cond: sys.exit('FAILED: ' + what)\n\
-         h = nbd.NBD()\nh.set_uri_allow_local_file(True)\nh.connect_uri({uri:?})\n{body}\nh.shutdown()\nprint('OK')\n"
-    );
-    let out = Command::new("/usr/bin/python3").args(["-c", &script]).output().expect("python3");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success() && text.trim() == "OK", text)
+    libnbd(&uri, "h.set_uri_allow_local_file(True)", body)
 }
 
 /// Mutual TLS with per-export allow-lists: alice (listed) reads and writes;

@@ -124,20 +124,27 @@ pub fn qemu_io(port: u16, cmds: &[&str]) -> String {
     text
 }
 
-/// Runs `body` (Python, with `h` a libnbd handle connected to the default
-/// export WITHOUT block-size negotiation, so any byte offset is allowed, and
-/// `check(cond, what)`) and expects it to print nothing but OK.
-pub fn libnbd_byte_granular(port: u16, body: &str) {
+/// Runs a Python script with python3-libnbd: `h` is a handle that runs
+/// `setup` (e.g. `h.set_request_block_size(False)`), then connects to
+/// `uri`; `body` follows, with `check(cond, what)` and `errno` at hand, then
+/// a clean shutdown. Returns (whether it printed nothing but OK, its output).
+pub fn libnbd(uri: &str, setup: &str, body: &str) -> (bool, String) {
     need("/usr/bin/python3");
     let script = format!(
-        "import sys, nbd\n\
+        "import errno, sys, nbd\n\
          def check(cond, what):\n    if not cond: sys.exit('FAILED: ' + what)\n\
-         h = nbd.NBD()\nh.set_request_block_size(False)\nh.connect_uri('nbd://127.0.0.1:{port}/default')\n\
-         {body}\nh.shutdown()\nprint('OK')\n"
+         h = nbd.NBD()\n{setup}\nh.connect_uri({uri:?})\n{body}\nh.shutdown()\nprint('OK')\n"
     );
     let out = Command::new("/usr/bin/python3").args(["-c", &script]).output().expect("python3");
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.trim() == "OK", "libnbd {body:?}: {text}");
+    (out.status.success() && text.trim() == "OK", text)
+}
+
+/// `libnbd` on the default export WITHOUT block-size negotiation, so any
+/// byte offset is allowed; it must succeed.
+pub fn libnbd_byte_granular(port: u16, body: &str) {
+    let (ok, text) = libnbd(&format!("nbd://127.0.0.1:{port}/default"), "h.set_request_block_size(False)", body);
+    assert!(ok, "libnbd {body:?}: {text}");
 }
 
 /// A fresh directory with a small file-backed config; returns (dir, config).
