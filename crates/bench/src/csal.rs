@@ -23,7 +23,8 @@ use serde::Serialize;
 use std::time::Instant;
 
 /// Systems of the table, in order.
-pub const SYSTEMS: [System; 5] = [System::Qlc, System::Tlc, System::SetAssocQlc, System::SluiceQlc, System::SluiceZns];
+pub const SYSTEMS: [System; 6] =
+    [System::Qlc, System::Tlc, System::SetAssocQlc, System::SluiceQlc, System::SluiceQlcLifetime, System::SluiceZns];
 
 /// The ZNS isolation experiment: four tenants whose data lives for very
 /// different times, on Sluice over ZNS with per-volume zones and with one
@@ -181,7 +182,7 @@ fn tenant_rows(report: &JobReport) -> Option<Vec<TenantRow>> {
 
 fn paper(workload: &str, system: System) -> (Option<f64>, Option<f64>) {
     match system {
-        System::SluiceQlc => {
+        System::SluiceQlc | System::SluiceQlcLifetime => {
             PAPER_SLUICE_QLC.iter().find(|r| r.0 == workload).map_or((None, None), |r| (Some(r.1), Some(r.2)))
         }
         System::Qlc | System::Tlc => PAPER_ROWS

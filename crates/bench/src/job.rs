@@ -57,6 +57,11 @@ pub enum System {
     /// Sluice over SCM and QLC.
     #[serde(rename = "sluice+qlc")]
     SluiceQlc,
+    /// The same with lifetime placement (`BandPlacement::Lifetime`, after
+    /// SepBIT): compaction and GC streams by inferred block lifetime instead
+    /// of by volume.
+    #[serde(rename = "sluice+qlc-lifetime")]
+    SluiceQlcLifetime,
     /// Sluice over SCM and ZNS.
     #[serde(rename = "sluice+zns")]
     SluiceZns,
@@ -80,6 +85,7 @@ impl FromStr for System {
             "zns" => System::Zns,
             "hdd" => System::Hdd,
             "sluice+qlc" => System::SluiceQlc,
+            "sluice+qlc-lifetime" => System::SluiceQlcLifetime,
             "sluice+zns" => System::SluiceZns,
             "sluice+zns-shared" => System::SluiceZnsShared,
             "setassoc+qlc" => System::SetAssocQlc,
@@ -97,6 +103,7 @@ impl System {
             System::Zns => "zns",
             System::Hdd => "hdd",
             System::SluiceQlc => "sluice+qlc",
+            System::SluiceQlcLifetime => "sluice+qlc-lifetime",
             System::SluiceZns => "sluice+zns",
             System::SluiceZnsShared => "sluice+zns-shared",
             System::SetAssocQlc => "setassoc+qlc",
@@ -106,7 +113,7 @@ impl System {
     /// Bytes the system exposes to jobs on a (capacity) device of `capacity_bytes`.
     pub fn exposed_bytes(self, capacity_bytes: u64) -> u64 {
         match self {
-            System::SluiceQlc | System::SluiceZns | System::SluiceZnsShared => {
+            System::SluiceQlc | System::SluiceQlcLifetime | System::SluiceZns | System::SluiceZnsShared => {
                 stack_volume_bytes(capacity_bytes) * STACK_VOLUMES
             }
             _ => capacity_bytes,
@@ -114,7 +121,7 @@ impl System {
     }
 
     /// Every system, in table order.
-    pub const ALL: [System; 9] = [
+    pub const ALL: [System; 10] = [
         System::Qlc,
         System::Tlc,
         System::Scm,
@@ -122,6 +129,7 @@ impl System {
         System::Hdd,
         System::SetAssocQlc,
         System::SluiceQlc,
+        System::SluiceQlcLifetime,
         System::SluiceZns,
         System::SluiceZnsShared,
     ];
@@ -131,7 +139,11 @@ impl System {
         match self {
             System::Qlc => 64 << 30,
             System::Tlc => 16 << 30,
-            System::SluiceQlc | System::SluiceZns | System::SluiceZnsShared | System::SetAssocQlc => 16 << 30,
+            System::SluiceQlc
+            | System::SluiceQlcLifetime
+            | System::SluiceZns
+            | System::SluiceZnsShared
+            | System::SetAssocQlc => 16 << 30,
             System::Scm | System::Hdd => 16 << 30,
             System::Zns => ZnsProfile::zn540_scaled(64).zone_size_bytes * 64,
         }
@@ -209,7 +221,11 @@ impl System {
                     engine: None,
                 }
             }
-            System::SluiceQlc | System::SluiceZns | System::SluiceZnsShared | System::SetAssocQlc => {
+            System::SluiceQlc
+            | System::SluiceQlcLifetime
+            | System::SluiceZns
+            | System::SluiceZnsShared
+            | System::SetAssocQlc => {
                 unreachable!("built as stacks")
             }
         })
@@ -219,7 +235,7 @@ impl System {
     fn build_stack(self, capacity_bytes: u64, cache_bytes: Option<u64>) -> Result<Option<Built>, BenchError> {
         use crate::stacked::{setassoc_stack, sluice_stack, CallTime};
         let capacity_device = match self {
-            System::SluiceQlc | System::SetAssocQlc => System::Qlc,
+            System::SluiceQlc | System::SluiceQlcLifetime | System::SetAssocQlc => System::Qlc,
             System::SluiceZns | System::SluiceZnsShared => System::Zns,
             _ => return Ok(None),
         };
@@ -249,8 +265,12 @@ impl System {
             if !capacity_bytes.is_multiple_of(erase_block) || capacity_bytes < 64 * erase_block {
                 return Err(bad());
             }
-            // Bands of whole erase blocks, ~128 of them (at least one block).
-            let band = (capacity_bytes / 128 / erase_block).max(1) * erase_block;
+            // A band is one erase block (a superblock over every die): the
+            // smallest unit whose trim leaves the drive's own GC nothing to
+            // copy, and as many bands as the drive has (1024 at 16 GiB), so
+            // that open streams hold little of the spare and GC collects in
+            // fine units (docs/csal.md, "Bands").
+            let band = erase_block;
             (Arc::new(ssd_device(p, backend(capacity_bytes), inner.clone())), band)
         } else {
             // Zones 64× smaller than ZN540's, so a scaled-down drive has as many.
@@ -277,8 +297,13 @@ impl System {
                 ..EngineConfig::default()
             };
             let vb = stack_volume_bytes(capacity_bytes);
-            let placement =
-                if self == System::SluiceZnsShared { BandPlacement::Shared } else { BandPlacement::PerVolume };
+            let placement = if self == System::SluiceZnsShared {
+                BandPlacement::Shared
+            } else if self == System::SluiceQlcLifetime {
+                BandPlacement::Lifetime
+            } else {
+                BandPlacement::PerVolume
+            };
             let s = sluice_stack(cache.clone(), capacity.clone(), call, cfg, placement, STACK_VOLUMES, vb)?;
             let (c, e) = (s.clock(), s.engine());
             (Box::new(s), c, Some(e))

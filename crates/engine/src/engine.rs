@@ -87,7 +87,7 @@ mod throttle;
 mod worker;
 mod zoned;
 
-use bands::{Band, BandId, BandState, Bands};
+use bands::{Band, BandId, BandState, Bands, Stream};
 pub use caching::{CacheMode, CachePolicy, CacheReport, CacheStats, SeqCutoff};
 pub use check::CheckReport;
 pub use classes::{check_io_classes, ClassDirection, ClassStats, IoClass, CLASSES_MAX};
@@ -184,6 +184,8 @@ struct Inner {
     sim: Option<SimGate>,
     /// Where compaction puts each volume's blocks (`Engine::set_band_placement`).
     placement: BandPlacement,
+    /// What lifetime placement learned from GC (placement.rs; not persisted).
+    lifespans: placement::Lifespans,
     /// In place: writes spilled while the log's oldest chunk stayed (caching.rs).
     spill: caching::SpillDebt,
     /// In place: how the background compactor cleans ahead (cleaning.rs).
@@ -311,6 +313,7 @@ impl Inner {
             pending: None,
             compact_cursor: None,
             placement: BandPlacement::PerVolume,
+            lifespans: Default::default(),
             seq: 0,
             stats: EngineStats::default(),
             pool: BufPool::default(),

@@ -250,15 +250,35 @@ pub struct SimOptions {
     /// capacity devices only; not with `flips`: a home block carries no
     /// checksum, so a flipped bit at home is the disk's own ECC's to catch).
     pub in_place: bool,
+    /// Lifetime placement (`BandPlacement::Lifetime`: two compaction and
+    /// three GC streams), set again after every reopen (bands only).
+    pub lifetime: bool,
 }
 
 impl Default for SimOptions {
     fn default() -> SimOptions {
-        SimOptions { flips: false, reopen_faults: true, swarm: false, shutdowns: true, paged: false, in_place: false }
+        SimOptions {
+            flips: false,
+            reopen_faults: true,
+            swarm: false,
+            shutdowns: true,
+            paged: false,
+            in_place: false,
+            lifetime: false,
+        }
     }
 }
 
 impl Sim {
+    /// `SimOptions::lifetime`: placement is not persisted, so every open sets it.
+    fn set_placement(&self, op: usize) -> Result<(), String> {
+        if !self.opts.lifetime || self.opts.in_place {
+            return Ok(());
+        }
+        let r = self.world.engine.set_band_placement(crate::BandPlacement::Lifetime);
+        r.map_err(|e| self.fail(op, format!("lifetime placement: {e}")))
+    }
+
     fn fail(&self, op: usize, what: String) -> String {
         format!("seed {} op {op}: {what}", self.seed)
     }
@@ -483,6 +503,7 @@ impl Sim {
             .map(|i| engine.volume(&format!("v{i}")).map_err(|e| self.fail(op, format!("volume: {e}"))))
             .collect::<Result<Vec<_>, _>>()?;
         self.world = World { engine, volumes };
+        self.set_placement(op)?;
         self.world.engine.check_invariants();
         self.check_zones(op)?;
         let mut damaged = Vec::new();
@@ -625,6 +646,9 @@ fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Re
         let (cache, capacity, world) = crash_world(&sizes, small_config());
         (cache, capacity, None, world)
     };
+    if opts.lifetime && !opts.in_place {
+        world.engine.set_band_placement(crate::BandPlacement::Lifetime).map_err(|e| format!("seed {seed}: {e}"))?;
+    }
     let model = sizes.iter().map(|&n| vec![BlockModel::default(); n as usize]).collect();
     let mut sim = Sim {
         seed,
@@ -748,6 +772,33 @@ mod tests {
     }
 
     const ZNS_SEEDS: u64 = 200;
+
+    /// Lifetime placement: five streams (two compaction, three GC) whose
+    /// bands chain and are marked like the per-volume ones, and the GC
+    /// streams past the first closed at every clean shutdown; on a
+    /// conventional device and on the ZNS SSD (no request rejected).
+    #[test]
+    fn crashes_with_lifetime_placement_lose_nothing_flushed() {
+        let opts = SimOptions { lifetime: true, ..SimOptions::default() };
+        let mut total = CrashReport::default();
+        for seed in 0..LIFETIME_SEEDS {
+            for zoned in [false, true] {
+                match run_crash_seed_with(seed, 1200, zoned, opts) {
+                    Ok(r) => {
+                        total.crashes += r.crashes;
+                        total.clean_shutdowns += r.clean_shutdowns;
+                    }
+                    Err(e) => panic!(
+                        "{e}\nreplay: sluice sim --lifetime{} --seed-start {seed} --seeds 1",
+                        if zoned { " --zns" } else { "" }
+                    ),
+                }
+            }
+        }
+        assert!(total.crashes > LIFETIME_SEEDS as usize * 4 && total.clean_shutdowns > 0, "{total:?}");
+    }
+
+    const LIFETIME_SEEDS: u64 = 60;
 
     /// The campaign with every volume's map paged through the cache
     /// device's map region: crashes while pages are being written back,

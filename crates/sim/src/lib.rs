@@ -11,7 +11,8 @@
 //! same seed replays it exactly (`sluice sim --seed-start S --seeds 1`).
 
 pub use sluice_engine::{
-    Engine, EngineConfig, EngineError, EngineVolume, Layout, OpenOptions, Volume, VolumeError, VolumeSpec,
+    BandPlacement, Engine, EngineConfig, EngineError, EngineVolume, Layout, OpenOptions, Volume, VolumeError,
+    VolumeSpec,
 };
 
 pub mod crashsim;

@@ -140,6 +140,10 @@ enum Cmd {
         /// not with --flips or --zns.
         #[arg(long, conflicts_with_all = ["flips", "zns"])]
         in_place: bool,
+        /// Lifetime placement: two compaction and three GC streams by
+        /// inferred block lifetime (docs/engine.md); not with --in-place.
+        #[arg(long, conflicts_with = "in_place")]
+        lifetime: bool,
     },
     /// How big a cache a recorded trace needs (`[[volume]] trace`): its
     /// live data, the trace replayed in virtual time at several cache sizes
@@ -240,7 +244,7 @@ enum Bench {
     Job {
         /// The job file ([global] and job sections; see docs/workloads.md).
         file: PathBuf,
-        /// qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+zns or setassoc+qlc.
+        /// qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+qlc-lifetime, sluice+zns, sluice+zns-shared or setassoc+qlc.
         #[arg(long)]
         system: String,
         /// Emulated capacity (fio size syntax, e.g. 64g; on stacks the
@@ -256,14 +260,15 @@ enum Bench {
     /// Replay a CSV block trace (timestamp_us,op,offset,size) open loop on an emulated device.
     Trace {
         file: PathBuf,
-        /// qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+zns, setassoc+qlc.
+        /// qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+qlc-lifetime, sluice+zns, sluice+zns-shared, setassoc+qlc.
         #[arg(long)]
         system: String,
         /// Emulated capacity (fio size syntax); default per system.
         #[arg(long)]
         capacity: Option<String>,
-        /// csv (timestamp_us,op,offset,size), msr (MSR Cambridge CSV) or
-        /// heimdall (ts_ms devno offset size op); docs/workloads.md.
+        /// csv (timestamp_us,op,offset,size), msr (MSR Cambridge CSV),
+        /// heimdall (ts_ms devno offset size op) or vscsi (CloudPhysics'
+        /// binary records); docs/workloads.md.
         #[arg(long, default_value = "csv")]
         format: String,
         /// Replay the trace this many times; the second half of the passes
@@ -684,12 +689,13 @@ fn sim(
     let t = Instant::now();
     let (mut crashes, mut inside, mut in_recovery, mut shutdowns, mut cut) = (0, 0, 0, 0, 0);
     let flag = format!(
-        "{}{}{}{}{}",
+        "{}{}{}{}{}{}",
         if zns { " --zns" } else { "" },
         if opts.flips { " --flips" } else { "" },
         if opts.swarm { " --swarm" } else { "" },
         if opts.paged { " --paged" } else { "" },
-        if opts.in_place { " --in-place" } else { "" }
+        if opts.in_place { " --in-place" } else { "" },
+        if opts.lifetime { " --lifetime" } else { "" }
     );
     for seed in seed_start..seed_start.saturating_add(seeds) {
         let r = sluice_sim::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
@@ -712,8 +718,9 @@ fn sim(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged, in_place } => {
-            let opts = sluice_sim::crashsim::SimOptions { flips, swarm, paged, in_place, ..Default::default() };
+        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged, in_place, lifetime } => {
+            let opts =
+                sluice_sim::crashsim::SimOptions { flips, swarm, paged, in_place, lifetime, ..Default::default() };
             sim(seeds, seed_start, ops, zns, opts)
         }
         Cmd::Advise {

@@ -11,6 +11,7 @@
 //! stream (running GC first when free bands are short) and closing it.
 
 use super::*;
+use crate::layout::STREAM_GC;
 
 /// A band's number: band b holds capacity blocks b·stride onwards
 /// (`Inner::blocks_per_band`). On the media (segment headers, marks, the
@@ -35,9 +36,11 @@ pub(super) struct Bands {
     pub(super) list: Vec<Band>,
     /// Free bands, oldest freed first.
     pub(super) free: VecDeque<BandId>,
-    /// The band GC writes into, and the band GC filled last (as `Vol::last_band`).
-    pub(super) gc_open: Option<BandId>,
-    pub(super) gc_last: Option<(BandId, u64)>,
+    /// Per GC stream (placement.rs: one unless `BandPlacement::Lifetime`),
+    /// the band it writes into and the band it filled last (as
+    /// `Vol::last_band`).
+    pub(super) gc_open: [Option<BandId>; GC_STREAMS],
+    pub(super) gc_last: [Option<(BandId, u64)>; GC_STREAMS],
     /// Bands a salvaging open found damaged: never opened nor chosen by GC
     /// until `salvage_repair` has emptied and discarded them.
     pub(super) quarantine: Vec<BandId>,
@@ -59,12 +62,15 @@ impl Bands {
             tombstones: 0,
             epoch: 0,
             prev: (0, 0),
+            born: 0,
+            short: false,
+            by_gc: false,
         };
         Bands {
             list: (0..band_count).map(band).collect(),
             free: (0..band_count as u32).map(BandId).collect(),
-            gc_open: None,
-            gc_last: None,
+            gc_open: [None; GC_STREAMS],
+            gc_last: [None; GC_STREAMS],
             quarantine: Vec::new(),
             closed_since_mark: Vec::new(),
         }
@@ -175,16 +181,51 @@ pub(super) struct Band {
     /// (`Header::prev_epoch`, `prev_end`), so recovery can tell that band's
     /// damaged tail from a torn one.
     pub(super) prev: (u64, u64),
+    /// Placement hints (placement.rs), in memory only: when the data in the
+    /// band was written by users (user blocks written before: for a
+    /// compaction band, when it was opened; for a GC band, the oldest
+    /// victim's), whether the short-lived user stream filled it, and
+    /// whether GC did.
+    pub(super) born: u64,
+    pub(super) short: bool,
+    pub(super) by_gc: bool,
+}
+
+/// GC streams: `BandPlacement::Lifetime` separates what GC moves into
+/// this many classes by age (placement.rs); other placements use the first.
+pub(super) const GC_STREAMS: usize = 3;
+
+/// A writer of segments with an open band of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stream {
+    /// Compaction's, in the volume slot `Inner::user_stream` chose (a
+    /// volume's own, the shared one, or a lifetime class's).
+    User(usize),
+    /// GC's, by class (`GC_STREAMS`).
+    Gc(usize),
+}
+
+impl Stream {
+    /// `Header::stream` of its segments (docs/format.md).
+    pub(super) fn on_media(self) -> u32 {
+        match self {
+            Stream::User(slot) => slot as u32,
+            Stream::Gc(k) => STREAM_GC - k as u32,
+        }
+    }
+
+    pub(super) fn is_gc(self) -> bool {
+        matches!(self, Stream::Gc(_))
+    }
 }
 
 /// `Band::tombstones` when not known: GC walks the band to find out.
 pub(super) const TOMBSTONES_UNKNOWN: u32 = u32::MAX;
 
-/// Whether the stream's open band (or the GC band) has room for a segment:
-/// a band with room for less than a header and one block is closed.
-pub(super) fn band_has_room(inner: &Inner, vol: u32, gc: bool) -> bool {
-    let cur = if gc { inner.bands.gc_open } else { inner.vols[inner.stream(vol)].open_band };
-    cur.is_some_and(|b| inner.band_usable() - inner.bands[b].written >= 2)
+/// Whether the stream's open band has room for a segment: a band with room
+/// for less than a header and one block is closed.
+pub(super) fn band_has_room(inner: &Inner, s: Stream) -> bool {
+    inner.stream_band(s).0.is_some_and(|b| inner.band_usable() - inner.bands[b].written >= 2)
 }
 
 impl Inner {
@@ -198,30 +239,76 @@ impl Inner {
         self.geo.usable_blocks
     }
 
-    /// Band `b`, the open band of `vol` (or of GC), is full: close it.
-    pub(super) fn close_band(&mut self, b: BandId, vol: u32, gc: bool) {
+    /// A stream's open band and the band it filled last.
+    pub(super) fn stream_band(&self, s: Stream) -> (Option<BandId>, Option<(BandId, u64)>) {
+        match s {
+            Stream::User(slot) => (self.vols[slot].open_band, self.vols[slot].last_band),
+            Stream::Gc(k) => (self.bands.gc_open[k], self.bands.gc_last[k]),
+        }
+    }
+
+    fn stream_band_mut(&mut self, s: Stream) -> (&mut Option<BandId>, &mut Option<(BandId, u64)>) {
+        match s {
+            Stream::User(slot) => {
+                let v = &mut self.vols[slot];
+                (&mut v.open_band, &mut v.last_band)
+            }
+            Stream::Gc(k) => (&mut self.bands.gc_open[k], &mut self.bands.gc_last[k]),
+        }
+    }
+
+    /// Every stream's open band, then every stream's last band.
+    pub(super) fn streams_open(&self) -> impl Iterator<Item = BandId> + '_ {
+        self.vols.iter().filter_map(|v| v.open_band).chain(self.bands.gc_open.iter().flatten().copied())
+    }
+
+    pub(super) fn streams_last(&self) -> impl Iterator<Item = (BandId, u64)> + '_ {
+        self.vols.iter().filter_map(|v| v.last_band).chain(self.bands.gc_last.iter().flatten().copied())
+    }
+
+    /// Band `b`, the open band of stream `s`, is full: close it.
+    pub(super) fn close_band(&mut self, b: BandId, s: Stream) {
         let band = &mut self.bands[b];
         band.to(BandState::Open, BandState::Full);
         band.closed_seq = self.seq;
         let last = Some((b, band.epoch));
         self.bands.closed_since_mark.push(b);
-        if gc {
-            self.bands.gc_open = None;
-            self.bands.gc_last = last;
-        } else {
-            let s = self.stream(vol);
-            self.vols[s].open_band = None;
-            self.vols[s].last_band = last;
-        }
+        let (open, prev) = self.stream_band_mut(s);
+        *open = None;
+        *prev = last;
     }
 }
 
 impl Engine {
+    /// Close the open bands of the GC streams past the first, which the
+    /// checkpoint does not keep (placement.rs): before a clean shutdown.
+    pub(super) fn close_extra_streams(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        let extra: Vec<Stream> = (1..GC_STREAMS).map(Stream::Gc).collect();
+        self.close_streams(inner, &extra)
+    }
+
+    /// Close every stream's open band (a placement change, placement.rs).
+    pub(super) fn close_open_bands(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        let all: Vec<Stream> = (0..inner.vols.len()).map(Stream::User).chain((0..GC_STREAMS).map(Stream::Gc)).collect();
+        self.close_streams(inner, &all)
+    }
+
+    fn close_streams(&self, inner: &mut Inner, streams: &[Stream]) -> Result<(), VolumeError> {
+        // Segment writes into them are done first; zone finish is synchronous.
+        self.drain_capacity(inner)?;
+        for &s in streams {
+            if let Some(b) = inner.stream_band(s).0 {
+                zoned::finish_band(&*self.capacity, inner.geo.zoned, b.0 as u64 * inner.cfg.band_bytes)?;
+                inner.close_band(b, s);
+            }
+        }
+        Ok(())
+    }
+
     /// The open band of a stream, opening a free one (after GC if short).
-    pub(super) fn open_band(&self, inner: &mut Inner, vol: u32, gc: bool) -> Result<BandId, VolumeError> {
-        let stream = inner.stream(vol);
-        let cur = if gc { inner.bands.gc_open } else { inner.vols[stream].open_band };
-        if let (Some(b), true) = (cur, band_has_room(inner, vol, gc)) {
+    pub(super) fn open_band(&self, inner: &mut Inner, s: Stream) -> Result<BandId, VolumeError> {
+        let cur = inner.stream_band(s).0;
+        if let (Some(b), true) = (cur, band_has_room(inner, s)) {
             return Ok(b);
         }
         // Zone finish and GC are synchronous on the capacity device.
@@ -229,9 +316,9 @@ impl Engine {
         if let Some(b) = cur {
             let start = b.0 as u64 * inner.cfg.band_bytes;
             zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
-            inner.close_band(b, vol, gc);
+            inner.close_band(b, s);
         }
-        if !gc {
+        if !s.is_gc() {
             // Bounded: a victim that frees no more than its relocation takes
             // cannot spin here; past the bound the caller sees NoSpace.
             let mut rounds = inner.bands.len();
@@ -252,7 +339,7 @@ impl Engine {
         // The band this stream filled before, if it still holds what it
         // held then (GC may have reclaimed it since): it must read back as
         // far as it reaches now once this band's first segment is durable.
-        let last = if gc { inner.bands.gc_last } else { inner.vols[stream].last_band };
+        let last = inner.stream_band(s).1;
         let prev = last
             .map(|(p, epoch)| (&inner.bands[p], epoch))
             .filter(|(p, epoch)| p.state.holds_all() && p.epoch == *epoch)
@@ -260,11 +347,10 @@ impl Engine {
         let band = &mut inner.bands[b];
         band.epoch = inner.seq;
         band.prev = prev;
-        if gc {
-            inner.bands.gc_open = Some(b);
-        } else {
-            inner.vols[stream].open_band = Some(b);
-        }
+        band.born = u64::MAX;
+        band.short = s == Stream::User(0) && inner.placement == BandPlacement::Lifetime;
+        band.by_gc = s.is_gc();
+        *inner.stream_band_mut(s).0 = Some(b);
         Ok(b)
     }
 }

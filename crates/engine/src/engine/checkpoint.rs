@@ -37,8 +37,10 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     inner.stats.words().iter().for_each(|&x| w.u64(x));
     w.opt_u32(inner.log.open.map(|(c, _)| c.0));
     w.u64(inner.log.open.map_or(0, |(_, o)| o));
-    w.opt_u32(inner.bands.gc_open.map(|b| b.0));
-    put_last(&mut w, inner.bands.gc_last);
+    // Only the first GC stream's bands: shutdown closes the others' (`Engine::close_extra_streams`).
+    debug_assert!(inner.bands.gc_open[1..].iter().all(Option::is_none));
+    w.opt_u32(inner.bands.gc_open[0].map(|b| b.0));
+    put_last(&mut w, inner.bands.gc_last[0]);
     w.u32(inner.vols.len() as u32);
     for v in &inner.vols {
         w.opt_u32(v.open_band.map(|b| b.0));
@@ -203,6 +205,7 @@ pub(super) fn decode_checkpoint(
             class: vec![0; bpc],
             hot: vec![false; bpc],
             sealed_at: None,
+            headers: None,
         });
     }
     let mut lists = [VecDeque::new(), VecDeque::new()];
@@ -224,7 +227,19 @@ pub(super) fn decode_checkpoint(
         let prev = (r.u64()?, r.u64()?);
         // Not in the checkpoint: GC reads such a band to find its tombstones.
         let tombstones = if written == 0 { 0 } else { TOMBSTONES_UNKNOWN };
-        bands.push(Band { state, valid, written, closed_seq, gen: 0, tombstones, epoch, prev });
+        bands.push(Band {
+            state,
+            valid,
+            written,
+            closed_seq,
+            gen: 0,
+            tombstones,
+            epoch,
+            prev,
+            born: 0,
+            short: false,
+            by_gc: false,
+        });
     }
     let n = r.u32()? as usize;
     let mut free_bands = VecDeque::with_capacity(n);
@@ -248,8 +263,8 @@ pub(super) fn decode_checkpoint(
         bands: Bands {
             list: bands,
             free: free_bands,
-            gc_open: gc_band,
-            gc_last: gc_last_band,
+            gc_open: [gc_band, None, None],
+            gc_last: [gc_last_band, None, None],
             quarantine: Vec::new(),
             closed_since_mark: Vec::new(),
         },
@@ -269,6 +284,7 @@ pub(super) fn decode_checkpoint(
         geo,
         sim: None,
         placement: BandPlacement::PerVolume,
+        lifespans: Default::default(),
         spill: Default::default(),
         cleaning: Default::default(),
     };

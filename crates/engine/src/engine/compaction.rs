@@ -58,6 +58,46 @@ impl Inner {
     }
 }
 
+/// Blocks between two runs a sparse read reads anyway rather than issue
+/// another request.
+const RUN_GAP_MAX: u64 = 1;
+
+impl Inner {
+    /// For a window of `len` blocks at `pos` of chunk `c` whose record
+    /// headers are known (`Chunk::headers`): the runs (start, blocks,
+    /// relative to the window) holding every header and every current
+    /// block, if they spare a quarter of the window or more. The rest is
+    /// garbage — superseded or trimmed blocks, padding, unwritten space —
+    /// and the walk never looks at it (a block after the last record reads
+    /// as zeros, the chunk's end). Blocks only ever leave a sealed chunk's
+    /// current set, so runs taken now cover what any later look needs.
+    pub(super) fn compact_runs(&self, c: ChunkId, pos: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+        let ch = &self.log.chunks[c];
+        let headers = ch.headers.as_ref()?;
+        let first = headers.partition_point(|&h| (h as u64) < pos);
+        let mut hs = headers[first..].iter().map(|&h| h as u64 - pos).take_while(|&h| h < len).peekable();
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut needed = 0;
+        for i in 0..len {
+            let header = hs.peek() == Some(&i);
+            if header {
+                hs.next();
+            }
+            if !header && ch.p2l[(pos + i) as usize].0 == u32::MAX {
+                continue;
+            }
+            needed += 1;
+            match runs.last_mut() {
+                Some((s, n)) if i - (*s + *n) <= RUN_GAP_MAX => *n = i + 1 - *s,
+                _ => runs.push((i, 1)),
+            }
+        }
+        let read: u64 = runs.iter().map(|r| r.1).sum();
+        debug_assert!(read >= needed);
+        (read * 4 <= len * 3).then_some(runs)
+    }
+}
+
 impl Engine {
     /// Move the oldest full chunk's current blocks and live tombstones to the
     /// capacity device, flush it, free the chunk (finishing the chunk a
@@ -106,8 +146,9 @@ impl Engine {
         while !end_of_chunk {
             let win = Window { cache: true, offset: (base + pos) * BS, len: (len * BS) as usize, gen: epoch };
             let data = self.read_window(inner, pre, win)?;
-            // Per volume: current data blocks (lba, crc, offset in window) and live tombstones.
-            let mut blocks: Vec<Vec<(u64, u32, usize)>> = vec![Vec::new(); inner.vols.len()];
+            // Per volume and lifetime class (placement.rs): current data
+            // blocks (lba, crc, offset in window); per volume, live tombstones.
+            let mut blocks: Vec<[Vec<(u64, u32, usize)>; 2]> = vec![Default::default(); inner.vols.len()];
             let mut tombs: Vec<Vec<u64>> = vec![Vec::new(); inner.vols.len()];
             let mut at = 0u64;
             let mut first_needs = None;
@@ -119,7 +160,7 @@ impl Engine {
                 // one): then the next block is looked at.
                 let h = record_at(block, pos + at, bpc, inner.tag).filter(|h| h.epoch == epoch);
                 let Some(h) = h.filter(|h| (h.volume as usize) < inner.vols.len()) else {
-                    let collected: usize = blocks.iter().map(|b| b.len()).sum();
+                    let collected: usize = blocks.iter().flatten().map(|b| b.len()).sum();
                     if inner.log.chunks[c].valid as usize <= collected {
                         end_of_chunk = true;
                         break;
@@ -140,7 +181,9 @@ impl Engine {
                     for (i, e) in h.entries.iter().enumerate() {
                         let cb = base + pos + at + 1 + i as u64;
                         if inner.vols[vol].l2p.try_get(e.lba)? == Some(Loc::cache(cb)) {
-                            blocks[vol].push((e.lba, e.crc, ((at + 1 + i as u64) * BS) as usize));
+                            let class = inner.log.chunks[c].class[(pos + at + 1 + i as u64) as usize].min(1);
+                            let at_win = ((at + 1 + i as u64) * BS) as usize;
+                            blocks[vol][class as usize].push((e.lba, e.crc, at_win));
                         }
                     }
                 } else {
@@ -157,14 +200,25 @@ impl Engine {
                 len = need;
                 continue;
             }
+            let now = inner.user_clock();
             for vol in 0..inner.vols.len() {
-                if blocks[vol].is_empty() && tombs[vol].is_empty() {
-                    continue;
+                let [short, long] = &mut blocks[vol];
+                let streams = [inner.user_stream(vol as u32, 0), inner.user_stream(vol as u32, 1)];
+                if streams[0] == streams[1] {
+                    long.append(short);
                 }
-                let payload: Vec<Moved<'_>> =
-                    blocks[vol].iter().map(|&(lba, crc, off)| (lba, crc, &data[off..off + BLOCK_BYTES])).collect();
-                let moved = self.write_segments(inner, vol as u32, false, &payload, &tombs[vol], deferred.as_mut())?;
-                inner.stats.compaction_bytes += moved * BS;
+                for (class, s) in streams.into_iter().enumerate() {
+                    // Tombstones go with the long-lived class.
+                    let tombs: &[u64] = if class == 1 { &tombs[vol] } else { &[] };
+                    let blocks = &blocks[vol][class];
+                    if blocks.is_empty() && tombs.is_empty() {
+                        continue;
+                    }
+                    let payload: Vec<Moved<'_>> =
+                        blocks.iter().map(|&(lba, crc, off)| (lba, crc, &data[off..off + BLOCK_BYTES])).collect();
+                    let moved = self.write_segments(inner, vol as u32, (s, now), &payload, tombs, deferred.as_mut())?;
+                    inner.stats.compaction_bytes += moved * BS;
+                }
             }
             inner.give_buf(data);
             pos += at;

@@ -236,7 +236,8 @@ impl Engine {
                     }
                     let payload: Vec<Moved<'_>> =
                         g.0.iter().zip(g.1.chunks(BLOCK_BYTES)).map(|(&(lba, crc), d)| (lba, crc, d)).collect();
-                    let moved = self.write_segments(inner, vol as u32, true, &payload, &g.2, deferred.as_mut())?;
+                    let (s, born) = (inner.gc_stream(v), inner.bands[v].born);
+                    let moved = self.write_segments(inner, vol as u32, (s, born), &payload, &g.2, deferred.as_mut())?;
                     inner.stats.gc_bytes += moved * BS;
                     g.0.clear();
                     g.1.clear();
@@ -274,6 +275,7 @@ impl Engine {
         // the next mark must follow (until then the reclaim mark stands).
         inner.cap.dirty = true;
         inner.gc_cursor = None;
+        inner.learn_lifespan(v);
         inner.bands[v].to(BandState::Victim, BandState::Free);
         inner.sim_freed(None, Some(v));
         inner.bands.free.push_back(v);

@@ -67,8 +67,7 @@ impl Inner {
         }
         self.check_classes();
         // Every open band is exactly one stream's: none is stranded.
-        let mut owned: Vec<BandId> =
-            self.vols.iter().map(|v| v.open_band).chain([self.bands.gc_open]).flatten().collect();
+        let mut owned: Vec<BandId> = self.streams_open().collect();
         owned.sort_unstable();
         let open: Vec<BandId> =
             (0..self.bands.len() as u32).map(BandId).filter(|&b| self.bands[b].state == BandState::Open).collect();

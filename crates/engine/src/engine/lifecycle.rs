@@ -279,6 +279,12 @@ impl Engine {
             inner.closed = true;
             return Err(EngineError::Failed);
         }
+        // After the last log record (which may have compacted and collected).
+        if self.close_extra_streams(&mut inner).is_err() {
+            inner.failed = true;
+            inner.closed = true;
+            return Err(EngineError::Failed);
+        }
         let mut body = encode_checkpoint(&inner);
         let (body_bytes, body_crc) = (body.len(), crc32c(&body));
         body.resize(body_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES, 0);

@@ -127,9 +127,14 @@ impl Engine {
         for (i, (lba, crc)) in blocks.enumerate() {
             let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
             inner.vols[vol as usize].l2p.set(lba as usize, Loc::cache(header_block + 1 + i as u64), crc)?;
+            // Lifetime placement's hint, from the copy replaced (placement.rs).
+            let lifetime = if inner.placement == BandPlacement::Lifetime { inner.lifetime_class(old) } else { 0 };
             inner.invalidate(old);
             let ch = &mut inner.log.chunks[chunk];
             ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
+            if inner.cfg.layout != Layout::InPlace {
+                ch.class[(off + 1 + i as u64) as usize] = lifetime;
+            }
             ch.valid += 1;
             ch.dirty += 1;
             if inner.cfg.layout == Layout::InPlace {
@@ -261,6 +266,9 @@ impl Engine {
         // the engine, and its number is above anything a flush made durable.
         inner.log.lsn += 1;
         let header_block = chunk.0 as u64 * inner.blocks_per_chunk() + off;
+        if let Some(h) = inner.log.chunks[chunk].headers.as_mut() {
+            h.push(off as u32);
+        }
         inner.sim_wait(Some(chunk), None);
         let c = sync_io(&*self.cache, IoRequest::write(header_block * BS, rec, 0));
         if let Err(e) = c.result {
@@ -305,6 +313,9 @@ impl Engine {
         ch.clean.iter_mut().for_each(|c| *c = false);
         ch.class.iter_mut().for_each(|c| *c = 0);
         ch.hot.iter_mut().for_each(|h| *h = false);
+        let mut headers = ch.headers.take().unwrap_or_default();
+        headers.clear();
+        ch.headers = Some(headers);
         inner.log.open = Some((c, 0));
         Ok((c, 0))
     }
@@ -370,6 +381,7 @@ impl Log {
             class: vec![0; blocks_per_chunk],
             hot: vec![false; blocks_per_chunk],
             sealed_at: None,
+            headers: None,
         };
         Log {
             chunks: (0..chunk_count).map(chunk).collect(),
@@ -438,8 +450,9 @@ pub(super) struct Chunk {
     /// Current blocks of the chunk that are not `clean`: what cleaning it
     /// must still write home.
     pub(super) dirty: u32,
-    /// In place: per block, its I/O class (classes.rs; 0 unclassified). Not
-    /// persisted: after a reopen every cached block is unclassified.
+    /// In place: per block, its I/O class (classes.rs; 0 unclassified).
+    /// With bands: per block, its lifetime class (placement.rs; 0 short).
+    /// Not persisted: after a reopen every cached block is class 0.
     pub(super) class: Vec<u8>,
     /// In place: per block, whether a read found it here since it was
     /// logged (the second chance of `Engine::retain`). Not persisted.
@@ -447,6 +460,10 @@ pub(super) struct Chunk {
     /// When the chunk was sealed (age-based cleaning); None after a reopen,
     /// which counts as old.
     pub(super) sealed_at: Option<std::time::Instant>,
+    /// Where each record's header block is, in order, for a chunk opened
+    /// since the engine was: compaction then reads only headers and current
+    /// blocks (compaction.rs). None (unknown) for chunks a reopen found.
+    pub(super) headers: Option<Vec<u32>>,
 }
 
 impl Inner {

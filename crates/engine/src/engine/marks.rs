@@ -157,12 +157,13 @@ impl Inner {
         // Open bands are the volumes' (or their streams') and GC's: listing
         // them costs the volume count, not the band count (a million bands
         // on a 64 TiB device).
-        let mut listed: Vec<BandId> = self.vols.iter().filter_map(|v| v.open_band).chain(self.bands.gc_open).collect();
+        let mut listed: Vec<BandId> = self.streams_open().collect();
         listed.extend(closed.iter().copied().filter(|&b| self.bands[b].state.holds_all()));
         // Each stream's last full band too: the band its stream opens next
         // names it, but until that one's first segment is known durable
         // (`recovery/bands.rs`, chains), only the mark says how far it must read.
-        let last = self.vols.iter().filter_map(|v| v.last_band).chain(self.bands.gc_last);
+        let last: Vec<(BandId, u64)> = self.streams_last().collect();
+        let last = last.into_iter();
         listed
             .extend(last.filter(|&(b, e)| self.bands[b].state.holds_all() && self.bands[b].epoch == e).map(|(b, _)| b));
         listed.sort_unstable();

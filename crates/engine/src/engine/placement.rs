@@ -9,7 +9,23 @@
 //! csal`, workload `tenants4`). It is a placement policy only: segments name
 //! their volume either way, so recovery and GC are the same, and it is not
 //! persisted. GC's band mixes volumes in both modes.
+//!
+//! `BandPlacement::Lifetime` places by expected lifetime instead, after
+//! SepBIT (Wang et al., FAST'22): a block's next lifespan is inferred from
+//! its last one, and blocks expected to die together share bands, so GC
+//! finds victims nearly empty. Compaction sends a block to the short-lived
+//! stream if the copy its last write replaced was young — still in the log,
+//! or in a compaction band opened less than ℓ user blocks before — and to
+//! the long-lived stream otherwise (never written before, or last moved by
+//! GC). ℓ is the mean lifespan of the last 16 short-lived bands GC
+//! reclaimed (until the first, every rewritten block counts as short). GC
+//! sends what survives in a short-lived band to its first stream, and
+//! everything else by the age of its victim's data: younger than 4ℓ to the
+//! second, older to the third. The hints are in memory only (`Band::born`,
+//! `short`, `by_gc`, each log block's class); after a reopen every band
+//! counts as old, which only costs placement quality until bands turn over.
 
+use super::bands::GC_STREAMS;
 use super::*;
 
 /// Where compaction places volumes' blocks on the capacity device.
@@ -20,17 +36,59 @@ pub enum BandPlacement {
     PerVolume,
     /// All volumes write into one open band (the tenant-blind baseline).
     Shared,
+    /// Two compaction streams (short- and long-lived blocks, all volumes)
+    /// and three GC streams, by inferred lifetime (module doc).
+    Lifetime,
+}
+
+/// What `BandPlacement::Lifetime` learns from GC: the lifespans (user
+/// blocks written between a band's opening and its reclaim) of the last
+/// short-lived bands reclaimed.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Lifespans {
+    recent: VecDeque<u64>,
+}
+
+/// How many reclaimed short-lived bands ℓ averages.
+const LIFESPANS_KEPT: usize = 16;
+
+impl Lifespans {
+    /// ℓ: the mean lifespan of the short-lived bands reclaimed lately; None
+    /// before the first.
+    pub(super) fn ell(&self) -> Option<u64> {
+        (!self.recent.is_empty()).then(|| self.recent.iter().sum::<u64>() / self.recent.len() as u64)
+    }
+
+    pub(super) fn reclaimed(&mut self, lifespan: u64) {
+        if self.recent.len() == LIFESPANS_KEPT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(lifespan);
+    }
 }
 
 impl Engine {
-    /// Choose where compaction writes each volume's blocks (see the module
-    /// doc), before the first write.
+    /// Choose where compaction and GC write (see the module doc); any time,
+    /// and again after every open (it is not persisted). Streams of the old
+    /// placement that the new one does not continue have their open bands
+    /// closed (finished on a zoned device), so none is left open with no
+    /// writer: changing it mid-life costs the rest of those bands until GC
+    /// takes them.
     pub fn set_band_placement(&self, placement: BandPlacement) -> Result<(), EngineError> {
         let mut inner = self.lock();
-        // Changing it later would strand the open bands of the old streams.
-        if inner.placement != placement && (inner.stats.user_write_bytes > 0 || inner.stats.capacity_write_bytes > 0) {
-            return Err(EngineError::Config("band placement is chosen before the first write"));
+        if inner.placement == placement {
+            return Ok(());
         }
+        if inner.in_place() {
+            return Err(EngineError::Config("band placement applies to the bands layout only"));
+        }
+        // Partially written zones: the user streams, every GC stream and
+        // the checkpoint's last zone (lifecycle.rs checks the others).
+        let user_streams = if placement == BandPlacement::Lifetime { inner.vols.len().min(2) } else { 0 };
+        if inner.geo.max_active != 0 && (user_streams + GC_STREAMS + 1) as u64 > inner.geo.max_active as u64 {
+            return Err(EngineError::Config("lifetime placement needs 6 active zones on a zoned device"));
+        }
+        self.close_open_bands(&mut inner).map_err(EngineError::Request)?;
         inner.placement = placement;
         Ok(())
     }
@@ -65,12 +123,64 @@ impl Engine {
 }
 
 impl Inner {
-    /// The band stream compaction of `vol` writes to: its own, or the one
-    /// all volumes share (`BandPlacement::Shared`, kept in volume 0's slot).
-    pub(super) fn stream(&self, vol: u32) -> usize {
-        match self.placement {
+    /// The stream compaction writes `vol`'s blocks of lifetime `class` to
+    /// (0 short, 1 long: `lifetime_class`): the volume's own, the one all
+    /// volumes share (`BandPlacement::Shared`, kept in volume 0's slot), or
+    /// the class's (`Lifetime`, in slot `class`; with one volume both share
+    /// slot 0).
+    pub(super) fn user_stream(&self, vol: u32, class: u8) -> Stream {
+        Stream::User(match self.placement {
             BandPlacement::PerVolume => vol as usize,
             BandPlacement::Shared => 0,
+            BandPlacement::Lifetime => (class as usize).min(self.vols.len() - 1),
+        })
+    }
+
+    /// The user clock placement measures lifespans with: blocks users wrote.
+    pub(super) fn user_clock(&self) -> u64 {
+        self.stats.user_write_bytes / BS
+    }
+
+    /// A block being written over `old`, its last copy: 0 if that copy was
+    /// young (short-lived next too, by the module doc's inference), else 1.
+    pub(super) fn lifetime_class(&self, old: Loc) -> u8 {
+        if old.cache_block().is_some() {
+            return 0;
+        }
+        let Some(pb) = old.capacity_block() else { return 1 };
+        let band = &self.bands[(pb / self.blocks_per_band()) as usize];
+        if band.by_gc {
+            return 1;
+        }
+        let lifespan = self.user_clock().saturating_sub(band.born);
+        match self.lifespans.ell() {
+            None => 0,
+            Some(ell) => u8::from(lifespan >= ell),
+        }
+    }
+
+    /// The GC stream for what survives in victim `v`.
+    pub(super) fn gc_stream(&self, v: BandId) -> Stream {
+        if self.placement != BandPlacement::Lifetime {
+            return Stream::Gc(0);
+        }
+        let band = &self.bands[v];
+        if band.short {
+            return Stream::Gc(0);
+        }
+        let age = self.user_clock().saturating_sub(band.born);
+        match self.lifespans.ell() {
+            Some(ell) if age >= ell.saturating_mul(4) => Stream::Gc(2),
+            _ => Stream::Gc(1),
+        }
+    }
+
+    /// GC reclaimed band `v`: a short-lived one teaches ℓ its lifespan.
+    pub(super) fn learn_lifespan(&mut self, v: BandId) {
+        let band = &self.bands[v];
+        if band.short && band.born != u64::MAX {
+            let lifespan = self.user_clock().saturating_sub(band.born);
+            self.lifespans.reclaimed(lifespan);
         }
     }
 }

@@ -27,10 +27,10 @@
 //! absence of any copy) is already on the media, and skipping keeps the
 //! number of tombstones bounded by the number of unmapped blocks.
 
-use super::bands::band_has_room;
+use super::bands::{band_has_room, Stream};
 use super::step_io::Deferred;
 use super::*;
-use crate::layout::{Entry, Header, RecordKind, STREAM_GC};
+use crate::layout::{Entry, Header, RecordKind};
 
 /// Most capacity segment writes compaction and GC keep in flight.
 pub(super) const CAP_QUEUE_DEPTH: usize = 16;
@@ -74,8 +74,9 @@ impl Inner {
 
 impl Engine {
     /// Write `blocks` (lba, crc, data) and `tombs` of `vol` as segments into
-    /// its open band (or the GC band), each padded to the write unit, under
-    /// fresh sequence numbers; remap the blocks. Returns blocks moved. The
+    /// stream `s`'s open band, each padded to the write unit, under fresh
+    /// sequence numbers; remap the blocks. `born`: when users wrote the
+    /// data (placement.rs; a band keeps its oldest). Returns blocks moved. The
     /// CRC is the one the block was first logged with, carried along rather
     /// than recomputed: it costs nothing, and a block damaged while it sat
     /// on a device keeps a CRC that says so.
@@ -83,7 +84,7 @@ impl Engine {
         &self,
         inner: &mut Inner,
         vol: u32,
-        gc: bool,
+        (s, born): (Stream, u64),
         blocks: &[Moved<'_>],
         tombs: &[u64],
         mut deferred: Option<&mut Deferred>,
@@ -98,11 +99,12 @@ impl Engine {
             // every remap) is opened only once they are settled.
             if let Some(d) = deferred.as_deref_mut() {
                 let writes = d.queued.len();
-                if writes > 0 && (writes >= CAP_QUEUE_DEPTH || !band_has_room(inner, vol, gc)) {
+                if writes > 0 && (writes >= CAP_QUEUE_DEPTH || !band_has_room(inner, s)) {
                     self.settle_deferred(inner, d)?;
                 }
             }
-            let band = self.open_band(inner, vol, gc)?;
+            let band = self.open_band(inner, s)?;
+            inner.bands[band].born = inner.bands[band].born.min(born);
             let wp = inner.bands[band].written;
             let room = usable - wp;
             let n = (rest.len() as u64).min(room - 1).min(RECORD_BLOCKS_MAX as u64) as usize;
@@ -120,7 +122,7 @@ impl Engine {
                 epoch: inner.bands[band].epoch,
                 flushed_seq: inner.cap.flushed_seq,
                 engine: inner.tag,
-                stream: if gc { STREAM_GC } else { inner.stream(vol) as u32 },
+                stream: s.on_media(),
                 lsn: 0,
                 head_lsn: 0,
                 flushed_lsn: 0,
@@ -161,13 +163,13 @@ impl Engine {
             }
             inner.bands[band].written += padded;
             if inner.bands[band].written == usable {
-                inner.close_band(band, vol, gc);
+                inner.close_band(band, s);
             }
             rest = &rest[n..];
             rest_t = &rest_t[t..];
         }
         let m = &mut inner.vols[vol as usize].moved;
-        if gc {
+        if s.is_gc() {
             m.gc_bytes += moved * BS;
         } else {
             m.compaction_bytes += moved * BS;

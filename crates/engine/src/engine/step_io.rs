@@ -222,15 +222,23 @@ impl Engine {
     /// reports any error, under the lock).
     pub(super) fn preread(&self, plan: impl FnOnce(&Inner) -> Option<Window>) -> Option<PreRead> {
         let _permit = self.unlocked_read_permit()?;
-        let (win, buf) = {
+        let (win, buf, runs) = {
             let mut inner = self.lock();
             if inner.closed || inner.failed {
                 return None;
             }
             let win = plan(&inner)?;
-            (win, inner.take_buf(win.len))
+            (win, inner.take_buf(win.len), inner.window_runs(&win))
         };
         let dev = if win.cache { &*self.cache } else { &*self.capacity };
+        if let Some(runs) = runs {
+            // A few more requests in flight if the unlocked-read budget
+            // has room (each permit is one request).
+            let more: Vec<_> = (0..7).map_while(|_| self.unlocked_read_permit()).collect();
+            let mut buf = buf;
+            let ok = read_runs(dev, win.offset, &runs, &mut buf, 1 + more.len()).is_ok();
+            return ok.then_some(PreRead { win, buf });
+        }
         let req = IoRequest { op: IoOp::Read, offset: win.offset, len: win.len as u64, buf, fua: false, user_data: 0 };
         let c = sync_io(dev, req);
         c.result.is_ok().then_some(PreRead { win, buf: c.buf })
@@ -255,8 +263,75 @@ impl Engine {
             inner.give_buf(p.buf);
         }
         let dev = if win.cache { &*self.cache } else { &*self.capacity };
+        if let Some(runs) = inner.window_runs(&win) {
+            let mut buf = inner.take_buf(win.len);
+            // Under the lock: within the lock holder's own queue budget.
+            if let Err(e) = read_runs(dev, win.offset, &runs, &mut buf, CAP_QUEUE_DEPTH) {
+                inner.give_buf(buf);
+                return Err(e.into());
+            }
+            return Ok(buf);
+        }
         read_pooled(dev, inner, win.offset, win.len)
     }
+}
+
+impl Inner {
+    /// A compaction window's runs worth reading (`compact_runs`), if it is
+    /// one and they spare enough: None reads the whole window.
+    fn window_runs(&self, win: &Window) -> Option<Vec<(u64, u64)>> {
+        if !win.cache || self.in_place() {
+            return None;
+        }
+        let (block, bpc) = (win.offset / BS, self.blocks_per_chunk());
+        self.compact_runs(ChunkId((block / bpc) as u32), block % bpc, win.len as u64 / BS)
+    }
+}
+
+/// Read `runs` (first block, blocks; from `offset`) of `dev` into `buf`,
+/// zeros elsewhere, at most `in_flight` requests at a time.
+fn read_runs(
+    dev: &dyn BlockDevice,
+    offset: u64,
+    runs: &[(u64, u64)],
+    buf: &mut IoBuf,
+    in_flight: usize,
+) -> Result<(), DeviceError> {
+    buf.fill(0);
+    let mut done = Vec::with_capacity(in_flight);
+    let (mut next, mut inflight, mut failed) = (0, 0, None);
+    while next < runs.len() || inflight > 0 {
+        if next < runs.len() && inflight < in_flight && failed.is_none() {
+            let (s, n) = runs[next];
+            let len = n * BS;
+            let req = IoRequest {
+                op: IoOp::Read,
+                offset: offset + s * BS,
+                len,
+                buf: IoBuf::zeroed(len as usize),
+                fua: false,
+                user_data: next as u64,
+            };
+            dev.submit(req);
+            next += 1;
+            inflight += 1;
+            continue;
+        }
+        done.clear();
+        inflight -= dev.reap(1, &mut done);
+        for c in done.drain(..) {
+            match c.result {
+                Ok(_) => {
+                    let s = (runs[c.user_data as usize].0 * BS) as usize;
+                    buf[s..s + c.buf.len()].copy_from_slice(&c.buf);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+    }
+    failed.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

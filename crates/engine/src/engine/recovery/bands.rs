@@ -5,7 +5,7 @@
 use super::chunks::fits;
 use super::damage::Damage;
 use super::resolver::{Resolver, TOMBSTONE_CRC};
-use crate::engine::bands::{BandId, Bands};
+use crate::engine::bands::{BandId, Bands, GC_STREAMS};
 use crate::engine::l2p::Loc;
 use crate::engine::marks::{Mark, RECLAIMED};
 use crate::engine::segments::segment_blocks;
@@ -44,7 +44,7 @@ pub(super) struct FirstSegment {
 /// recovery trust what is torn.
 pub(crate) struct LastBands {
     vols: Vec<Option<(BandId, u64)>>,
-    gc: Option<(BandId, u64)>,
+    gc: [Option<(BandId, u64)>; GC_STREAMS],
 }
 
 impl LastBands {
@@ -303,14 +303,15 @@ pub(super) fn offer_segments(
 /// Each stream's newest full band (not voided), for `LastBands::apply`.
 pub(super) fn last_bands(walks: &[BandWalk], bands: &Bands, streams: usize, voided: &[u32]) -> LastBands {
     // Each stream's newest full band is the one its next band names.
-    let mut last_bands = LastBands { vols: vec![None; streams], gc: None };
+    let mut last_bands = LastBands { vols: vec![None; streams], gc: [None; GC_STREAMS] };
     for (b, w) in walks.iter().enumerate() {
         let (Some(e), Some(f)) = (w.epoch, w.first) else { continue };
         if bands[b].state != BandState::Full || voided.contains(&(b as u32)) {
             continue;
         }
-        let slot = if f.stream == STREAM_GC {
-            &mut last_bands.gc
+        let gc_class = STREAM_GC.wrapping_sub(f.stream) as usize;
+        let slot = if gc_class < GC_STREAMS {
+            &mut last_bands.gc[gc_class]
         } else if let Some(v) = last_bands.vols.get_mut(f.stream as usize) {
             v
         } else {
