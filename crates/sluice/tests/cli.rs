@@ -122,7 +122,7 @@ fn bench_trace_replays_a_real_trace_in_passes_on_a_stack() {
     );
     let bad =
         sluice().args(["bench", "trace"]).arg(&file).args(["--format", "blk", "--system", "qlc"]).output().unwrap();
-    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("csv, msr or heimdall"));
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("csv, msr, heimdall or vscsi"));
 }
 
 #[test]
