@@ -182,6 +182,11 @@ struct Inner {
     mark_gen: u64,
     /// Set in virtual-time simulation only (`Engine::attach_sim_clock`).
     sim: Option<SimGate>,
+    /// Places reused so far: bumped (under the lock) whenever a chunk is
+    /// reopened or a band discarded, before anything new is written there.
+    /// Shared with lock-free reads (`Engine::reuses`, read.rs), which are
+    /// good only if it did not move while they read.
+    reuses: Arc<std::sync::atomic::AtomicU64>,
     /// Where compaction puts each volume's blocks (`Engine::set_band_placement`).
     placement: BandPlacement,
     /// What lifetime placement learned from GC (placement.rs; not persisted).
@@ -224,6 +229,18 @@ pub struct Engine {
     parallel_reads: std::sync::atomic::AtomicBool,
     /// FLUSH requests grouped into rounds (`flushes.rs`).
     flushes: flushes::FlushGroup,
+    /// Each volume's map when reads may use it without the lock (held
+    /// whole in DRAM, volume not in place): read.rs. The maps are never
+    /// replaced once the engine is assembled.
+    lockless_maps: Vec<Option<Arc<l2p::Resident>>>,
+    /// `Inner::reuses`, shared.
+    reuses: Arc<std::sync::atomic::AtomicU64>,
+    /// Set (under the lock) by `shutdown`: lock-free reads fail as locked
+    /// ones do after it.
+    closed: std::sync::atomic::AtomicBool,
+    /// User bytes read without the lock, not yet added to `Inner::stats`
+    /// (`Engine::fold_read_bytes`).
+    read_bytes: stats::ShardedCounter,
 }
 
 impl Engine {
@@ -235,6 +252,9 @@ impl Engine {
     ) -> Arc<Engine> {
         inner.recount_classes();
         let metrics = inner.vols.iter().map(|_| Arc::new(VolumeMetrics::default())).collect();
+        let in_place = inner.in_place();
+        let lockless_maps = inner.vols.iter().map(|v| v.l2p.resident().filter(|_| !in_place)).collect();
+        let reuses = inner.reuses.clone();
         let depth = cache.info().queue_depth_max.min(capacity.info().queue_depth_max);
         Arc::new(Engine {
             cache: SharedDevice::wrap(cache),
@@ -252,6 +272,10 @@ impl Engine {
             parallel_reads: std::sync::atomic::AtomicBool::new(false),
             epoch: std::time::Instant::now(),
             flushes: Default::default(),
+            lockless_maps,
+            reuses,
+            closed: Default::default(),
+            read_bytes: Default::default(),
         })
     }
 
@@ -326,6 +350,7 @@ impl Inner {
             cfg,
             geo,
             sim: None,
+            reuses: Default::default(),
             spill: Default::default(),
             cleaning: Default::default(),
         };

@@ -195,19 +195,29 @@ impl DeviceStats {
 
     /// Counter-wise difference `self - earlier` (for measuring a window).
     pub fn since(&self, earlier: &DeviceStats) -> DeviceStats {
+        self.zip_with(earlier, |a, b| a - b)
+    }
+
+    /// Counter-wise sum (counters kept in shards, added up when read).
+    pub fn plus(&self, o: &DeviceStats) -> DeviceStats {
+        self.zip_with(o, |a, b| a + b)
+    }
+
+    /// `f` of each counter and its counterpart in `o`.
+    fn zip_with(&self, o: &DeviceStats, f: impl Fn(u64, u64) -> u64) -> DeviceStats {
         DeviceStats {
-            reads: self.reads - earlier.reads,
-            writes: self.writes - earlier.writes,
-            flushes: self.flushes - earlier.flushes,
-            discards: self.discards - earlier.discards,
-            host_read_bytes: self.host_read_bytes - earlier.host_read_bytes,
-            host_write_bytes: self.host_write_bytes - earlier.host_write_bytes,
-            host_discard_bytes: self.host_discard_bytes - earlier.host_discard_bytes,
-            media_program_bytes: self.media_program_bytes - earlier.media_program_bytes,
-            media_read_bytes: self.media_read_bytes - earlier.media_read_bytes,
-            erases: self.erases - earlier.erases,
-            busy_ns: self.busy_ns - earlier.busy_ns,
-            errors: self.errors - earlier.errors,
+            reads: f(self.reads, o.reads),
+            writes: f(self.writes, o.writes),
+            flushes: f(self.flushes, o.flushes),
+            discards: f(self.discards, o.discards),
+            host_read_bytes: f(self.host_read_bytes, o.host_read_bytes),
+            host_write_bytes: f(self.host_write_bytes, o.host_write_bytes),
+            host_discard_bytes: f(self.host_discard_bytes, o.host_discard_bytes),
+            media_program_bytes: f(self.media_program_bytes, o.media_program_bytes),
+            media_read_bytes: f(self.media_read_bytes, o.media_read_bytes),
+            erases: f(self.erases, o.erases),
+            busy_ns: f(self.busy_ns, o.busy_ns),
+            errors: f(self.errors, o.errors),
         }
     }
 
@@ -279,6 +289,32 @@ pub trait BlockDevice: Send + Sync {
     fn flush_now(&self) -> Option<Result<(), DeviceError>> {
         None
     }
+
+    /// Runs `req` to completion in the calling thread, beside the request
+    /// queue rather than through it, if the device can (one that completes
+    /// every request at submission anyway: memory); otherwise hands `req`
+    /// back untouched and the caller submits it. Counted in `stats` like a
+    /// queued request. What makes a synchronous request from many threads
+    /// at once cost no shared queue (`sync_io`).
+    fn execute_now(&self, req: IoRequest) -> Result<IoCompletion, IoRequest> {
+        Err(req)
+    }
+
+    /// Whether `execute_now` always runs the request (never hands it
+    /// back): synchronous I/O then never occupies the request queue, and
+    /// callers need not bound it against the queue depth.
+    fn runs_inline(&self) -> bool {
+        false
+    }
+}
+
+/// A small number naming the calling thread (cheaper than `ThreadId`,
+/// which clones the thread handle on every call): what shards per-thread
+/// state (`SharedDevice`'s routing, a memory device's counters).
+pub fn thread_no() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    thread_local!(static NO: u64 = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    NO.with(|n| *n)
 }
 
 /// Zone state per NVMe ZNS.
@@ -359,6 +395,10 @@ pub fn check_range(info: &DeviceInfo, req: &IoRequest) -> Result<(), DeviceError
 /// Convenience for callers that own a device exclusively (tests, tools): one
 /// request, wait for it. Must not be mixed with other in-flight requests.
 pub fn sync_io(dev: &dyn BlockDevice, req: IoRequest) -> IoCompletion {
+    let req = match dev.execute_now(req) {
+        Ok(done) => return done,
+        Err(req) => req,
+    };
     debug_assert_eq!(dev.in_flight(), 0, "sync_io needs an otherwise idle device");
     dev.submit(req);
     let mut out = Vec::with_capacity(1);

@@ -155,10 +155,9 @@ struct State {
     _arena: Option<Arena>,
 }
 
-/// Completed requests and counters.
+/// Completed requests.
 struct Queue {
     done: VecDeque<IoCompletion>,
-    stats: DeviceStats,
     /// Requests admitted and still executing (they count against the
     /// queue depth like completed, unreaped ones).
     executing: usize,
@@ -168,7 +167,18 @@ pub struct MemoryDevice {
     info: DeviceInfo,
     state: RwLock<State>,
     queue: Mutex<Queue>,
+    /// The counters, one shard per thread (by number): threads doing
+    /// synchronous I/O at once (`execute_now`) then share no lock and no
+    /// cache line. `stats` adds them up.
+    stats: [StatShard; STAT_SHARDS],
 }
+
+const STAT_SHARDS: usize = 8;
+
+/// One shard of a device's counters, on a cache line pair of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct StatShard(Mutex<DeviceStats>);
 
 impl MemoryDevice {
     /// A device of `capacity_bytes` with `block_bytes` blocks that stores data.
@@ -237,8 +247,27 @@ impl MemoryDevice {
                 zoned: false,
             },
             state: RwLock::new(State { pages, spare: Vec::new(), spare_max: SPARE_PAGES_MAX, _arena: None }),
-            queue: Mutex::new(Queue { done: VecDeque::new(), stats: DeviceStats::default(), executing: 0 }),
+            queue: Mutex::new(Queue { done: VecDeque::new(), executing: 0 }),
+            stats: Default::default(),
         }
+    }
+
+    /// Run `req` on the stored data and count it.
+    fn run(&self, req: &mut IoRequest) -> Result<u64, DeviceError> {
+        let result = check_range(&self.info, req).and_then(|_| {
+            if req.op == IoOp::Read {
+                self.state.read().expect("memory device lock").read(req)
+            } else {
+                self.state.write().expect("memory device lock").execute(req)
+            }
+        });
+        self.count(req.op, req.len, result.is_ok());
+        result
+    }
+
+    fn count(&self, op: IoOp, len: u64, ok: bool) {
+        let shard = &self.stats[crate::device::thread_no() as usize % STAT_SHARDS];
+        shard.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).count_host(op, len, ok);
     }
 }
 
@@ -330,19 +359,13 @@ impl BlockDevice for MemoryDevice {
             room
         };
         let result = if !admitted {
+            self.count(req.op, req.len, false);
             Err(DeviceError::QueueFull { queue_depth_max: self.info.queue_depth_max })
         } else {
-            check_range(&self.info, &req).and_then(|_| {
-                if req.op == IoOp::Read {
-                    self.state.read().expect("memory device lock").read(&mut req)
-                } else {
-                    self.state.write().expect("memory device lock").execute(&mut req)
-                }
-            })
+            self.run(&mut req)
         };
         let mut q = self.queue.lock().expect("memory device queue");
         q.executing -= admitted as usize;
-        q.stats.count_host(req.op, req.len, result.is_ok());
         q.done.push_back(IoCompletion::untimed(req, result));
     }
 
@@ -359,7 +382,19 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn stats(&self) -> DeviceStats {
-        self.queue.lock().expect("memory device queue").stats
+        let shards = self.stats.iter().map(|s| *s.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        shards.fold(DeviceStats::default(), |a, s| a.plus(&s))
+    }
+
+    /// Every request completes at once anyway: run it in the caller's
+    /// thread, past the queue (no queue lock, no completion hand-off).
+    fn execute_now(&self, mut req: IoRequest) -> Result<IoCompletion, IoRequest> {
+        let result = self.run(&mut req);
+        Ok(IoCompletion::untimed(req, result))
+    }
+
+    fn runs_inline(&self) -> bool {
+        true
     }
 }
 
@@ -392,7 +427,45 @@ mod tests {
         assert_eq!(refused.len(), 1);
         assert_eq!(refused[0].result, Err(DeviceError::QueueFull { queue_depth_max: depth }));
         assert_eq!(d.in_flight(), 0);
-        assert!(read_at(&d, 0, 4096).is_ok(), "room again");
+        d.submit(IoRequest::read(0, 4096, 9));
+        out.clear();
+        d.reap(1, &mut out);
+        assert!(out[0].result.is_ok(), "room again");
+    }
+
+    /// A synchronous request runs in the caller's thread beside the queue,
+    /// even a full one, and is counted like a queued one; through a
+    /// `SharedDevice` too, from several threads at once.
+    #[test]
+    fn synchronous_requests_run_inline_beside_the_queue() {
+        let d = MemoryDevice::new(1 << 20, 4096);
+        let depth = d.info().queue_depth_max;
+        for i in 0..depth {
+            d.submit(IoRequest::read(0, 4096, i as u64));
+        }
+        assert!(d.runs_inline());
+        write_at(&d, 8192, &[7u8; 4096]).unwrap();
+        assert_eq!(&read_at(&d, 8192, 4096).unwrap()[..], &[7u8; 4096][..]);
+        assert_eq!(d.in_flight(), depth, "the queue is untouched");
+        let s = d.stats();
+        assert_eq!((s.reads, s.writes, s.host_write_bytes, s.errors), (depth as u64 + 1, 1, 4096, 0));
+        let shared =
+            std::sync::Arc::new(crate::SharedDevice::new(std::sync::Arc::new(MemoryDevice::new(1 << 20, 4096))));
+        assert!(shared.runs_inline());
+        std::thread::scope(|s| {
+            for t in 0..2u8 {
+                let shared = &shared;
+                s.spawn(move || {
+                    for i in 0..100u64 {
+                        let at = (t as u64 * 100 + i) * 4096;
+                        write_at(&**shared, at, &[t + 1; 4096]).unwrap();
+                        assert_eq!(read_at(&**shared, at, 4096).unwrap()[0], t + 1);
+                    }
+                });
+            }
+        });
+        let s = shared.stats();
+        assert_eq!((s.reads, s.writes, shared.in_flight()), (200, 200, 0));
     }
 
     /// Reads run under a shared lock: threads reading while another

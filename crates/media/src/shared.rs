@@ -22,17 +22,10 @@
 //! this, reads run outside the lock, concurrently, while the engine's own
 //! writes keep their simple submit-then-reap shape.
 
-use crate::device::{BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoRequest, ZonedDevice};
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::device::{
+    thread_no, BlockDevice, DeviceError, DeviceInfo, DeviceStats, IoCompletion, IoRequest, ZonedDevice,
+};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-
-/// A small number naming the calling thread (cheaper than `ThreadId`,
-/// which clones the thread handle on every call).
-fn thread_no() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    thread_local!(static NO: u64 = NEXT.fetch_add(1, Ordering::Relaxed));
-    NO.with(|n| *n)
-}
 
 /// Per thread with requests: how many are out, and the completions
 /// delivered to it. A handful of threads at a time, so a short vector
@@ -195,6 +188,15 @@ impl BlockDevice for SharedDevice {
 
     fn is_shared(&self) -> bool {
         true
+    }
+
+    /// A request completed in the caller's thread needs no routing.
+    fn execute_now(&self, req: IoRequest) -> Result<IoCompletion, IoRequest> {
+        self.dev.execute_now(req)
+    }
+
+    fn runs_inline(&self) -> bool {
+        self.dev.runs_inline()
     }
 }
 

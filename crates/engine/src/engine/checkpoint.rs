@@ -283,6 +283,7 @@ pub(super) fn decode_checkpoint(
         mark_gen,
         geo,
         sim: None,
+        reuses: Default::default(),
         placement: BandPlacement::PerVolume,
         lifespans: Default::default(),
         spill: Default::default(),

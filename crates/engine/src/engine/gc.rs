@@ -270,6 +270,7 @@ impl Engine {
         // Reads outside the lock that still hold a location in the victim
         // must see that its data may be gone.
         inner.bands[v].gen += 1;
+        inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
         zoned::reclaim_band(&*self.capacity, inner.geo.zoned, first * BS, inner.cfg.band_bytes)?;
         // The discard is durable only after the next capacity flush, which
         // the next mark must follow (until then the reclaim mark stands).

@@ -30,7 +30,8 @@ impl Engine {
     /// Everything an operator watches, copied at one moment: counters, log
     /// and band occupancy, both devices' counters, per-volume requests.
     pub fn snapshot(&self) -> EngineSnapshot {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        self.fold_read_bytes(&mut inner);
         let chunks = inner.log.chunks.len() as u64 - 1; // chunk 0: superblock
         let cache_valid: u64 = inner.log.chunks.iter().map(|c| c.valid as u64).sum();
         let volumes = inner
@@ -304,6 +305,9 @@ impl Volume for EngineVolume {
             check(self, offset, buf.len() as u64)?;
             let e = &self.engine;
             let (vol, lba0, n) = (self.id as usize, (offset / BS) as usize, buf.len() / BLOCK_BYTES);
+            if let Some(r) = e.read_lockless(vol, lba0..lba0 + n, offset, buf) {
+                return r;
+            }
             let permit = e.unlocked_read_permit();
             let mut inner = self.live()?;
             inner.stats.user_read_bytes += buf.len() as u64;

@@ -246,6 +246,9 @@ impl Engine {
         if inner.closed {
             return Ok(());
         }
+        // Every path below closes the engine; lock-free reads stop now.
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.fold_read_bytes(&mut inner);
         if inner.failed {
             // The map may not match the media: leave the superblock dirty so
             // the next open recovers from the media instead.

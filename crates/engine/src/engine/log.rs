@@ -307,6 +307,7 @@ impl Engine {
         let ch = &mut inner.log.chunks[c];
         ch.to(ChunkState::Free, ChunkState::Open);
         ch.epoch = inner.seq;
+        inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
         // The record about to be written into it is its first.
         ch.first_lsn = inner.log.lsn + 1;
         ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));

@@ -37,6 +37,57 @@ impl Inner {
 }
 
 impl Engine {
+    /// A read without the engine lock, if this volume's map allows it
+    /// (resident, not in place) and nothing interfered; None sends the read
+    /// to the locked path (`read_volume`), which answers with authority.
+    ///
+    /// The places and CRCs are loaded from the shared map (`Resident`),
+    /// the blocks read and checked, and the result kept only if no chunk
+    /// was reopened and no band discarded meanwhile (`Engine::reuses`,
+    /// bumped before anything is written to a reused place): then every
+    /// block read was the data its entry named when loaded. A check that
+    /// fails may be a race (a place published with the other copy's CRC)
+    /// or real damage; the locked path tells which. A device error from a
+    /// place not reused is the device's, and is the answer.
+    pub(super) fn read_lockless(
+        &self,
+        vol: usize,
+        lbas: std::ops::Range<usize>,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Option<Result<(), VolumeError>> {
+        use std::sync::atomic::{fence, Ordering};
+        let map = self.lockless_maps[vol].as_ref()?;
+        // Devices that queue bound how many reads run outside the lock
+        // (`unlocked_read_permit`); those that complete inline need no
+        // bound, and then no shared counter either.
+        let inline = self.cache.runs_inline() && self.capacity.runs_inline();
+        let _permit = if inline { None } else { Some(self.unlocked_read_permit()?) };
+        if self.closed.load(Ordering::Acquire) {
+            return Some(Err(VolumeError::ReadOnly));
+        }
+        let before = self.reuses.load(Ordering::Acquire);
+        let mut snap = SNAPSHOT.with(|s| s.take());
+        snap.locs.clear();
+        snap.crcs.clear();
+        map.load(lbas, &mut snap.locs, &mut snap.crcs);
+        #[cfg(test)]
+        if let Some(f) = BETWEEN_LOAD_AND_READ.with(|h| h.take()) {
+            f();
+        }
+        let r = self.read_blocks(&snap.locs, &snap.crcs, offset, buf, None);
+        SNAPSHOT.with(|s| s.replace(snap));
+        // The data read above is ordered before the second look.
+        fence(Ordering::Acquire);
+        if matches!(r, Err(VolumeError::Corrupt { .. })) || self.reuses.load(Ordering::Relaxed) != before {
+            return None;
+        }
+        if r.is_ok() {
+            self.read_bytes.add(buf.len() as u64);
+        }
+        Some(r.map(|_| ()))
+    }
+
     /// Whether servers should run this engine's reads in parallel: reads
     /// do their device I/O outside the engine lock, which pays on devices
     /// with latency (emulated or real media) and not on memory, where the
@@ -200,6 +251,14 @@ impl ReadSnapshot {
         self.crcs.clear();
         l2p.load(range, &mut self.locs, &mut self.crcs)
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Run once by the thread's next lock-free read between loading the
+    /// map and reading the devices (tests stage races with it).
+    pub(super) static BETWEEN_LOAD_AND_READ: std::cell::Cell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::Cell::new(None) };
 }
 
 thread_local! {

@@ -65,6 +65,7 @@ impl Engine {
             self.flush_cache(inner)?;
             assert_eq!(inner.bands[b].valid, 0, "every block of a salvaged band moved");
             inner.bands[b].gen += 1;
+            inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
             let len = inner.cfg.band_bytes;
             zoned::reclaim_band(&*self.capacity, inner.geo.zoned, b.0 as u64 * bpb * BS, len)?;
             let band = &mut inner.bands[b];

@@ -81,7 +81,14 @@ impl EngineStats {
 
 impl Engine {
     pub fn stats(&self) -> EngineStats {
-        self.lock().stats
+        let mut inner = self.lock();
+        self.fold_read_bytes(&mut inner);
+        inner.stats
+    }
+
+    /// Add the bytes lock-free reads counted to the engine's counters.
+    pub(super) fn fold_read_bytes(&self, inner: &mut Inner) {
+        inner.stats.user_read_bytes += self.read_bytes.take();
     }
 
     /// DRAM the maps take per 4 KiB block of volume capacity: the L2P, the
@@ -109,5 +116,27 @@ impl Engine {
             s.page_writebacks += writebacks;
         }
         s
+    }
+}
+
+/// A counter many threads add to at once without sharing a cache line:
+/// one shard per thread number, emptied into a plain counter under the
+/// engine lock (`take`).
+#[derive(Default)]
+pub(super) struct ShardedCounter([CounterShard; 4]);
+
+#[repr(align(128))]
+#[derive(Default)]
+struct CounterShard(std::sync::atomic::AtomicU64);
+
+impl ShardedCounter {
+    pub(super) fn add(&self, n: u64) {
+        let shard = &self.0[sluice_media::device::thread_no() as usize % self.0.len()];
+        shard.0.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Everything added since the last `take`.
+    pub(super) fn take(&self) -> u64 {
+        self.0.iter().map(|s| s.0.swap(0, std::sync::atomic::Ordering::Relaxed)).sum()
     }
 }

@@ -238,6 +238,8 @@ fn clean_shutdown_reopens_with_every_block_and_the_counters() {
     assert!(before.chunks_compacted > 0 && before.bands_reclaimed > 0, "{before:?}");
     w.engine.shutdown().unwrap();
     assert_eq!(w.volumes[0].write(0, &[0u8; 4096], false), Err(VolumeError::ReadOnly));
+    // Reads too, though they take no lock (read.rs).
+    assert_eq!(w.volumes[0].read(0, &mut [0u8; 4096]), Err(VolumeError::ReadOnly));
     let (cache, capacity) = w.engine.devices();
     let e = Engine::open(cache, capacity).unwrap();
     assert_eq!(e.stats().user_write_bytes, before.user_write_bytes);
@@ -490,4 +492,81 @@ fn a_paged_map_serves_recovers_and_reopens_within_its_budget() {
     assert!(e.recovered_in().is_none());
     e.check_invariants();
     verify(&e, &model);
+}
+
+/// `y` with its last four bytes changed so that its CRC32C is `target`
+/// (a CRC is affine in the message: the 32 bits of the last four bytes
+/// reach every value, solved over GF(2)).
+fn forge_crc(mut y: Vec<u8>, target: u32) -> Vec<u8> {
+    use crate::layout::crc32c;
+    let n = y.len();
+    let zero = crc32c(&vec![0u8; n]);
+    let flip = |d: &mut [u8], bit: usize| d[n - 4 + bit / 8] ^= 1 << (bit % 8);
+    // Per pivot bit: (the linear part's value, which bits make it).
+    let mut basis: [Option<(u32, u32)>; 32] = [None; 32];
+    for bit in 0..32 {
+        let mut d = vec![0u8; n];
+        flip(&mut d, bit);
+        let (mut v, mut c) = (crc32c(&d) ^ zero, 1u32 << bit);
+        for p in (0..32).rev() {
+            if v >> p & 1 == 0 {
+                continue;
+            }
+            match basis[p] {
+                Some((bv, bc)) => (v, c) = (v ^ bv, c ^ bc),
+                None => {
+                    basis[p] = Some((v, c));
+                    break;
+                }
+            }
+        }
+    }
+    let (mut v, mut c) = (crc32c(&y) ^ target, 0u32);
+    for p in (0..32).rev() {
+        if v >> p & 1 == 1 {
+            let (bv, bc) = basis[p].expect("the last 32 bits reach every CRC");
+            (v, c) = (v ^ bv, c ^ bc);
+        }
+    }
+    (0..32).filter(|b| c >> b & 1 == 1).for_each(|b| flip(&mut y, b));
+    assert_eq!(crc32c(&y), target);
+    y
+}
+
+/// A lock-free read whose place is reused between its look at the map and
+/// its device read must not serve what was written there next, even when
+/// that has the very CRC it expects: the reuse counter, not the checksum,
+/// is what sends it to the locked path. Staged deterministically: block 0
+/// is logged at the first data block of chunk 1; while the read is paused
+/// there, block 1 is rewritten (with bytes forged to share block 0's CRC)
+/// until chunk 1 is compacted, reopened and holds block 1 at that place.
+#[test]
+fn a_lock_free_read_of_a_reused_place_is_read_again_under_the_lock() {
+    use crate::engine::log::ChunkId;
+    let w = small_world(&[256]);
+    let a = pattern(0, 0, 1);
+    w.volumes[0].write(0, &a, false).unwrap();
+    let bpc = w.engine.lock().blocks_per_chunk();
+    assert_eq!(w.engine.lock().vols[0].l2p.get(0).unwrap().cache_block(), Some(bpc + 1));
+    let b = forge_crc(pattern(0, 1, 1), crate::layout::crc32c(&a));
+    assert_ne!(a, b);
+    let (engine, vol1) = (w.engine.clone(), w.engine.volume(w.volumes[0].name()).unwrap());
+    let reused = std::rc::Rc::new(std::cell::Cell::new(false));
+    let flag = reused.clone();
+    super::read::BETWEEN_LOAD_AND_READ.with(|h| {
+        h.set(Some(Box::new(move || {
+            for _ in 0..10_000 {
+                vol1.write(4096, &b, false).unwrap();
+                if engine.lock().log.open == Some((ChunkId(1), 2)) {
+                    flag.set(true);
+                    return;
+                }
+            }
+        })))
+    });
+    let mut got = vec![0u8; 4096];
+    w.volumes[0].read(0, &mut got).unwrap();
+    assert!(reused.get(), "the log never came back to chunk 1");
+    assert!(got == a, "a read served another block's bytes from a reused place");
+    w.engine.check_invariants();
 }

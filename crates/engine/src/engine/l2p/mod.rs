@@ -26,6 +26,8 @@ use pager::Pager;
 pub(super) use pager::{PageStore, PAGE_ENTRIES};
 use sluice_media::memory::huge_page_vec;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The largest capacity device an engine addresses (128 TiB: a 122.88 TB
 /// QLC drive fits). Past it `create` refuses; the bound is the tested range
@@ -126,10 +128,67 @@ impl Width {
 }
 
 enum Entries {
-    Narrow(Vec<u32>),
-    Wide(Vec<u64>),
+    /// Every entry in DRAM, shared with reads that run without the engine
+    /// lock (`Resident`).
+    Resident(Arc<Resident>),
     /// Pages within a DRAM budget, the rest on the cache device (pager.rs).
     Paged(RefCell<Pager>),
+}
+
+/// A map held whole in DRAM: the stored entries and their CRCs, as atomics
+/// so that a read may look at them without the engine lock while a writer
+/// (holding it) changes them. Entries and CRCs are stored separately: a
+/// read racing a change may see a place with the other copy's CRC, which
+/// fails its check and sends it to the locked path, never to wrong data
+/// (read.rs). Written under the engine lock only.
+pub(super) struct Resident {
+    width: Width,
+    raw: Raw,
+    crcs: Box<[AtomicU32]>,
+}
+
+enum Raw {
+    Narrow(Box<[AtomicU32]>),
+    Wide(Box<[AtomicU64]>),
+}
+
+// The atomics are stored where plain integers were allocated (huge pages).
+const _: () = assert!(std::mem::align_of::<AtomicU64>() == std::mem::align_of::<u64>());
+const _: () = assert!(std::mem::align_of::<AtomicU32>() == std::mem::align_of::<u32>());
+
+/// `n` zeroed 32-bit atomics on huge pages where the OS has them.
+fn atomics32(n: usize) -> Box<[AtomicU32]> {
+    let b = huge_page_vec(n, 0u32).into_boxed_slice();
+    // SAFETY: AtomicU32 has the size, alignment and bit validity of u32.
+    unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU32]) }
+}
+
+/// `n` zeroed 64-bit atomics on huge pages where the OS has them.
+fn atomics64(n: usize) -> Box<[AtomicU64]> {
+    let b = huge_page_vec(n, 0u64).into_boxed_slice();
+    // SAFETY: AtomicU64 has the size and bit validity of u64, and (asserted
+    // above) its alignment.
+    unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU64]) }
+}
+
+impl Resident {
+    fn raw(&self, lba: usize, order: Ordering) -> u64 {
+        match &self.raw {
+            Raw::Narrow(v) => v[lba].load(order) as u64,
+            Raw::Wide(v) => v[lba].load(order),
+        }
+    }
+
+    /// Append the places and CRCs of the entries `range` to `locs`, `crcs`,
+    /// without the engine lock: each entry as some writer left it, its
+    /// place loaded before its CRC (acquire: a place is published only
+    /// once the data it names is written).
+    pub(super) fn load(&self, range: std::ops::Range<usize>, locs: &mut Vec<Loc>, crcs: &mut Vec<u32>) {
+        for lba in range {
+            locs.push(self.width.decode(self.raw(lba, Ordering::Acquire)));
+            crcs.push(self.crcs[lba].load(Ordering::Acquire));
+        }
+    }
 }
 
 /// One volume's map: an entry and a CRC per block, all in DRAM or paged.
@@ -142,8 +201,6 @@ pub(super) struct L2p {
     width: Width,
     len: usize,
     entries: Entries,
-    /// Resident maps: each block's CRC (paged maps keep them in the pages).
-    crcs: Vec<u32>,
 }
 
 type MapResult<T> = Result<T, VolumeError>;
@@ -152,17 +209,18 @@ impl L2p {
     /// `blocks` entries, all nowhere, in DRAM (on huge pages where the OS
     /// has them).
     pub(super) fn new(blocks: usize, width: Width) -> L2p {
-        let entries = match width {
-            Width::Narrow { .. } => Entries::Narrow(huge_page_vec(blocks, 0)),
-            Width::Wide => Entries::Wide(huge_page_vec(blocks, 0)),
+        let raw = match width {
+            Width::Narrow { .. } => Raw::Narrow(atomics32(blocks)),
+            Width::Wide => Raw::Wide(atomics64(blocks)),
         };
-        L2p { width, len: blocks, entries, crcs: huge_page_vec(blocks, 0) }
+        let resident = Resident { width, raw, crcs: atomics32(blocks) };
+        L2p { width, len: blocks, entries: Entries::Resident(Arc::new(resident)) }
     }
 
     /// `blocks` entries, all nowhere, paged through `store`.
     pub(super) fn paged(blocks: usize, width: Width, store: PageStore) -> L2p {
         let pager = Pager::new(store, width.bytes() as usize, blocks.div_ceil(PAGE_ENTRIES));
-        L2p { width, len: blocks, entries: Entries::Paged(RefCell::new(pager)), crcs: Vec::new() }
+        L2p { width, len: blocks, entries: Entries::Paged(RefCell::new(pager)) }
     }
 
     /// Bytes a paged map of `blocks` entries of `width` takes on the cache
@@ -174,6 +232,14 @@ impl L2p {
     /// DRAM one page takes.
     pub(super) fn page_bytes(width: Width) -> usize {
         Pager::page_bytes(width.bytes() as usize)
+    }
+
+    /// The map, shared with lock-free reads, unless it is paged.
+    pub(super) fn resident(&self) -> Option<Arc<Resident>> {
+        match &self.entries {
+            Entries::Resident(r) => Some(r.clone()),
+            Entries::Paged(_) => None,
+        }
     }
 
     pub(super) fn is_paged(&self) -> bool {
@@ -195,8 +261,7 @@ impl L2p {
     /// The block's place and the CRC32C its current copy was logged with.
     pub(super) fn entry(&self, lba: usize) -> MapResult<(Loc, u32)> {
         let (raw, crc) = match &self.entries {
-            Entries::Narrow(v) => (v[lba] as u64, self.crcs[lba]),
-            Entries::Wide(v) => (v[lba], self.crcs[lba]),
+            Entries::Resident(r) => (r.raw(lba, Ordering::Relaxed), r.crcs[lba].load(Ordering::Relaxed)),
             Entries::Paged(p) => p.borrow_mut().get(page_of(lba), lba % PAGE_ENTRIES)?,
         };
         Ok((self.width.decode(raw), crc))
@@ -233,18 +298,15 @@ impl L2p {
         crcs: &mut Vec<u32>,
     ) -> MapResult<()> {
         match &self.entries {
-            Entries::Narrow(v) => locs.extend(v[range.clone()].iter().map(|&r| self.width.decode(r as u64))),
-            Entries::Wide(v) => locs.extend(v[range.clone()].iter().map(|&r| Loc(r))),
+            Entries::Resident(r) => r.load(range, locs, crcs),
             Entries::Paged(_) => {
                 for lba in range {
                     let (l, c) = self.entry(lba)?;
                     locs.push(l);
                     crcs.push(c);
                 }
-                return Ok(());
             }
         }
-        crcs.extend_from_slice(&self.crcs[range]);
         Ok(())
     }
 
@@ -268,16 +330,10 @@ impl L2p {
     pub(super) fn mapped(&self, window: std::ops::Range<usize>) -> MapResult<Vec<(usize, Loc, u32)>> {
         let mut out = Vec::new();
         match &self.entries {
-            Entries::Narrow(v) => out.extend(
-                (window.clone().zip(&v[window]))
-                    .filter(|&(_, &r)| r != 0)
-                    .map(|(lba, &r)| (lba, self.width.decode(r as u64), self.crcs[lba])),
-            ),
-            Entries::Wide(v) => out.extend(
-                (window.clone().zip(&v[window]))
-                    .filter(|&(_, &r)| r != 0)
-                    .map(|(lba, &r)| (lba, Loc(r), self.crcs[lba])),
-            ),
+            Entries::Resident(r) => out.extend(window.filter_map(|lba| {
+                let raw = r.raw(lba, Ordering::Relaxed);
+                (raw != 0).then(|| (lba, self.width.decode(raw), r.crcs[lba].load(Ordering::Relaxed)))
+            })),
             Entries::Paged(p) => {
                 let page = page_of(window.start);
                 let first = page as usize * PAGE_ENTRIES;
@@ -306,8 +362,7 @@ impl L2p {
     /// checkpoint keeps).
     pub(super) fn raw(&self, lba: usize) -> u64 {
         match &self.entries {
-            Entries::Narrow(v) => v[lba] as u64,
-            Entries::Wide(v) => v[lba],
+            Entries::Resident(r) => r.raw(lba, Ordering::Relaxed),
             Entries::Paged(_) => unreachable!("a paged map's checkpoint is its pages"),
         }
     }
@@ -316,7 +371,7 @@ impl L2p {
     /// (the checkpoint's decoder). Refuses a stored form this width cannot
     /// hold.
     pub(super) fn set_stored(&mut self, lba: usize, raw: u64, crc: u32) -> Result<(), ()> {
-        if let Entries::Narrow(_) = self.entries {
+        if let Width::Narrow { .. } = self.width {
             if raw > u32::MAX as u64 {
                 return Err(());
             }
@@ -326,14 +381,21 @@ impl L2p {
 
     fn put(&mut self, lba: usize, raw: u64, crc: Option<u32>) -> MapResult<()> {
         match &mut self.entries {
-            Entries::Narrow(v) => v[lba] = raw as u32,
-            Entries::Wide(v) => v[lba] = raw,
-            Entries::Paged(p) => return p.get_mut().set(page_of(lba), lba % PAGE_ENTRIES, raw, crc),
+            Entries::Resident(r) => {
+                // The CRC first: a lock-free read that sees the new place
+                // most likely sees its CRC too (and if not, its check fails
+                // and it reads again under the lock).
+                if let Some(c) = crc {
+                    r.crcs[lba].store(c, Ordering::Release);
+                }
+                match &r.raw {
+                    Raw::Narrow(v) => v[lba].store(raw as u32, Ordering::Release),
+                    Raw::Wide(v) => v[lba].store(raw, Ordering::Release),
+                }
+                Ok(())
+            }
+            Entries::Paged(p) => p.get_mut().set(page_of(lba), lba % PAGE_ENTRIES, raw, crc),
         }
-        if let Some(c) = crc {
-            self.crcs[lba] = c;
-        }
-        Ok(())
     }
 
     /// A paged map: write every dirty page to the cache device's map
