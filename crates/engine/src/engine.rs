@@ -38,10 +38,13 @@
 //! entry points at a cache or capacity block whose P2L names it back (a
 //! chunk's P2L, or for a band the segment headers on the media), valid
 //! counts equal the number of such blocks, and every open band is exactly
-//! one stream's. Requests run synchronously under the one lock, which makes
-//! the engine deterministic on emulated devices; reads and a background
-//! step's device I/O run outside it (docs/engine.md says how each part
-//! takes the write path to every core).
+//! one stream's. State changes under the one lock (`Inner`). Reads take no
+//! lock on resident maps (read.rs). User writes hold the lock only to
+//! reserve room and to publish; the log write runs outside it (writers.rs).
+//! Every other path takes the lock drained of records in flight
+//! (`Engine::lock`). A background step's device I/O runs outside the lock
+//! (step_io.rs). On a simulated clock, writes run under the lock, which keeps
+//! the engine deterministic on emulated devices.
 
 use crate::layout::{crc32c, encode_header, BLOCK_BYTES, RECORD_BLOCKS_MAX};
 use crate::metrics::{Op, OpSnapshot, VolumeMetrics};
@@ -85,6 +88,7 @@ mod step_io;
 mod tests;
 mod throttle;
 mod worker;
+mod writers;
 mod zoned;
 
 use bands::{Band, BandId, BandState, Bands, Stream};
@@ -187,6 +191,13 @@ struct Inner {
     /// Shared with lock-free reads (`Engine::reuses`, read.rs), which are
     /// good only if it did not move while they read.
     reuses: Arc<std::sync::atomic::AtomicU64>,
+    /// Threads waiting for the log's in-flight records to finish, so that
+    /// the lock is theirs with none in flight (`Engine::lock`): new
+    /// reservations wait while any does (writers.rs).
+    draining: u32,
+    /// Threads waiting on `Engine::published`: whether a publish must
+    /// wake anybody.
+    waiting: u32,
     /// Where compaction puts each volume's blocks (`Engine::set_band_placement`).
     placement: BandPlacement,
     /// What lifetime placement learned from GC (placement.rs; not persisted).
@@ -235,6 +246,9 @@ pub struct Engine {
     lockless_maps: Vec<Option<Arc<l2p::Resident>>>,
     /// `Inner::reuses`, shared.
     reuses: Arc<std::sync::atomic::AtomicU64>,
+    /// Signalled when records in flight were published or a drain ended
+    /// (writers.rs); waited on with the engine lock.
+    published: std::sync::Condvar,
     /// Set (under the lock) by `shutdown`: lock-free reads fail as locked
     /// ones do after it.
     closed: std::sync::atomic::AtomicBool,
@@ -274,6 +288,7 @@ impl Engine {
             flushes: Default::default(),
             lockless_maps,
             reuses,
+            published: Default::default(),
             closed: Default::default(),
             read_bytes: Default::default(),
         })
@@ -301,7 +316,15 @@ impl Engine {
         (self.cache.clone(), self.capacity.clone())
     }
 
+    /// The engine lock with no record in flight: every path but the
+    /// concurrent write path's own steps sees the log as if writes ran
+    /// under the lock, one at a time (writers.rs).
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.drained(self.lock_raw())
+    }
+
+    /// The engine lock as it is, records in flight or not.
+    fn lock_raw(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().expect("engine lock poisoned")
     }
 }
@@ -351,6 +374,8 @@ impl Inner {
             geo,
             sim: None,
             reuses: Default::default(),
+            draining: 0,
+            waiting: 0,
             spill: Default::default(),
             cleaning: Default::default(),
         };

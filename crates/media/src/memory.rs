@@ -35,8 +35,8 @@ struct Arena {
     start: *mut u8,
 }
 
-// SAFETY: the mapping is plain memory owned by one `State` (behind its
-// lock); the arena itself is only unmapped, on drop.
+// SAFETY: the mapping is plain memory owned by one `State` (each page
+// behind its own lock); the arena itself is only unmapped, on drop.
 unsafe impl Send for Arena {}
 // SAFETY: as above: shared references to it are never used to touch memory.
 unsafe impl Sync for Arena {}
@@ -113,8 +113,8 @@ enum Page {
 }
 
 // SAFETY: an arena page is a disjoint slot of memory owned by the same
-// `State` as the page, used only under its lock: written under the write
-// lock, read (through `&Page`) under the read lock.
+// `State` as the page, used only under its page's lock: written under the
+// write lock, read (through `&Page`) under the read lock.
 unsafe impl Send for Page {}
 // SAFETY: as above.
 unsafe impl Sync for Page {}
@@ -140,19 +140,25 @@ impl std::ops::DerefMut for Page {
     }
 }
 
-/// The stored data. Reads take it shared, so reads by many threads copy
-/// at once; every other request takes it exclusively.
+/// The stored data, a lock per page: reads of a page share it, writes and
+/// discards take it alone, so requests of many threads on different pages
+/// copy at once (a request spanning pages takes them one at a time: like a
+/// real device's, it is atomic per block, not as a whole).
 struct State {
     /// `None` for a null device; otherwise one slot per page.
-    pages: Option<Vec<Option<Page>>>,
+    pages: Option<Vec<RwLock<Option<Page>>>>,
     /// Discarded pages, contents undefined, ready for reuse.
-    spare: Vec<Page>,
-    /// Most spare pages kept: `SPARE_PAGES_MAX`, or every page of a
-    /// preallocated device (which never gives memory back).
-    spare_max: usize,
+    spare: Mutex<Spares>,
     /// Where a preallocated device's pages live (declared last: dropped
     /// after them).
     _arena: Option<Arena>,
+}
+
+struct Spares {
+    pages: Vec<Page>,
+    /// Most spare pages kept: `SPARE_PAGES_MAX`, or every page of a
+    /// preallocated device (which never gives memory back).
+    max: usize,
 }
 
 /// Completed requests.
@@ -165,7 +171,7 @@ struct Queue {
 
 pub struct MemoryDevice {
     info: DeviceInfo,
-    state: RwLock<State>,
+    state: State,
     queue: Mutex<Queue>,
     /// The counters, one shard per thread (by number): threads doing
     /// synchronous I/O at once (`execute_now`) then share no lock and no
@@ -184,7 +190,7 @@ impl MemoryDevice {
     /// A device of `capacity_bytes` with `block_bytes` blocks that stores data.
     pub fn new(capacity_bytes: u64, block_bytes: u64) -> MemoryDevice {
         let pages = capacity_bytes.div_ceil(PAGE_BYTES) as usize;
-        Self::build("memory", capacity_bytes, block_bytes, Some((0..pages).map(|_| None).collect()))
+        Self::build("memory", capacity_bytes, block_bytes, Some((0..pages).map(|_| RwLock::new(None)).collect()))
     }
 
     /// Like [`MemoryDevice::new`], but with every page allocated and touched
@@ -194,18 +200,19 @@ impl MemoryDevice {
     /// engine's first pass over a large memory device — at the price of the
     /// whole capacity resident from the start.
     pub fn preallocated(capacity_bytes: u64, block_bytes: u64) -> MemoryDevice {
-        let dev = Self::new(capacity_bytes, block_bytes);
+        let mut dev = Self::new(capacity_bytes, block_bytes);
         {
-            let mut st = dev.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let st = &mut dev.state;
+            let spare = st.spare.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
             let pages = capacity_bytes.div_ceil(PAGE_BYTES) as usize;
-            st.spare.reserve_exact(pages);
-            st.spare_max = st.spare_max.max(pages);
+            spare.pages.reserve_exact(pages);
+            spare.max = spare.max.max(pages);
             match Arena::new(pages * PAGE_BYTES as usize) {
                 Some(arena) => {
                     for i in 0..pages {
                         // SAFETY: slot `i` lies within the arena's `pages` pages.
                         let p = unsafe { arena.start.add(i * PAGE_BYTES as usize) };
-                        st.spare.push(Page::Arena(std::ptr::NonNull::new(p).expect("mapped memory")));
+                        spare.pages.push(Page::Arena(std::ptr::NonNull::new(p).expect("mapped memory")));
                     }
                     st._arena = Some(arena);
                 }
@@ -218,7 +225,7 @@ impl MemoryDevice {
                             // SAFETY: `off` is in bounds of `pg`.
                             unsafe { std::ptr::write_volatile(pg.as_mut_ptr().add(off), 0) };
                         }
-                        st.spare.push(Page::Heap(pg));
+                        spare.pages.push(Page::Heap(pg));
                     }
                 }
             }
@@ -231,7 +238,12 @@ impl MemoryDevice {
         Self::build("null", capacity_bytes, block_bytes, None)
     }
 
-    fn build(name: &str, capacity_bytes: u64, block_bytes: u64, pages: Option<Vec<Option<Page>>>) -> MemoryDevice {
+    fn build(
+        name: &str,
+        capacity_bytes: u64,
+        block_bytes: u64,
+        pages: Option<Vec<RwLock<Option<Page>>>>,
+    ) -> MemoryDevice {
         assert!(
             block_bytes.is_power_of_two() && block_bytes <= PAGE_BYTES,
             "block size must be a power of two ≤ 64 KiB"
@@ -246,7 +258,7 @@ impl MemoryDevice {
                 optimal_write_bytes: block_bytes,
                 zoned: false,
             },
-            state: RwLock::new(State { pages, spare: Vec::new(), spare_max: SPARE_PAGES_MAX, _arena: None }),
+            state: State { pages, spare: Mutex::new(Spares { pages: Vec::new(), max: SPARE_PAGES_MAX }), _arena: None },
             queue: Mutex::new(Queue { done: VecDeque::new(), executing: 0 }),
             stats: Default::default(),
         }
@@ -256,9 +268,9 @@ impl MemoryDevice {
     fn run(&self, req: &mut IoRequest) -> Result<u64, DeviceError> {
         let result = check_range(&self.info, req).and_then(|_| {
             if req.op == IoOp::Read {
-                self.state.read().expect("memory device lock").read(req)
+                self.state.read(req)
             } else {
-                self.state.write().expect("memory device lock").execute(req)
+                self.state.execute(req)
             }
         });
         self.count(req.op, req.len, result.is_ok());
@@ -285,7 +297,7 @@ fn for_pieces(offset: u64, len: u64, mut f: impl FnMut(usize, usize, usize)) {
 }
 
 impl State {
-    /// A read, under the shared lock.
+    /// A read: each page under its shared lock.
     fn read(&self, req: &mut IoRequest) -> Result<u64, DeviceError> {
         let Some(pages) = self.pages.as_ref() else {
             req.buf.fill(0);
@@ -294,7 +306,7 @@ impl State {
         let base = req.offset;
         for_pieces(req.offset, req.len, |p, o, n| {
             let dst = &mut req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
-            match &pages[p] {
+            match &*pages[p].read().unwrap_or_else(std::sync::PoisonError::into_inner) {
                 Some(page) => dst.copy_from_slice(&page[o..o + n]),
                 None => dst.fill(0),
             }
@@ -302,21 +314,22 @@ impl State {
         Ok(req.len)
     }
 
-    /// Any other request, under the exclusive lock.
-    fn execute(&mut self, req: &mut IoRequest) -> Result<u64, DeviceError> {
-        let Some(pages) = self.pages.as_mut() else { return Ok(req.len) };
+    /// Any other request: each page under its exclusive lock.
+    fn execute(&self, req: &mut IoRequest) -> Result<u64, DeviceError> {
+        let Some(pages) = self.pages.as_ref() else { return Ok(req.len) };
         let base = req.offset;
-        let spare = &mut self.spare;
-        let spare_max = self.spare_max;
+        let page_lock = |p: usize| pages[p].write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let spares = || self.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match req.op {
-            IoOp::Read => unreachable!("reads run under the shared lock (State::read)"),
+            IoOp::Read => unreachable!("reads share the pages' locks (State::read)"),
             IoOp::Write => for_pieces(req.offset, req.len, |p, o, n| {
                 let src = &req.buf[(p as u64 * PAGE_BYTES + o as u64 - base) as usize..][..n];
+                let mut slot = page_lock(p);
                 // Zeros on a page never written already read back: keep it a hole.
-                if pages[p].is_none() && src.iter().all(|&b| b == 0) {
+                if slot.is_none() && src.iter().all(|&b| b == 0) {
                     return;
                 }
-                let page = pages[p].get_or_insert_with(|| match spare.pop() {
+                let page = slot.get_or_insert_with(|| match spares().pages.pop() {
                     // A recycled page must read as zeros wherever this write does not reach.
                     Some(mut pg) => {
                         if n as u64 != PAGE_BYTES {
@@ -329,13 +342,15 @@ impl State {
                 page[o..o + n].copy_from_slice(src);
             }),
             IoOp::Discard => for_pieces(req.offset, req.len, |p, o, n| {
+                let mut slot = page_lock(p);
                 if n as u64 == PAGE_BYTES {
-                    if let Some(pg) = pages[p].take() {
-                        if spare.len() < spare_max {
-                            spare.push(pg);
+                    if let Some(pg) = slot.take() {
+                        let mut spare = spares();
+                        if spare.pages.len() < spare.max {
+                            spare.pages.push(pg);
                         }
                     }
-                } else if let Some(page) = &mut pages[p] {
+                } else if let Some(page) = &mut *slot {
                     page[o..o + n].fill(0);
                 }
             }),
@@ -468,9 +483,8 @@ mod tests {
         assert_eq!((s.reads, s.writes, shared.in_flight()), (200, 200, 0));
     }
 
-    /// Reads run under a shared lock: threads reading while another
-    /// rewrites a range always see one whole version of each 4 KiB block,
-    /// never a mix.
+    /// A page is read under its shared lock: threads reading while another
+    /// rewrites a page always see one whole version of it, never a mix.
     #[test]
     fn concurrent_readers_see_whole_writes() {
         let d = std::sync::Arc::new(crate::SharedDevice::new(std::sync::Arc::new(MemoryDevice::new(1 << 20, 4096))));
@@ -542,7 +556,7 @@ mod tests {
         write_at(&d, 0, &[0u8; 131072]).unwrap();
         write_at(&d, 131072 + 4096, &pattern(4096, 7)).unwrap();
         let allocated =
-            |d: &MemoryDevice| d.state.read().unwrap().pages.as_ref().unwrap().iter().filter(|p| p.is_some()).count();
+            |d: &MemoryDevice| d.state.pages.as_ref().unwrap().iter().filter(|p| p.read().unwrap().is_some()).count();
         assert_eq!(allocated(&d), 1);
         // Zeros over written data still overwrite it.
         write_at(&d, 131072 + 4096, &[0u8; 4096]).unwrap();
@@ -573,7 +587,7 @@ mod tests {
             assert!(read_at(&d, p * PAGE_BYTES, PAGE_BYTES as usize).unwrap().iter().all(|&b| b == p as u8 + 1));
         }
         {
-            let st = d.state.read().unwrap();
+            let st = &d.state;
             let arena = st._arena.as_ref().expect("an arena");
             assert_eq!(arena.start as usize % HUGE_PAGE_BYTES, 0);
             let mut slots: Vec<usize> = st
@@ -581,17 +595,17 @@ mod tests {
                 .as_ref()
                 .unwrap()
                 .iter()
-                .map(|p| match p {
+                .map(|p| match &*p.read().unwrap() {
                     Some(Page::Arena(ptr)) => (ptr.as_ptr() as usize - arena.start as usize) / PAGE_BYTES as usize,
                     _ => panic!("a page outside the arena"),
                 })
                 .collect();
             slots.sort_unstable();
             assert_eq!(slots, (0..8).collect::<Vec<_>>());
-            assert!(st.spare.is_empty());
+            assert!(st.spare.lock().unwrap().pages.is_empty());
         }
         discard(&d, 3 * PAGE_BYTES, PAGE_BYTES).unwrap();
-        assert_eq!(d.state.read().unwrap().spare.len(), 1);
+        assert_eq!(d.state.spare.lock().unwrap().pages.len(), 1);
         write_at(&d, 3 * PAGE_BYTES + 4096, &[9u8; 4096]).unwrap();
         let back = read_at(&d, 3 * PAGE_BYTES, PAGE_BYTES as usize).unwrap();
         assert!(back[..4096].iter().all(|&b| b == 0) && back[8192..].iter().all(|&b| b == 0));

@@ -259,6 +259,7 @@ pub(super) fn decode_checkpoint(
             open: open_c.map(|c| (c, open_off)),
             lsn,
             flushed_lsn: lsn,
+            inflight: Default::default(),
         },
         bands: Bands {
             list: bands,
@@ -283,6 +284,8 @@ pub(super) fn decode_checkpoint(
         mark_gen,
         geo,
         sim: None,
+        draining: 0,
+        waiting: 0,
         reuses: Default::default(),
         placement: BandPlacement::PerVolume,
         lifespans: Default::default(),

@@ -39,6 +39,8 @@ impl Inner {
     /// cursor a bounded step left in it (else its start).
     fn compact_next(&self) -> Option<CompactCursor> {
         let &chunk = self.log.full.front()?;
+        // Relocations run with no record in flight (writers.rs).
+        debug_assert!(self.log.inflight.is_empty(), "compaction beside a record in flight");
         let pos = self.compact_cursor.filter(|k| k.chunk == chunk).map_or(0, |k| k.pos);
         Some(CompactCursor { chunk, pos })
     }

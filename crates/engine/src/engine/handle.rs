@@ -181,6 +181,14 @@ impl EngineVolume {
         let bytes: u64 = writes.iter().map(|w| w.1.len() as u64).sum();
         let crcs: Vec<u32> = writes.iter().flat_map(|w| w.1.chunks(BLOCK_BYTES).map(crc32c)).collect();
         self.engine.pace_write(bytes);
+        if !self.in_place {
+            // Reserved, written and published without holding the lock
+            // across the device write (writers.rs).
+            let recs = writers::records_of(&blocks, &crcs, self.record_blocks_max);
+            let (r, bufs) = self.engine.write_concurrent(self.id, recs, fua);
+            bufs.into_iter().for_each(writers::give_buf);
+            return r;
+        }
         let mut deferred = Vec::new();
         self.change(|e, inner| {
             if self.in_place {
@@ -347,19 +355,13 @@ impl Volume for EngineVolume {
             check(self, offset, len)?;
             let crcs: Vec<u32> = data.data().chunks(BLOCK_BYTES).map(crc32c).collect();
             self.engine.pace_write(len);
-            let mut back = None;
-            let rec = data.into_inner();
-            let r = self.change(|e, inner| {
-                let (r, rec) = e.append_owned(inner, self.id, offset / BS, &crcs, rec, fua);
-                back = Some(rec);
-                if r.is_ok() {
-                    inner.stats.user_write_bytes += len;
-                }
-                r
-            });
-            if let Some(rec) = back {
-                self.engine.give_write_buf(rec);
-            }
+            let lba0 = offset / BS;
+            let entries = (crcs.iter().enumerate())
+                .map(|(i, &crc)| crate::layout::Entry { lba: lba0 + i as u64, crc, tombstone: false })
+                .collect();
+            let rec = writers::Record { entries, buf: data.into_inner() };
+            let (r, bufs) = self.engine.write_concurrent(self.id, vec![rec], fua);
+            bufs.into_iter().for_each(|b| self.engine.give_write_buf(b));
             r
         })
     }

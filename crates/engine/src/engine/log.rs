@@ -3,7 +3,7 @@
 //!
 //! Owns: group commit (writes of one volume share records), records built
 //! from the caller's slices or handed over whole in a buffer the engine gave
-//! out (`append_owned`, no copy), the open chunk, and taking a fresh chunk
+//! out (no copy: writers.rs logs them), the open chunk, and taking a fresh chunk
 //! (compacting when free chunks run low, compaction.rs).
 //!
 //! Invariants: a record lists each LBA at most once and fits its chunk
@@ -15,6 +15,27 @@ use super::*;
 use crate::layout::{Entry, Header, RecordKind};
 
 impl Inner {
+    /// The header of the next log record, of `kind`, for `vol`, in `chunk`
+    /// (it takes the next sequence number; the caller numbers the LSN).
+    pub(super) fn next_header(&mut self, kind: RecordKind, vol: u32, chunk: ChunkId, entries: Vec<Entry>) -> Header {
+        self.seq += 1;
+        Header {
+            kind,
+            seq: self.seq,
+            volume: vol,
+            epoch: self.log.chunks[chunk].epoch,
+            flushed_seq: self.cache_flushed_seq,
+            engine: self.tag,
+            stream: 0,
+            lsn: self.log.lsn + 1,
+            head_lsn: self.head_lsn(),
+            flushed_lsn: self.log.flushed_lsn,
+            prev_epoch: 0,
+            prev_end: 0,
+            entries,
+        }
+    }
+
     /// The first log record still needed: the oldest full chunk's first,
     /// else the open chunk's, else the next one to be written.
     pub(super) fn head_lsn(&self) -> u64 {
@@ -88,35 +109,10 @@ impl Engine {
         Self::map_record(inner, vol, header_block, blocks.iter().map(|&(lba, _)| lba).zip(crcs.iter().copied()))
     }
 
-    /// One write of `crcs.len()` blocks of `vol` from `lba0` whose data
-    /// already sits in `rec` after a free first block (`write_owned`):
-    /// logged as one record without copying it. Gives `rec` back.
-    pub(super) fn append_owned(
-        &self,
-        inner: &mut Inner,
-        vol: u32,
-        lba0: u64,
-        crcs: &[u32],
-        rec: IoBuf,
-        fua: bool,
-    ) -> (Result<(), VolumeError>, IoBuf) {
-        debug_assert!((1..=inner.record_blocks_max()).contains(&crcs.len()));
-        debug_assert_eq!(rec.len(), (1 + crcs.len()) * BLOCK_BYTES);
-        let entries: Vec<Entry> =
-            (crcs.iter().enumerate()).map(|(i, &crc)| Entry { lba: lba0 + i as u64, crc, tombstone: false }).collect();
-        let (r, rec) = self.log_record_in(inner, vol, RecordKind::Write, entries, rec);
-        let r = r.and_then(|header_block| {
-            Self::map_record(inner, vol, header_block, (lba0..).zip(crcs.iter().copied()))?;
-            if fua {
-                self.flush_cache(inner)?;
-            }
-            Ok(())
-        });
-        (r, rec)
-    }
-
-    /// Point the maps at a record's blocks (LBA, CRC), which follow its header block.
-    fn map_record(
+    /// Point the maps at a record's blocks (LBA, CRC), which follow its
+    /// header block — each unless the map holds a newer copy (a record
+    /// written outside the lock completed after a later one, writers.rs).
+    pub(super) fn map_record(
         inner: &mut Inner,
         vol: u32,
         header_block: u64,
@@ -126,6 +122,9 @@ impl Engine {
         let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
         for (i, (lba, crc)) in blocks.enumerate() {
             let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
+            if inner.supersedes(old, header_block + 1 + i as u64) {
+                continue;
+            }
             inner.vols[vol as usize].l2p.set(lba as usize, Loc::cache(header_block + 1 + i as u64), crc)?;
             // Lifetime placement's hint, from the copy replaced (placement.rs).
             let lifetime = if inner.placement == BandPlacement::Lifetime { inner.lifetime_class(old) } else { 0 };
@@ -232,7 +231,7 @@ impl Engine {
 
     /// `log_record` of data already in `rec` after its first block, where
     /// the header goes. Gives `rec` back, whatever happened.
-    fn log_record_in(
+    pub(super) fn log_record_in(
         &self,
         inner: &mut Inner,
         vol: u32,
@@ -245,22 +244,7 @@ impl Engine {
             Ok(place) => place,
             Err(e) => return (Err(e), rec),
         };
-        inner.seq += 1;
-        let h = Header {
-            kind,
-            seq: inner.seq,
-            volume: vol,
-            epoch: inner.log.chunks[chunk].epoch,
-            flushed_seq: inner.cache_flushed_seq,
-            engine: inner.tag,
-            stream: 0,
-            lsn: inner.log.lsn + 1,
-            head_lsn: inner.head_lsn(),
-            flushed_lsn: inner.log.flushed_lsn,
-            prev_epoch: 0,
-            prev_end: 0,
-            entries,
-        };
+        let h = inner.next_header(kind, vol, chunk, entries);
         encode_header(&mut rec[..BLOCK_BYTES], &h);
         // Numbered whether or not the write succeeds: a failed write stops
         // the engine, and its number is above anything a flush made durable.
@@ -286,10 +270,22 @@ impl Engine {
     /// opening a chunk meanwhile: after each compaction the open chunk is
     /// looked at again.
     fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(ChunkId, u64), VolumeError> {
+        let place = self.log_space_or_busy(inner, need)?;
+        Ok(place.expect("with no record in flight, compaction can always go on"))
+    }
+
+    /// `log_space`, or None when room needs a compaction while a record is
+    /// in flight (writers.rs: relocations take sequence numbers only with
+    /// none in flight).
+    pub(super) fn log_space_or_busy(
+        &self,
+        inner: &mut Inner,
+        need: u64,
+    ) -> Result<Option<(ChunkId, u64)>, VolumeError> {
         loop {
             if let Some((c, off)) = inner.log.open {
                 if off + need <= inner.blocks_per_chunk() {
-                    return Ok((c, off));
+                    return Ok(Some((c, off)));
                 }
                 inner.log.chunks[c].to(ChunkState::Open, ChunkState::Sealed);
                 inner.log.chunks[c].sealed_at = Some(std::time::Instant::now());
@@ -298,6 +294,9 @@ impl Engine {
             }
             if inner.log.free.len() > inner.cfg.log_free_chunks_min {
                 break;
+            }
+            if !inner.log.inflight.is_empty() {
+                return Ok(None);
             }
             self.compact_oldest(inner)?;
         }
@@ -318,7 +317,7 @@ impl Engine {
         headers.clear();
         ch.headers = Some(headers);
         inner.log.open = Some((c, 0));
-        Ok((c, 0))
+        Ok(Some((c, 0)))
     }
 }
 
@@ -365,6 +364,9 @@ pub(super) struct Log {
     /// by a completed cache flush.
     pub(super) lsn: u64,
     pub(super) flushed_lsn: u64,
+    /// Records reserved and not yet written (writers.rs): LSN → sequence.
+    /// Always empty under a drained lock (`Engine::lock`).
+    pub(super) inflight: std::collections::BTreeMap<u64, u64>,
 }
 
 impl Log {
@@ -391,6 +393,7 @@ impl Log {
             open: None,
             lsn: 0,
             flushed_lsn: 0,
+            inflight: Default::default(),
         }
     }
 }
@@ -514,9 +517,10 @@ impl Engine {
         self.flush_cache(&mut inner)
     }
 
-    /// Flush the cache device; every record written so far is durable.
+    /// Flush the cache device; every record written so far is durable
+    /// (the watermarks stop below the first record still being written).
     pub(super) fn flush_cache(&self, inner: &mut Inner) -> Result<(), VolumeError> {
-        let (seq, lsn) = (inner.seq, inner.log.lsn);
+        let (seq, lsn) = inner.written_upto();
         flush(&*self.cache)?;
         inner.cache_flushed_seq = seq;
         inner.log.flushed_lsn = lsn;
