@@ -9,6 +9,11 @@
 //! N-thread total over the 1-thread one measured in the same run. Writes go
 //! in batches of `iodepth` (one group commit each), reads one per call.
 //!
+//! `compactor`: a background compactor runs beside the writers (as in
+//! `sluice serve`) instead of the writer that finds the log full compacting
+//! inline. Either way compaction is one thread's work at a time, which is
+//! what bounds write scaling once the log turns over (docs/engine.md).
+//!
 //! Why wall time, not CPU time: scaling is what more cores buy, so the
 //! measure is throughput with the threads running at once; on a machine
 //! whose cores are busy with something else the ratio says so too (read it
@@ -23,6 +28,8 @@ use std::time::Instant;
 pub struct ThreadsReport {
     pub threads: usize,
     pub iodepth: usize,
+    /// A background compactor ran (else compaction was inline).
+    pub compactor: bool,
     /// Requests of each phase (split evenly across its threads).
     pub ios: u64,
     pub write_iops_total: f64,
@@ -87,9 +94,13 @@ fn phase(
 
 /// The 1-thread and N-thread phases on one engine: writes, then reads of
 /// the written volume.
-pub fn run_threads(opts: &EngineBenchOpts, threads: usize) -> Result<ThreadsReport, EngineBenchError> {
+pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> Result<ThreadsReport, EngineBenchError> {
     let threads = threads.max(1);
     let (engine, _vol) = bench_engine(opts.volume_bytes, opts.cache_bytes, true, None)?;
+    let _compactor = match compactor {
+        true => Some(engine.start_compactor(Default::default())?),
+        false => None,
+    };
     // Every block written once first, so reads find data and the writes
     // measured below overwrite (as the 1-thread bench's do after a while).
     let (one_w, _) = phase(&engine, opts, 1, true, opts.seed)?;
@@ -99,6 +110,7 @@ pub fn run_threads(opts: &EngineBenchOpts, threads: usize) -> Result<ThreadsRepo
     Ok(ThreadsReport {
         threads,
         iodepth: opts.iodepth.max(1),
+        compactor,
         ios: opts.ios,
         write_iops_total: total_w,
         read_iops_total: total_r,
@@ -121,11 +133,14 @@ mod tests {
     fn two_threads_share_the_work_and_the_report_adds_up() {
         let opts =
             EngineBenchOpts { volume_bytes: 64 << 20, cache_bytes: 128 << 20, ios: 20_000, iodepth: 16, seed: 9 };
-        let r = run_threads(&opts, 2).unwrap();
-        assert_eq!((r.threads, r.write_iops_per_thread.len(), r.read_iops_per_thread.len()), (2, 2, 2));
-        for v in [r.write_iops_total, r.read_iops_total, r.one_thread_write_iops, r.one_thread_read_iops] {
-            assert!(v > 0.0 && v.is_finite(), "{r:?}");
+        for compactor in [false, true] {
+            let r = run_threads(&opts, 2, compactor).unwrap();
+            assert_eq!((r.threads, r.write_iops_per_thread.len(), r.read_iops_per_thread.len()), (2, 2, 2));
+            assert_eq!(r.compactor, compactor);
+            for v in [r.write_iops_total, r.read_iops_total, r.one_thread_write_iops, r.one_thread_read_iops] {
+                assert!(v > 0.0 && v.is_finite(), "{r:?}");
+            }
+            assert!((r.write_scaling - r.write_iops_total / r.one_thread_write_iops).abs() < 1e-9);
         }
-        assert!((r.write_scaling - r.write_iops_total / r.one_thread_write_iops).abs() < 1e-9);
     }
 }

@@ -306,6 +306,10 @@ enum Bench {
         /// `threads`, `write_iops_total`, `read_iops_total`, `write_scaling`).
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// With --threads: a background compactor runs beside the writers
+        /// (as in `sluice serve`) instead of compaction inline in a write.
+        #[arg(long)]
+        compactor: bool,
         #[arg(long, default_value = "target/bench/engine.json")]
         json: PathBuf,
     },
@@ -861,7 +865,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 };
                 bench_trace(&file, &system, capacity.as_deref(), &run, json.as_deref())
             }
-            Bench::Engine { ios, volume, cache, iodepth, threads, json } => {
+            Bench::Engine { ios, volume, cache, iodepth, threads, compactor, json } => {
                 let opts = engine::EngineBenchOpts {
                     ios,
                     iodepth,
@@ -872,10 +876,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 if threads <= 1 {
                     return engine_bench_one_thread(&opts, &json);
                 }
-                let r = sluice_bench::engine_threads::run_threads(&opts, threads)?;
+                let r = sluice_bench::engine_threads::run_threads(&opts, threads, compactor)?;
                 println!(
-                    "engine, 4 KiB random in process on {} threads (writes QD{} group commit, reads QD1), wall-clock IOPS:",
-                    r.threads, r.iodepth
+                    "engine, 4 KiB random in process on {} threads (writes QD{} group commit, reads QD1; compaction {}), wall-clock IOPS:",
+                    r.threads,
+                    r.iodepth,
+                    if r.compactor { "in the background" } else { "inline" }
                 );
                 let each = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" / ");
                 println!(
