@@ -416,8 +416,10 @@ impl Volume for EngineVolume {
         r
     }
 
-    /// The engine's one lock covers every request (device I/O included,
-    /// except reads', which run outside it).
+    /// Servers run a connection's requests on its reader thread: they are
+    /// short (writes hold the engine lock only to reserve and publish,
+    /// reads of resident maps none), and consecutive writes then share one
+    /// group commit. Connections still write concurrently (writers.rs).
     fn serializes_requests(&self) -> bool {
         true
     }
