@@ -246,6 +246,10 @@ pub struct Engine {
     lockless_maps: Vec<Option<Arc<l2p::Resident>>>,
     /// `Inner::reuses`, shared.
     reuses: Arc<std::sync::atomic::AtomicU64>,
+    /// Both devices complete requests inline (`BlockDevice::runs_inline`):
+    /// lock-free reads then need no permit, since they never occupy a
+    /// device queue (and share no counter).
+    reads_inline: bool,
     /// Signalled when records in flight were published or a drain ended
     /// (writers.rs); waited on with the engine lock.
     published: std::sync::Condvar,
@@ -269,6 +273,7 @@ impl Engine {
         let in_place = inner.in_place();
         let lockless_maps = inner.vols.iter().map(|v| v.l2p.resident().filter(|_| !in_place)).collect();
         let reuses = inner.reuses.clone();
+        let reads_inline = cache.runs_inline() && capacity.runs_inline();
         let depth = cache.info().queue_depth_max.min(capacity.info().queue_depth_max);
         Arc::new(Engine {
             cache: SharedDevice::wrap(cache),
@@ -288,6 +293,7 @@ impl Engine {
             flushes: Default::default(),
             lockless_maps,
             reuses,
+            reads_inline,
             published: Default::default(),
             closed: Default::default(),
             read_bytes: Default::default(),

@@ -64,25 +64,10 @@ impl Engine {
         crcs: &[u32],
         fua: bool,
     ) -> Result<(), VolumeError> {
-        let blocks = writes
-            .iter()
-            .flat_map(|&(lba0, data)| data.chunks(BLOCK_BYTES).enumerate().map(move |(i, b)| (lba0 + i as u64, b)));
-        let max = inner.record_blocks_max();
-        let mut rec: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len().min(max));
-        let mut in_rec = std::collections::HashSet::new();
-        let mut first = 0;
-        for (lba, b) in blocks {
-            if rec.len() == max || (writes.len() > 1 && !in_rec.insert(lba)) {
-                self.append_record(inner, vol, &rec, &crcs[first..first + rec.len()])?;
-                first += rec.len();
-                rec.clear();
-                in_rec.clear();
-                in_rec.insert(lba);
-            }
-            rec.push((lba, b));
-        }
-        if !rec.is_empty() {
-            self.append_record(inner, vol, &rec, &crcs[first..first + rec.len()])?;
+        for mut rec in writers::records_of(writes, crcs, inner.record_blocks_max()) {
+            let r = self.append_record(inner, vol, &mut rec);
+            writers::give_buf(rec.buf);
+            r?;
         }
         if fua {
             // A flush, not a FUA write: recovery walks a chunk record by
@@ -92,21 +77,20 @@ impl Engine {
         Ok(())
     }
 
-    /// One write record of `blocks` (LBA, data) for `vol`, then the maps.
-    /// `crcs` are the blocks' CRC32Cs, computed before the lock was taken.
-    fn append_record(
+    /// One write record (`records_of`) of `vol` logged under the lock, then
+    /// the maps. Its entries are used up; its buffer stays in it.
+    pub(super) fn append_record(
         &self,
         inner: &mut Inner,
         vol: u32,
-        blocks: &[(u64, &[u8])],
-        crcs: &[u32],
+        rec: &mut writers::Record,
     ) -> Result<(), VolumeError> {
-        debug_assert!((1..=inner.record_blocks_max()).contains(&blocks.len()));
-        let entries: Vec<Entry> =
-            blocks.iter().zip(crcs).map(|(&(lba, _), &crc)| Entry { lba, crc, tombstone: false }).collect();
-        let data: Vec<&[u8]> = blocks.iter().map(|&(_, d)| d).collect();
-        let header_block = self.log_record(inner, vol, RecordKind::Write, entries, &data)?;
-        Self::map_record(inner, vol, header_block, blocks.iter().map(|&(lba, _)| lba).zip(crcs.iter().copied()))
+        debug_assert!((1..=inner.record_blocks_max()).contains(&rec.entries.len()));
+        let blocks: Vec<(u64, u32)> = rec.entries.iter().map(|e| (e.lba, e.crc)).collect();
+        let buf = std::mem::replace(&mut rec.buf, IoBuf::empty());
+        let (r, buf) = self.log_record_in(inner, vol, RecordKind::Write, std::mem::take(&mut rec.entries), buf);
+        rec.buf = buf;
+        Self::map_record(inner, vol, r?, blocks.into_iter())
     }
 
     /// Point the maps at a record's blocks (LBA, CRC), which follow its
@@ -231,7 +215,7 @@ impl Engine {
 
     /// `log_record` of data already in `rec` after its first block, where
     /// the header goes. Gives `rec` back, whatever happened.
-    pub(super) fn log_record_in(
+    fn log_record_in(
         &self,
         inner: &mut Inner,
         vol: u32,

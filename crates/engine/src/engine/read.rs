@@ -58,19 +58,13 @@ impl Engine {
     ) -> Option<Result<(), VolumeError>> {
         use std::sync::atomic::{fence, Ordering};
         let map = self.lockless_maps[vol].as_ref()?;
-        // Devices that queue bound how many reads run outside the lock
-        // (`unlocked_read_permit`); those that complete inline need no
-        // bound, and then no shared counter either.
-        let inline = self.cache.runs_inline() && self.capacity.runs_inline();
-        let _permit = if inline { None } else { Some(self.unlocked_read_permit()?) };
+        let _permit = if self.reads_inline { None } else { Some(self.unlocked_read_permit()?) };
         if self.closed.load(Ordering::Acquire) {
             return Some(Err(VolumeError::ReadOnly));
         }
         let before = self.reuses.load(Ordering::Acquire);
         let mut snap = SNAPSHOT.with(|s| s.take());
-        snap.locs.clear();
-        snap.crcs.clear();
-        map.load(lbas, &mut snap.locs, &mut snap.crcs);
+        snap.load_resident(map, lbas);
         #[cfg(test)]
         if let Some(f) = BETWEEN_LOAD_AND_READ.with(|h| h.take()) {
             f();
@@ -250,6 +244,13 @@ impl ReadSnapshot {
         self.locs.clear();
         self.crcs.clear();
         l2p.load(range, &mut self.locs, &mut self.crcs)
+    }
+
+    /// `load` from a map shared with lock-free reads, without the lock.
+    pub(super) fn load_resident(&mut self, map: &l2p::Resident, range: std::ops::Range<usize>) {
+        self.locs.clear();
+        self.crcs.clear();
+        map.load(range, &mut self.locs, &mut self.crcs)
     }
 }
 

@@ -59,7 +59,6 @@ pub(super) struct Record {
 }
 
 /// Where a reserved record goes.
-#[derive(Clone, Copy)]
 struct Reserved {
     /// Index in the batch's records.
     rec: usize,
@@ -117,33 +116,22 @@ impl Engine {
 
     /// Log `records` of volume `vol` (built by `records_of`) through the
     /// concurrent path; the buffers come back in order, whatever happened.
-    /// Falls back to logging under the lock (`log_record_in`) on a simulated
+    /// Falls back to logging under the lock (`append_record`) on a simulated
     /// clock, whose virtual time orders device I/O under the lock.
     pub(super) fn write_concurrent(
         &self,
         vol: u32,
-        records: Vec<Record>,
+        mut records: Vec<Record>,
         fua: bool,
     ) -> (Result<(), VolumeError>, Vec<IoBuf>) {
-        let mut recs: Vec<Option<Record>> = records.into_iter().map(Some).collect();
-        let mut bufs: Vec<Option<IoBuf>> = (0..recs.len()).map(|_| None).collect();
-        let r = self.write_records(vol, &mut recs, &mut bufs);
-        // Buffers of records never reserved come back as they were.
-        for (b, r) in bufs.iter_mut().zip(recs) {
-            if let (None, Some(r)) = (b.as_ref(), r) {
-                *b = Some(r.buf);
-            }
-        }
+        let r = self.write_records(vol, &mut records);
         let r = r.and_then(|()| if fua { self.flush_grouped() } else { Ok(()) });
-        (r, bufs.into_iter().map(|b| b.expect("every buffer back")).collect())
+        (r, records.into_iter().map(|r| r.buf).collect())
     }
 
-    fn write_records(
-        &self,
-        vol: u32,
-        recs: &mut [Option<Record>],
-        bufs: &mut [Option<IoBuf>],
-    ) -> Result<(), VolumeError> {
+    /// `write_concurrent`'s work. Every record's buffer is back in it on
+    /// return, whatever happened.
+    fn write_records(&self, vol: u32, recs: &mut [Record]) -> Result<(), VolumeError> {
         let mut next = 0;
         let mut g = self.lock_raw();
         while next < recs.len() {
@@ -162,13 +150,9 @@ impl Engine {
             if g.sim.is_some() {
                 // Virtual time: every device I/O in order, under the lock.
                 let mut g = self.drained(g);
-                for k in next..recs.len() {
-                    let Record { entries, buf } = recs[k].take().expect("not logged yet");
-                    let blocks: Vec<(u64, u32)> = entries.iter().map(|e| (e.lba, e.crc)).collect();
-                    let bytes = blocks.len() as u64 * BS;
-                    let (r, buf) = self.log_record_in(&mut g, vol, RecordKind::Write, entries, buf);
-                    bufs[k] = Some(buf);
-                    let r = r.and_then(|header_block| Self::map_record(&mut g, vol, header_block, blocks.into_iter()));
+                for rec in &mut recs[next..] {
+                    let bytes = rec.entries.len() as u64 * BS;
+                    let r = self.append_record(&mut g, vol, rec);
                     let r = g.stop_on_device_error(r);
                     self.after_change(&g);
                     r?;
@@ -180,8 +164,7 @@ impl Engine {
             let mut wave: Vec<Reserved> = Vec::new();
             let mut busy = false;
             while next < recs.len() {
-                let rec = recs[next].as_mut().expect("not logged yet");
-                match self.reserve(&mut g, vol, rec) {
+                match self.reserve(&mut g, vol, &mut recs[next]) {
                     Ok(Some((header_block, lsn))) => wave.push(Reserved { rec: next, header_block, lsn }),
                     Ok(None) => {
                         busy = true;
@@ -209,13 +192,13 @@ impl Engine {
             // 2. Write them, without the lock.
             let mut failed = None;
             for r in &wave {
-                let rec = recs[r.rec].take().expect("reserved once");
-                let c = sync_io(&*self.cache, IoRequest::write(r.header_block * BS, rec.buf, 0));
-                bufs[r.rec] = Some(c.buf);
+                let rec = &mut recs[r.rec];
+                let buf = std::mem::replace(&mut rec.buf, IoBuf::empty());
+                let c = sync_io(&*self.cache, IoRequest::write(r.header_block * BS, buf, 0));
+                rec.buf = c.buf;
                 if let Err(e) = c.result {
                     failed.get_or_insert(VolumeError::from(e));
                 }
-                recs[r.rec] = Some(Record { entries: rec.entries, buf: IoBuf::empty() });
             }
             // 3. Publish them.
             g = self.lock_raw();
@@ -224,18 +207,15 @@ impl Engine {
                 self.abandon(&mut g, &wave);
                 return e;
             }
-            for r in &wave {
-                let rec = recs[r.rec].take().expect("written");
-                let blocks = rec.entries.iter().map(|e| (e.lba, e.crc));
-                let mapped = Self::map_record(&mut g, vol, r.header_block, blocks);
-                let bytes = rec.entries.len() as u64 * BS;
+            for (k, r) in wave.iter().enumerate() {
+                let entries = &recs[r.rec].entries;
+                let mapped = Self::map_record(&mut g, vol, r.header_block, entries.iter().map(|e| (e.lba, e.crc)));
                 self.done(&mut g, r);
                 if let Err(e) = g.stop_on_device_error(mapped) {
-                    let rest: Vec<Reserved> = wave.iter().filter(|x| x.rec > r.rec).copied().collect();
-                    self.abandon(&mut g, &rest);
+                    self.abandon(&mut g, &wave[k + 1..]);
                     return Err(e);
                 }
-                g.stats.user_write_bytes += bytes;
+                g.stats.user_write_bytes += entries.len() as u64 * BS;
             }
             self.after_change(&g);
         }
