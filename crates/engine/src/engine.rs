@@ -110,6 +110,7 @@ pub use recovery::Damage;
 use segments::{CapWrites, CAP_QUEUE_DEPTH};
 pub use throttle::Throttle;
 pub use worker::{Compactor, CompactorConfig, CompactorSnapshot};
+pub use writers::{StagedWrite, Stepped, WriteStep};
 
 use checkpoint::{checkpoint_bytes_max, checkpoint_page_bytes, decode_checkpoint, encode_checkpoint, RegionReader};
 use config::{band_count, on_media_config};

@@ -11,8 +11,8 @@
 //! same seed replays it exactly (`sluice sim --seed-start S --seeds 1`).
 
 pub use sluice_engine::{
-    BandPlacement, Engine, EngineConfig, EngineError, EngineVolume, Layout, OpenOptions, Volume, VolumeError,
-    VolumeSpec,
+    BandPlacement, Engine, EngineConfig, EngineError, EngineVolume, Layout, OpenOptions, StagedWrite, Stepped, Volume,
+    VolumeError, VolumeSpec, WriteStep,
 };
 
 pub mod crashsim;

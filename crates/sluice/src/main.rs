@@ -144,6 +144,12 @@ enum Cmd {
         /// inferred block lifetime (docs/engine.md); not with --in-place.
         #[arg(long, conflicts_with = "in_place")]
         lifetime: bool,
+        /// Writes through the concurrent path under a seeded scheduler:
+        /// up to 4 staged writes advance one step at a time (reserve, write,
+        /// publish, flush), reads run and power is lost between any two
+        /// steps; not with --in-place.
+        #[arg(long, conflicts_with = "in_place")]
+        concurrent: bool,
     },
     /// How big a cache a recorded trace needs (`[[volume]] trace`): its
     /// live data, the trace replayed in virtual time at several cache sizes
@@ -692,14 +698,16 @@ fn sim(
 ) -> Result<(), CliError> {
     let t = Instant::now();
     let (mut crashes, mut inside, mut in_recovery, mut shutdowns, mut cut) = (0, 0, 0, 0, 0);
+    let mut staged = (0, 0, 0, 0);
     let flag = format!(
-        "{}{}{}{}{}{}",
+        "{}{}{}{}{}{}{}",
         if zns { " --zns" } else { "" },
         if opts.flips { " --flips" } else { "" },
         if opts.swarm { " --swarm" } else { "" },
         if opts.paged { " --paged" } else { "" },
         if opts.in_place { " --in-place" } else { "" },
-        if opts.lifetime { " --lifetime" } else { "" }
+        if opts.lifetime { " --lifetime" } else { "" },
+        if opts.concurrent { " --concurrent" } else { "" }
     );
     for seed in seed_start..seed_start.saturating_add(seeds) {
         let r = sluice_sim::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
@@ -710,6 +718,17 @@ fn sim(
         in_recovery += r.crashes_in_recovery;
         shutdowns += r.clean_shutdowns;
         cut += r.interrupted_shutdowns;
+        staged.0 += r.staged_writes;
+        staged.1 += r.steps;
+        staged.2 += r.busy_steps;
+        staged.3 += r.crashes_in_flight;
+    }
+    if opts.concurrent {
+        println!(
+            "scheduler: {} writes staged, {} steps ({} found no room while records were in flight), {} crashes with \
+             a record reserved and not published",
+            staged.0, staged.1, staged.2, staged.3
+        );
     }
     println!(
         "sim{flag}: {seeds} seeds from {seed_start}, {ops} ops each, {crashes} crashes ({inside} inside an operation, \
@@ -722,9 +741,16 @@ fn sim(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged, in_place, lifetime } => {
-            let opts =
-                sluice_sim::crashsim::SimOptions { flips, swarm, paged, in_place, lifetime, ..Default::default() };
+        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged, in_place, lifetime, concurrent } => {
+            let opts = sluice_sim::crashsim::SimOptions {
+                flips,
+                swarm,
+                paged,
+                in_place,
+                lifetime,
+                concurrent,
+                ..Default::default()
+            };
             sim(seeds, seed_start, ops, zns, opts)
         }
         Cmd::Advise {

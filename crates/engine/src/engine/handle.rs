@@ -173,6 +173,22 @@ pub struct EngineSnapshot {
 }
 
 impl EngineVolume {
+    /// `write_batch(writes, fua)` as a [`StagedWrite`], whose
+    /// steps the caller takes one at a time (the simulation's scheduler).
+    /// Every range is checked first. None in place, where writes do not
+    /// take the concurrent path.
+    pub fn stage_write(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<Option<StagedWrite>, VolumeError> {
+        for &(offset, data) in writes {
+            check(self, offset, data.len() as u64)?;
+        }
+        if self.in_place {
+            return Ok(None);
+        }
+        let blocks: Vec<(u64, &[u8])> = writes.iter().map(|&(o, d)| (o / BS, d)).collect();
+        let crcs: Vec<u32> = writes.iter().flat_map(|w| w.1.chunks(BLOCK_BYTES).map(crc32c)).collect();
+        Ok(Some(self.engine.stage_write(self.id, &blocks, &crcs, self.record_blocks_max, fua)))
+    }
+
     fn write_batch_inner(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
         for &(offset, data) in writes {
             check(self, offset, data.len() as u64)?;
@@ -317,7 +333,12 @@ impl Volume for EngineVolume {
                 return r;
             }
             let permit = e.unlocked_read_permit();
-            let mut inner = self.live()?;
+            // Records in flight are not waited for: a read sees what is
+            // published (writers.rs).
+            let mut inner = e.lock_for_request_raw();
+            if inner.closed {
+                return Err(VolumeError::ReadOnly);
+            }
             inner.stats.user_read_bytes += buf.len() as u64;
             let gen = inner.vols[vol].cache.home_gen;
             let r = e.read_volume(inner, permit, vol, lba0..lba0 + n, offset, buf);

@@ -141,8 +141,10 @@ impl Engine {
         // moved meanwhile read its previous version, which is as good
         // an answer as the new one to a read that raced the write; an
         // error from a place that was not reused is the device's.
-        // The plain lock: data read before a shutdown is still good.
-        let inner = self.lock();
+        // The plain lock, records in flight or not: data read before a
+        // shutdown is still good, and a place a reservation reused shows
+        // in its generation.
+        let inner = self.lock_raw();
         let reused = snap.locs.iter().zip(&snap.gens).any(|(&l, &g)| inner.generation(l) != g);
         SNAPSHOT.with(|s| s.replace(snap));
         if reused {

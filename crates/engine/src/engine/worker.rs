@@ -313,11 +313,17 @@ impl Engine {
     /// The engine lock, for a request: counted, so that the compactor can
     /// step aside for it.
     pub(super) fn lock_for_request(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.drained(self.lock_for_request_raw())
+    }
+
+    /// `lock_for_request` with records maybe in flight (the read path: a
+    /// read sees what is published, and waits for no device write).
+    pub(super) fn lock_for_request_raw(&self) -> std::sync::MutexGuard<'_, Inner> {
         if !self.bg.on.load(Ordering::Relaxed) {
-            return self.lock();
+            return self.lock_raw();
         }
         self.bg.waiting.fetch_add(1, Ordering::SeqCst);
-        let inner = self.lock();
+        let inner = self.lock_raw();
         self.bg.waiting.fetch_sub(1, Ordering::SeqCst);
         self.bg.last_request_ns.store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         inner

@@ -1,9 +1,10 @@
 //! The write path outside the engine lock: reserve, write, publish.
 //!
 //! Owns: user writes of volumes with bands (`Engine::write_concurrent`),
-//! the records in flight (`Log::inflight`), and the drain
-//! that gives every other path the lock with none in flight
-//! (`Engine::lock`).
+//! the records in flight (`Log::inflight`), the drain that gives every
+//! other path the lock with none in flight (`Engine::lock`), and the same
+//! steps taken one at a time by a caller's scheduler (`StagedWrite`: the
+//! simulation interleaves several writes' steps from its seed).
 //!
 //! A batch of writes becomes records exactly as under the lock (log.rs:
 //! group commit, an LBA at most once per record), built and copied into
@@ -64,6 +65,8 @@ struct Reserved {
     rec: usize,
     header_block: u64,
     lsn: u64,
+    /// Step 2 is done (`StagedWrite` only).
+    written: bool,
 }
 
 impl Inner {
@@ -135,17 +138,9 @@ impl Engine {
         let mut next = 0;
         let mut g = self.lock_raw();
         while next < recs.len() {
-            loop {
-                if g.closed {
-                    return Err(VolumeError::ReadOnly);
-                }
-                if g.failed {
-                    return Err(VolumeError::Stopped);
-                }
-                if g.draining == 0 {
-                    break;
-                }
+            if !self.may_reserve(&g)? {
                 g = self.wait_published(g);
+                continue;
             }
             if g.sim.is_some() {
                 // Virtual time: every device I/O in order, under the lock.
@@ -162,25 +157,19 @@ impl Engine {
             }
             // 1. Reserve as many records as the log has room for now.
             let mut wave: Vec<Reserved> = Vec::new();
-            let mut busy = false;
             while next < recs.len() {
-                match self.reserve(&mut g, vol, &mut recs[next]) {
-                    Ok(Some((header_block, lsn))) => wave.push(Reserved { rec: next, header_block, lsn }),
-                    Ok(None) => {
-                        busy = true;
-                        break;
-                    }
+                match self.reserve(&mut g, vol, next, &mut recs[next]) {
+                    Ok(Some(r)) => wave.push(r),
+                    Ok(None) => break,
                     Err(e) => {
-                        let e = g.stop_on_device_error(Err(e));
                         self.abandon(&mut g, &wave);
-                        return e;
+                        return Err(e);
                     }
                 }
                 next += 1;
             }
             if wave.is_empty() {
                 // Room only once a record of another writer is published.
-                debug_assert!(busy);
                 g = self.wait_published(g);
                 continue;
             }
@@ -192,12 +181,8 @@ impl Engine {
             // 2. Write them, without the lock.
             let mut failed = None;
             for r in &wave {
-                let rec = &mut recs[r.rec];
-                let buf = std::mem::replace(&mut rec.buf, IoBuf::empty());
-                let c = sync_io(&*self.cache, IoRequest::write(r.header_block * BS, buf, 0));
-                rec.buf = c.buf;
-                if let Err(e) = c.result {
-                    failed.get_or_insert(VolumeError::from(e));
+                if let Err(e) = self.write_reserved(&mut recs[r.rec], r) {
+                    failed.get_or_insert(e);
                 }
             }
             // 3. Publish them.
@@ -208,17 +193,46 @@ impl Engine {
                 return e;
             }
             for (k, r) in wave.iter().enumerate() {
-                let entries = &recs[r.rec].entries;
-                let mapped = Self::map_record(&mut g, vol, r.header_block, entries.iter().map(|e| (e.lba, e.crc)));
-                self.done(&mut g, r);
-                if let Err(e) = g.stop_on_device_error(mapped) {
+                if let Err(e) = self.publish(&mut g, vol, &recs[r.rec], r) {
                     self.abandon(&mut g, &wave[k + 1..]);
                     return Err(e);
                 }
-                g.stats.user_write_bytes += entries.len() as u64 * BS;
             }
             self.after_change(&g);
         }
+        Ok(())
+    }
+
+    /// Whether a reservation may be made now: not while a drain waits for
+    /// the log to empty (Ok(false)), nor once the engine is closed or
+    /// stopped (the error).
+    fn may_reserve(&self, g: &Inner) -> Result<bool, VolumeError> {
+        if g.closed {
+            return Err(VolumeError::ReadOnly);
+        }
+        if g.failed {
+            return Err(VolumeError::Stopped);
+        }
+        Ok(g.draining == 0)
+    }
+
+    /// Step 2: write reserved record `rec` (header and data) to the cache
+    /// device, without the lock. Its buffer is back in it on return.
+    fn write_reserved(&self, rec: &mut Record, r: &Reserved) -> Result<(), VolumeError> {
+        let buf = std::mem::replace(&mut rec.buf, IoBuf::empty());
+        let c = sync_io(&*self.cache, IoRequest::write(r.header_block * BS, buf, 0));
+        rec.buf = c.buf;
+        c.result.map(|_| ()).map_err(VolumeError::from)
+    }
+
+    /// Step 3: the maps point at written record `rec`'s blocks (where no
+    /// later reservation got there first), and it leaves the set in flight.
+    /// An error stops the engine's changes.
+    fn publish(&self, g: &mut Inner, vol: u32, rec: &Record, r: &Reserved) -> Result<(), VolumeError> {
+        let mapped = Self::map_record(g, vol, r.header_block, rec.entries.iter().map(|e| (e.lba, e.crc)));
+        self.done(g, r);
+        g.stop_on_device_error(mapped)?;
+        g.stats.user_write_bytes += rec.entries.len() as u64 * BS;
         Ok(())
     }
 
@@ -231,19 +245,29 @@ impl Engine {
     }
 
     /// Reserved records given up after an error (the engine has stopped
-    /// taking changes): their places hold nothing replay will take.
+    /// taking changes) or a dropped `StagedWrite`: their places hold
+    /// nothing the maps point at. A record already written there may be
+    /// taken by replay after a crash, as any write that never completed may.
     fn abandon(&self, g: &mut Inner, wave: &[Reserved]) {
         for r in wave {
             self.done(g, r);
         }
     }
 
-    /// Reserve room for `rec` in the log and write its header into its
-    /// buffer: (header block, LSN), or None when room needs a compaction
-    /// while records are in flight.
-    fn reserve(&self, g: &mut Inner, vol: u32, rec: &mut Record) -> Result<Option<(u64, u64)>, VolumeError> {
+    /// Step 1: reserve room for record `rec` (number `index` of its batch)
+    /// in the log and write its header into its buffer; None when room
+    /// needs a compaction while records are in flight. An error stops the
+    /// engine's changes.
+    fn reserve(
+        &self,
+        g: &mut Inner,
+        vol: u32,
+        index: usize,
+        rec: &mut Record,
+    ) -> Result<Option<Reserved>, VolumeError> {
         let need = (rec.buf.len() / BLOCK_BYTES) as u64;
-        let Some((chunk, off)) = self.log_space_or_busy(g, need)? else { return Ok(None) };
+        let place = self.log_space_or_busy(g, need);
+        let Some((chunk, off)) = g.stop_on_device_error(place)? else { return Ok(None) };
         let h = g.next_header(RecordKind::Write, vol, chunk, std::mem::take(&mut rec.entries));
         encode_header(&mut rec.buf[..BLOCK_BYTES], &h);
         rec.entries = h.entries;
@@ -256,7 +280,182 @@ impl Engine {
         g.log.open = Some((chunk, off + need));
         g.stats.cache_write_bytes += need * BS;
         g.stats.cache_header_bytes += BS;
-        Ok(Some((chunk.0 as u64 * g.blocks_per_chunk() + off, lsn)))
+        let header_block = chunk.0 as u64 * g.blocks_per_chunk() + off;
+        Ok(Some(Reserved { rec: index, header_block, lsn, written: false }))
+    }
+}
+
+/// A batch of writes to one volume taken through the concurrent write
+/// path one step at a time, by a caller that chooses the order of the
+/// steps of several such writes: the deterministic simulation's scheduler
+/// (`sluice sim --concurrent`) interleaves them, and loses power between
+/// any two. The steps are the ones every write takes (reserve, write,
+/// publish; then a FLUSH round for a FUA write), on the same code.
+///
+/// Dropped before it is done, it gives up its reservations (as a writer
+/// does after a device error): a record already written may still be
+/// taken by replay after a crash.
+pub struct StagedWrite {
+    engine: Arc<Engine>,
+    vol: u32,
+    recs: Vec<Record>,
+    /// The next record to reserve.
+    next: usize,
+    /// Records reserved and not yet published, in reservation order.
+    held: Vec<Reserved>,
+    /// FUA: a flush round is still due once every record is published.
+    flush_due: bool,
+    failed: bool,
+}
+
+/// One step of a [`StagedWrite`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteStep {
+    /// Reserve the next record's place.
+    Reserve,
+    /// Write the `n`th held record (reserved, not yet written).
+    Write(usize),
+    /// Publish the `n`th held record (written).
+    Publish(usize),
+    /// The FUA write's flush round: only with no record of any write in
+    /// flight (a flush takes the drained lock).
+    Flush,
+}
+
+/// What a step did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stepped {
+    /// Record `record` of the batch (its blocks are the batch's next
+    /// `blocks`, in order) has its place.
+    Reserved {
+        record: usize,
+        blocks: usize,
+    },
+    /// No room until a record in flight (of this write or another) is
+    /// published.
+    Busy,
+    Written {
+        record: usize,
+    },
+    Published {
+        record: usize,
+    },
+    Flushed,
+}
+
+impl StagedWrite {
+    /// The steps that may come next (none: done).
+    pub fn steps(&self) -> Vec<WriteStep> {
+        if self.failed {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if self.next < self.recs.len() {
+            out.push(WriteStep::Reserve);
+        }
+        for (i, r) in self.held.iter().enumerate() {
+            out.push(if r.written { WriteStep::Publish(i) } else { WriteStep::Write(i) });
+        }
+        if out.is_empty() && self.flush_due {
+            out.push(WriteStep::Flush);
+        }
+        out
+    }
+
+    /// Whether a record of this write is reserved and not yet published.
+    pub fn in_flight(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Take step `s` (one of `steps()`). After an error the write is over
+    /// (its reservations given up, as a writer's after a device error).
+    pub fn step(&mut self, s: WriteStep) -> Result<Stepped, VolumeError> {
+        let r = self.step_inner(s);
+        if r.is_err() {
+            self.give_up();
+        }
+        r
+    }
+
+    fn step_inner(&mut self, s: WriteStep) -> Result<Stepped, VolumeError> {
+        let e = &*self.engine;
+        match s {
+            WriteStep::Reserve => {
+                let mut g = e.lock_raw();
+                if !e.may_reserve(&g)? {
+                    return Ok(Stepped::Busy);
+                }
+                let index = self.next;
+                let Some(r) = e.reserve(&mut g, self.vol, index, &mut self.recs[index])? else {
+                    return Ok(Stepped::Busy);
+                };
+                self.held.push(r);
+                self.next += 1;
+                Ok(Stepped::Reserved { record: index, blocks: self.recs[index].entries.len() })
+            }
+            WriteStep::Write(i) => {
+                let r = &mut self.held[i];
+                assert!(!r.written, "record already written");
+                if let Err(err) = e.write_reserved(&mut self.recs[r.rec], r) {
+                    return e.lock_raw().stop_on_device_error(Err(err));
+                }
+                r.written = true;
+                Ok(Stepped::Written { record: r.rec })
+            }
+            WriteStep::Publish(i) => {
+                assert!(self.held[i].written, "record not written");
+                let r = self.held.remove(i);
+                let mut g = e.lock_raw();
+                e.publish(&mut g, self.vol, &self.recs[r.rec], &r)?;
+                e.after_change(&g);
+                Ok(Stepped::Published { record: r.rec })
+            }
+            WriteStep::Flush => {
+                assert!(self.flush_due && self.held.is_empty() && self.next == self.recs.len());
+                self.flush_due = false;
+                e.flush_grouped()?;
+                Ok(Stepped::Flushed)
+            }
+        }
+    }
+
+    /// Give up the records held (see the type's doc).
+    fn give_up(&mut self) {
+        self.failed = true;
+        if !self.held.is_empty() {
+            let mut g = self.engine.lock_raw();
+            self.engine.abandon(&mut g, &self.held);
+            self.held.clear();
+        }
+    }
+}
+
+impl Drop for StagedWrite {
+    fn drop(&mut self) {
+        self.give_up();
+    }
+}
+
+impl Engine {
+    /// `writes` (volume `vol`'s LBA, data), cut into records as any batch
+    /// is, to be taken step by step (`StagedWrite`).
+    pub(super) fn stage_write(
+        self: &Arc<Engine>,
+        vol: u32,
+        writes: &[(u64, &[u8])],
+        crcs: &[u32],
+        max: usize,
+        fua: bool,
+    ) -> StagedWrite {
+        StagedWrite {
+            engine: self.clone(),
+            vol,
+            recs: records_of(writes, crcs, max),
+            next: 0,
+            held: Vec::new(),
+            flush_due: fua,
+            failed: false,
+        }
     }
 }
 
