@@ -76,6 +76,10 @@ struct BlockModel {
     /// Every version ever written to the block (what a salvage may revert
     /// it to; 0, never written, is always possible).
     ever: Vec<u64>,
+    /// `SimOptions::concurrent`: versions in `since` whose records are
+    /// reserved and not yet published (until the next crash, for a write
+    /// that failed).
+    unpublished: Vec<u64>,
 }
 
 impl BlockModel {
@@ -97,9 +101,19 @@ impl BlockModel {
             _ => got == expect(v, lba, ver),
         }
     }
+    /// A flush completed: the latest version published (in reservation
+    /// order) is durable; the versions reserved after it, unpublished
+    /// then, stay possible.
     fn make_durable(&mut self) {
-        self.durable = self.current();
-        self.since.clear();
+        if self.unpublished.is_empty() {
+            self.durable = self.current();
+            self.since.clear();
+            return;
+        }
+        if let Some(i) = self.since.iter().rposition(|v| !self.unpublished.contains(v)) {
+            self.durable = self.since[i];
+            self.since.drain(..=i);
+        }
     }
 }
 
@@ -232,11 +246,8 @@ struct Sim {
     /// later recovery may refuse it.
     latent_flip: bool,
     /// `SimOptions::concurrent`: the writes the scheduler is taking step
-    /// by step, and per block how many records of them hold a version of
-    /// it reserved and not yet published (a read may then see any version
-    /// since the durable one).
+    /// by step.
     tasks: Vec<Task>,
-    unpublished: Vec<Vec<u32>>,
 }
 
 /// Most staged writes under way at once (`SimOptions::concurrent`).
@@ -333,8 +344,8 @@ impl Sim {
         }
         match Op::draw(&mut self.rng, &self.sizes) {
             Op::Write { vol, writes, fua, .. } if self.tasks.len() < TASKS_MAX => self.stage(op, vol, writes, fua),
-            // Reads run between any two steps.
-            o @ Op::Read { .. } => self.run(op, o),
+            // Reads and flushes run between any two steps.
+            o @ (Op::Read { .. } | Op::Flush { .. }) => self.run(op, o),
             // Everything else takes the drained lock, which waits for the
             // records in flight: the staged writes finish first.
             o => match self.settle(op)? {
@@ -369,10 +380,8 @@ impl Sim {
     /// flush waits until no record of any write is in flight (it takes
     /// the drained lock). Ok(false) on an injected device error, as `run`.
     fn step_task(&mut self, op: usize) -> Result<bool, String> {
-        let quiet = !self.tasks.iter().any(|t| t.staged.in_flight());
         let choices: Vec<(usize, crate::WriteStep)> = (self.tasks.iter().enumerate())
             .flat_map(|(i, t)| t.staged.steps().into_iter().map(move |s| (i, s)))
-            .filter(|&(_, s)| quiet || s != crate::WriteStep::Flush)
             .collect();
         if choices.is_empty() {
             return Err(self.fail(op, "staged writes under way, none can take a step".into()));
@@ -388,22 +397,20 @@ impl Sim {
                 let range = t.reserved..t.reserved + blocks;
                 t.reserved += blocks;
                 for &(lba, ver) in &t.blocks[range.clone()] {
-                    self.model[v][lba as usize].put(ver);
-                    self.unpublished[v][lba as usize] += 1;
+                    let m = &mut self.model[v][lba as usize];
+                    m.put(ver);
+                    m.unpublished.push(ver);
                 }
                 t.records.insert(record, range);
             }
             Ok(crate::Stepped::Published { record }) => {
-                for &(lba, _) in &t.blocks[t.records[&record].clone()] {
-                    self.unpublished[v][lba as usize] -= 1;
+                for &(lba, ver) in &t.blocks[t.records[&record].clone()] {
+                    self.model[v][lba as usize].unpublished.retain(|&u| u != ver);
                 }
             }
-            Ok(crate::Stepped::Flushed) => {
-                // Every record published, and a flush round done since.
-                for &(lba, _) in &t.blocks {
-                    self.model[v][lba as usize].make_durable();
-                }
-            }
+            // A flush round done since every record of the write was
+            // published: as a FLUSH.
+            Ok(crate::Stepped::Flushed) => self.model.iter_mut().flatten().for_each(BlockModel::make_durable),
             Ok(crate::Stepped::Busy | crate::Stepped::Written { .. }) => {}
             // The write is over; its unpublished versions stay possible
             // (until the crash that follows).
@@ -442,14 +449,14 @@ impl Sim {
         self.report.crashes_in_flight += usize::from(self.tasks.iter().any(|t| t.staged.in_flight()));
         let shutdown = shutdown && (self.tasks.is_empty() || (!self.latent_flip && self.settle(op)?));
         self.tasks.clear();
-        self.unpublished.iter_mut().flatten().for_each(|n| *n = 0);
+        self.model.iter_mut().flatten().for_each(|m| m.unpublished.clear());
         Ok(shutdown)
     }
 
     /// Whether block `lba` of volume `v` may read as `got` now.
     fn reads_right(&self, v: usize, lba: u64, got: &[u8]) -> bool {
         let m = &self.model[v][lba as usize];
-        if self.unpublished[v][lba as usize] == 0 {
+        if m.unpublished.is_empty() {
             return m.holds(v, lba, m.current(), got);
         }
         std::iter::once(m.durable).chain(m.since.iter().copied()).any(|ver| m.holds(v, lba, ver, got))
@@ -840,10 +847,8 @@ fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Re
         opts,
         latent_flip: false,
         tasks: Vec::new(),
-        unpublished: Vec::new(),
     };
     sim.opts.concurrent &= !sim.opts.in_place;
-    sim.unpublished = sim.sizes.iter().map(|&n| vec![0; n as usize]).collect();
     // A crash every ~300 operations; half of them inside an operation.
     let mut armed: Option<usize> = None;
     for op in 0..ops {
@@ -988,7 +993,10 @@ mod tests {
     /// records are in flight; on a conventional device and on the ZNS SSD.
     /// It catches each ordering rule's mutation (docs/engine.md): a record
     /// published over a later reservation's copy (seed 0), a compaction
-    /// while a record is in flight (seed 7).
+    /// while a record is in flight (seed 7), a chunk's first record written
+    /// outside the lock (seed 30); FLUSHes run between steps, and `sluice
+    /// sim --concurrent --seeds 1000` also catches a FLUSH that skips the
+    /// device flush while records are in flight (seed 690).
     #[test]
     fn crashes_with_concurrent_writes_lose_nothing_flushed() {
         let opts = SimOptions { concurrent: true, ..SimOptions::default() };

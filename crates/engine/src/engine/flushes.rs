@@ -4,9 +4,10 @@
 //! Owns: the grouping of concurrent FLUSH requests (any volume, any
 //! connection) into rounds, and one round's work.
 //!
-//! A round snapshots the log's position under the lock, flushes the cache
-//! device *without* the lock (skipped when no record was written since the
-//! last flush), then, under the lock again, raises the flushed watermarks to
+//! A round snapshots the log's position under the lock (as it is, records
+//! of other writers in flight or not: the snapshot stops below the first
+//! one, `Inner::written_upto`), flushes the cache device *without* the
+//! lock (skipped when no record was reserved since the last flush), then, under the lock again, raises the flushed watermarks to
 //! the snapshot (never lowers them) and, in place, flushes the capacity
 //! device when anything was written to it since its last flush. One round runs at
 //! a time; a request is answered by the first
@@ -82,13 +83,24 @@ impl Engine {
     /// snapshot of the log, then the watermarks raised and the capacity
     /// device flushed under it.
     fn flush_round(&self) -> Result<(), VolumeError> {
+        // The lock as it is, records in flight or not (writers.rs): the
+        // snapshot stops below the first record still being written, and
+        // every write acknowledged before this round is published, so
+        // written, whichever records of other writers are still in flight.
         let (seq, lsn, cache_new) = {
-            let inner = self.live()?;
+            let inner = self.lock_for_request_raw();
+            if inner.closed {
+                return Err(VolumeError::ReadOnly);
+            }
             if inner.failed {
                 return Err(VolumeError::Stopped);
             }
+            let (seq, lsn) = inner.written_upto();
+            // Skipped only if nothing was reserved since the last flush: a
+            // record published above one still in flight is past the
+            // snapshot, and needs the device flush all the same.
             let new = (inner.seq, inner.log.lsn) != (inner.cache_flushed_seq, inner.log.flushed_lsn);
-            (inner.seq, inner.log.lsn, new)
+            (seq, lsn, new)
         };
         // A file's fdatasync directly (not queued behind the log writes
         // that go on meanwhile), else a queued flush.
@@ -96,20 +108,30 @@ impl Engine {
             true => self.cache.flush_now().unwrap_or_else(|| flush(&*self.cache)).map_err(VolumeError::from),
             false => Ok(()),
         };
-        self.change(|e, inner| {
-            cache?;
+        let mut inner = self.lock_for_request_raw();
+        if inner.closed {
+            return Err(VolumeError::ReadOnly);
+        }
+        if inner.failed {
+            return Err(VolumeError::Stopped);
+        }
+        let r = cache.and_then(|()| {
             inner.cache_flushed_seq = inner.cache_flushed_seq.max(seq);
             inner.log.flushed_lsn = inner.log.flushed_lsn.max(lsn);
             // With bands, acknowledged data stays in the log until
             // compaction's or GC's own capacity flush lets its chunk go
             // (rule 3), so a FLUSH has no capacity work. In place, writes
             // can go straight home: flush if any capacity write happened
-            // since the last capacity flush (every one sets `dirty`).
+            // since the last capacity flush (every one sets `dirty`). In
+            // place no record is ever in flight (writes log under the lock).
             if inner.in_place() && (inner.cap.dirty || inner.cap.inflight > 0) {
-                e.flush_capacity(inner)?;
+                self.flush_capacity(&mut inner)?;
             }
             Ok(())
-        })
+        });
+        let r = inner.stop_on_device_error(r);
+        self.after_change(&inner);
+        r
     }
 }
 

@@ -40,10 +40,15 @@
 //!   written. A record may be on the media while an earlier one is not;
 //!   recovery walks past such a hole (recovery/chunks.rs) and treats the
 //!   missing LSNs above the watermark as torn writes (recovery/lsns.rs).
-//!   A FUA write is published and then waits for a FLUSH round, which
-//!   starts with no record in flight.
-//! - **Everything else** (trim, write-zeroes, compaction and GC steps,
-//!   checkpoint, invariants, the simulation's virtual time) takes the lock
+//!   A FLUSH round does not wait for records in flight: every write
+//!   acknowledged before it is published, so written. A FUA write is
+//!   published and then waits for a FLUSH round.
+//! - **A chunk's first record** is written at its reservation, under the
+//!   lock: recovery takes the chunk's generation from it, so a later record
+//!   of the chunk must never be durable without it.
+//! - **Everything else** but reads and FLUSH (trim, write-zeroes,
+//!   compaction and GC steps, checkpoint, invariants, the simulation's
+//!   virtual time) takes the lock
 //!   through `Engine::lock`, which waits until no record is in flight and
 //!   holds new reservations back meanwhile (`Inner::draining`): those paths
 //!   see the log as when every write ran under the lock.
@@ -65,7 +70,7 @@ struct Reserved {
     rec: usize,
     header_block: u64,
     lsn: u64,
-    /// Step 2 is done (`StagedWrite` only).
+    /// Step 2 is done (at reservation for a chunk's first record).
     written: bool,
 }
 
@@ -180,7 +185,7 @@ impl Engine {
             }
             // 2. Write them, without the lock.
             let mut failed = None;
-            for r in &wave {
+            for r in wave.iter().filter(|r| !r.written) {
                 if let Err(e) = self.write_reserved(&mut recs[r.rec], r) {
                     failed.get_or_insert(e);
                 }
@@ -281,7 +286,18 @@ impl Engine {
         g.stats.cache_write_bytes += need * BS;
         g.stats.cache_header_bytes += BS;
         let header_block = chunk.0 as u64 * g.blocks_per_chunk() + off;
-        Ok(Some(Reserved { rec: index, header_block, lsn, written: false }))
+        let mut r = Reserved { rec: index, header_block, lsn, written: false };
+        if off == 0 {
+            // A chunk's first record names its generation in recovery:
+            // written before the lock goes, so that no later record of the
+            // chunk can be on the media, flushed, without it.
+            if let Err(e) = self.write_reserved(rec, &r) {
+                self.done(g, &r);
+                return g.stop_on_device_error(Err(e));
+            }
+            r.written = true;
+        }
+        Ok(Some(r))
     }
 }
 
