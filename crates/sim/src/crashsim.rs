@@ -144,6 +144,8 @@ pub struct CrashReport {
     pub steps: usize,
     pub busy_steps: usize,
     pub crashes_in_flight: usize,
+    /// Compaction and GC steps taken with a record in flight.
+    pub relocations_beside: usize,
 }
 
 /// Swarm testing: a world of its own per seed — 1 to 4 volumes of 8 to 200
@@ -344,8 +346,14 @@ impl Sim {
         }
         match Op::draw(&mut self.rng, &self.sizes) {
             Op::Write { vol, writes, fua, .. } if self.tasks.len() < TASKS_MAX => self.stage(op, vol, writes, fua),
-            // Reads and flushes run between any two steps.
+            // Reads and flushes run between any two steps, and so do
+            // compaction and GC steps whose victims hold no block a record
+            // in flight rewrites.
             o @ (Op::Read { .. } | Op::Flush { .. }) => self.run(op, o),
+            o @ (Op::Gc { .. } | Op::Compact { .. }) if !self.world.engine.relocations_wait() => {
+                self.report.relocations_beside += usize::from(self.tasks.iter().any(|t| t.staged.in_flight()));
+                self.run(op, o)
+            }
             // Everything else takes the drained lock, which waits for the
             // records in flight: the staged writes finish first.
             o => match self.settle(op)? {
@@ -388,6 +396,9 @@ impl Sim {
         }
         let (i, s) = choices[self.rng.below(choices.len() as u64) as usize];
         let r = self.tasks[i].staged.step(s);
+        if std::env::var("SIMTRACE").is_ok() {
+            eprintln!("op {op} task {i} vol {} {s:?} -> {r:?} blocks {:?}", self.tasks[i].vol, self.tasks[i].blocks);
+        }
         self.report.steps += 1;
         self.report.busy_steps += usize::from(r == Ok(crate::Stepped::Busy));
         let t = &mut self.tasks[i];
@@ -465,6 +476,9 @@ impl Sim {
     /// One operation. Ok(false) if it failed with an injected device error
     /// (its versions are recorded as possible, none as durable).
     fn run(&mut self, op: usize, o: Op) -> Result<bool, String> {
+        if std::env::var("SIMTRACE").is_ok() {
+            eprintln!("op {op} run {o:?} inflight {}", self.tasks.iter().any(|t| t.staged.in_flight()));
+        }
         let r = match o {
             Op::Write { vol: v, writes, fua, owned } => {
                 let mut data = Vec::with_capacity(writes.len());
@@ -608,6 +622,9 @@ impl Sim {
     /// survived as durable. With `shutdown`, the engine is shut down (or
     /// tries to) first.
     fn crash(&mut self, op: usize, shutdown: bool) -> Result<(), String> {
+        if std::env::var("SIMTRACE").is_ok() {
+            eprintln!("op {op} crash shutdown {shutdown}");
+        }
         let shutdown = self.end_tasks(op, shutdown)?;
         // Whatever the drive rejected since the last check is caught before
         // the drive is replaced.
@@ -1009,6 +1026,7 @@ mod tests {
                         total.crashes_in_flight += r.crashes_in_flight;
                         total.busy_steps += r.busy_steps;
                         total.staged_writes += r.staged_writes;
+                        total.relocations_beside += r.relocations_beside;
                     }
                     Err(e) => panic!(
                         "{e}\nreplay: sluice sim --concurrent{} --seed-start {seed} --seeds 1",
@@ -1018,7 +1036,10 @@ mod tests {
             }
         }
         assert!(total.crashes > CONCURRENT_SEEDS as usize * 4, "{total:?}");
-        assert!(total.crashes_in_flight > 0 && total.busy_steps > 0, "the scheduler never got there: {total:?}");
+        assert!(
+            total.crashes_in_flight > 0 && total.busy_steps > 0 && total.relocations_beside > 0,
+            "the scheduler never got there: {total:?}"
+        );
     }
 
     const CONCURRENT_SEEDS: u64 = 80;

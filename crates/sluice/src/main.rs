@@ -698,7 +698,7 @@ fn sim(
 ) -> Result<(), CliError> {
     let t = Instant::now();
     let (mut crashes, mut inside, mut in_recovery, mut shutdowns, mut cut) = (0, 0, 0, 0, 0);
-    let mut staged = (0, 0, 0, 0);
+    let mut staged = (0, 0, 0, 0, 0);
     let flag = format!(
         "{}{}{}{}{}{}{}",
         if zns { " --zns" } else { "" },
@@ -722,12 +722,13 @@ fn sim(
         staged.1 += r.steps;
         staged.2 += r.busy_steps;
         staged.3 += r.crashes_in_flight;
+        staged.4 += r.relocations_beside;
     }
     if opts.concurrent {
         println!(
-            "scheduler: {} writes staged, {} steps ({} found no room while records were in flight), {} crashes with \
-             a record reserved and not published",
-            staged.0, staged.1, staged.2, staged.3
+            "scheduler: {} writes staged, {} steps ({} found no room while records were in flight), {} compaction \
+             and GC steps beside records in flight, {} crashes with a record reserved and not published",
+            staged.0, staged.1, staged.2, staged.4, staged.3
         );
     }
     println!(

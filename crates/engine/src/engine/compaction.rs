@@ -39,8 +39,6 @@ impl Inner {
     /// cursor a bounded step left in it (else its start).
     fn compact_next(&self) -> Option<CompactCursor> {
         let &chunk = self.log.full.front()?;
-        // Relocations run with no record in flight (writers.rs).
-        debug_assert!(self.log.inflight.is_empty(), "compaction beside a record in flight");
         let pos = self.compact_cursor.filter(|k| k.chunk == chunk).map_or(0, |k| k.pos);
         Some(CompactCursor { chunk, pos })
     }
@@ -126,6 +124,9 @@ impl Engine {
         defer: bool,
     ) -> Result<CompactStep, VolumeError> {
         self.settle(inner)?;
+        // Relocations never move a block a record in flight rewrites
+        // (writers.rs: `relocations_clear`).
+        debug_assert!(inner.relocations_clear(), "a compaction step beside a record in flight it would outrank");
         if inner.in_place() {
             return self.reclaim_step(inner, blocks_max);
         }

@@ -96,6 +96,12 @@ impl Engine {
     fn gc_victim(inner: &Inner) -> Option<BandId> {
         let usable = inner.band_usable();
         let now = inner.seq;
+        // Bands holding blocks that records in flight rewrite wait
+        // (writers.rs: `relocations_clear`).
+        let avoid = match inner.log.inflight.is_empty() {
+            true => Vec::new(),
+            false => inner.bands_in_flight()?,
+        };
         inner
             .bands
             .iter()
@@ -104,6 +110,7 @@ impl Engine {
                 b.state == BandState::Full
                     && (b.valid as u64) < usable
                     && !inner.bands.quarantine.contains(&BandId(i as u32))
+                    && !avoid.contains(&BandId(i as u32))
             })
             .map(|(i, b)| {
                 let u = b.valid as f64 / usable as f64;

@@ -99,7 +99,30 @@ impl Engine {
         &self,
         f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>,
     ) -> Result<T, VolumeError> {
-        let mut inner = self.live()?;
+        self.change_under(self.live()?, f)
+    }
+
+    /// `change` for a relocation step (compaction, GC): beside the records
+    /// in flight when it may run beside them (`Engine::lock_for_relocation`).
+    /// `remaps_only` (settling a step's remaps, each applied only if its
+    /// block did not move meanwhile): beside them always.
+    pub(super) fn relocate<T>(
+        &self,
+        remaps_only: bool,
+        f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>,
+    ) -> Result<T, VolumeError> {
+        let inner = if remaps_only { self.lock_raw() } else { self.lock_for_relocation() };
+        if inner.closed {
+            return Err(VolumeError::ReadOnly);
+        }
+        self.change_under(inner, f)
+    }
+
+    fn change_under<T>(
+        &self,
+        mut inner: std::sync::MutexGuard<'_, Inner>,
+        f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>,
+    ) -> Result<T, VolumeError> {
         if inner.failed {
             return Err(VolumeError::Stopped);
         }

@@ -258,9 +258,8 @@ impl Engine {
         Ok(place.expect("with no record in flight, compaction can always go on"))
     }
 
-    /// `log_space`, or None when room needs a compaction while a record is
-    /// in flight (writers.rs: relocations take sequence numbers only with
-    /// none in flight).
+    /// `log_space`, or None when room needs a compaction that would move a
+    /// block a record in flight rewrites (writers.rs: `relocations_clear`).
     pub(super) fn log_space_or_busy(
         &self,
         inner: &mut Inner,
@@ -279,7 +278,7 @@ impl Engine {
             if inner.log.free.len() > inner.cfg.log_free_chunks_min {
                 break;
             }
-            if !inner.log.inflight.is_empty() {
+            if !inner.relocations_clear() {
                 return Ok(None);
             }
             self.compact_oldest(inner)?;
@@ -348,9 +347,19 @@ pub(super) struct Log {
     /// by a completed cache flush.
     pub(super) lsn: u64,
     pub(super) flushed_lsn: u64,
-    /// Records reserved and not yet written (writers.rs): LSN → sequence.
+    /// Records reserved and not yet published (writers.rs), by LSN.
     /// Always empty under a drained lock (`Engine::lock`).
-    pub(super) inflight: std::collections::BTreeMap<u64, u64>,
+    pub(super) inflight: std::collections::BTreeMap<u64, InFlight>,
+}
+
+/// A record reserved and not yet published.
+pub(super) struct InFlight {
+    pub(super) seq: u64,
+    pub(super) vol: u32,
+    pub(super) chunk: ChunkId,
+    /// Its entries, held here until it is published (relocations look at
+    /// their LBAs: `Inner::relocation_waits`).
+    pub(super) entries: Vec<crate::layout::Entry>,
 }
 
 impl Log {

@@ -8,7 +8,8 @@
 //! Why: on slow media a step's reads and writes took milliseconds under the
 //! lock every request waits for. Invariants: a pre-read is used only for the
 //! same window and generation (a full chunk or band changes only after
-//! reuse, and reuse changes the generation first); anything that writes,
+//! reuse, and reuse changes the generation first; a chunk holding a record
+//! in flight is not pre-read, as that record is still to be written); anything that writes,
 //! flushes, closes or collects capacity bands, frees a chunk or writes the
 //! checkpoint settles a pending step first; a step's own deferred writes
 //! stay in one band per stream and under `CAP_QUEUE_DEPTH`.
@@ -223,11 +224,18 @@ impl Engine {
     pub(super) fn preread(&self, plan: impl FnOnce(&Inner) -> Option<Window>) -> Option<PreRead> {
         let _permit = self.unlocked_read_permit()?;
         let (win, buf, runs) = {
-            let mut inner = self.lock();
+            // Planning only: records in flight or not. But a full chunk
+            // still changes while a record reserved in it before it filled
+            // is being written: no pre-read of such a chunk.
+            let mut inner = self.lock_raw();
             if inner.closed || inner.failed {
                 return None;
             }
             let win = plan(&inner)?;
+            let chunk = (win.offset / BS / inner.blocks_per_chunk()) as u32;
+            if win.cache && inner.log.inflight.values().any(|f| f.chunk.0 == chunk) {
+                return None;
+            }
             (win, inner.take_buf(win.len), inner.window_runs(&win))
         };
         let dev = if win.cache { &*self.cache } else { &*self.capacity };

@@ -368,7 +368,7 @@ impl Engine {
             (false, true) => inner.compact_window(step_blocks(inner)),
             (false, false) => None,
         });
-        let mut inner = self.lock();
+        let mut inner = self.lock_for_relocation();
         let locked = Instant::now();
         if inner.closed || inner.failed {
             return Err(VolumeError::ReadOnly);
@@ -460,7 +460,9 @@ impl Engine {
         drop(inner);
         let Some(io) = pending else { return Ok(Duration::ZERO) };
         self.reap_pending(&io);
-        let mut inner = self.lock();
+        // Remaps only (each applied if its block did not move meanwhile):
+        // beside the records in flight or not, as any relocation.
+        let mut inner = self.lock_raw();
         let relocked = Instant::now();
         let r = self.settle(&mut inner);
         inner.stop_on_device_error(r)?;
@@ -477,7 +479,7 @@ impl Engine {
             |inner| inner.gc_window(blocks_max),
             |e, inner, pre| e.gc_step(inner, blocks_max, pre, true),
         )?;
-        self.change(|e, inner| e.settle(inner))?;
+        self.relocate(true, |e, inner| e.settle(inner))?;
         Ok(step != GcStep::Idle)
     }
 
@@ -486,7 +488,7 @@ impl Engine {
     /// Simulations call it between requests, like `collect_some`.
     pub fn compact_some(&self, blocks_max: u64) -> Result<bool, VolumeError> {
         let step = self.compact_some_leaving_remaps(blocks_max)?;
-        self.change(|e, inner| e.settle(inner))?;
+        self.relocate(true, |e, inner| e.settle(inner))?;
         Ok(step)
     }
 
@@ -514,7 +516,7 @@ impl Engine {
     ) -> Result<S, VolumeError> {
         let mut pre = self.preread(plan);
         let mut pending = None;
-        let done = self.change(|e, inner| {
+        let done = self.relocate(false, |e, inner| {
             let done = step(e, inner, &mut pre)?;
             pending = inner.pending.as_ref().map(|p| p.io());
             Ok(done)

@@ -26,14 +26,15 @@
 //!   (`Inner::supersedes`): two writes of one LBA end with the later
 //!   reservation's data whatever order they complete in, as replay, which
 //!   goes by sequence number, also finds.
-//! - **Relocations** (compaction, GC) run only with no record in flight.
-//!   They give the copies they move new sequence numbers, and replay keeps
-//!   the copy with the highest: an older copy relocated while a newer
-//!   record of its LBA was still in flight would win over that record after
-//!   a crash (the crash simulation found exactly this, seed 12). Besides,
-//!   a chunk's P2L does not know its records in flight. Background steps
-//!   take the drained lock; a writer whose reservation needs inline
-//!   compaction while records are in flight (`Engine::log_space_or_busy`)
+//! - **Relocations** (compaction, GC) give the copies they move new
+//!   sequence numbers, and replay keeps the copy with the highest: an older
+//!   copy relocated while a newer record of its LBA is still in flight
+//!   would win over that record after a crash (the crash simulation found
+//!   exactly this, seed 12). A step runs beside records in flight only if
+//!   its victims hold no copy (or tombstone) of a block they rewrite, and
+//!   no record in flight (`Inner::relocations_clear`); otherwise it waits
+//!   for them (`Engine::lock_for_relocation`), and a writer whose
+//!   reservation needs inline compaction (`Engine::log_space_or_busy`)
 //!   first writes and publishes what it holds, then waits for the others.
 //! - **Durability.** The flushed watermarks never pass the first record in
 //!   flight (`Inner::written_upto`), so a flush claims only what was
@@ -79,16 +80,16 @@ impl Inner {
     /// was written: below the first record in flight, else the last ones.
     pub(super) fn written_upto(&self) -> (u64, u64) {
         match self.log.inflight.first_key_value() {
-            Some((&lsn, &seq)) => (seq - 1, lsn - 1),
+            Some((&lsn, f)) => (f.seq - 1, lsn - 1),
             None => (self.seq, self.log.lsn),
         }
     }
 
     /// Whether the copy at `old` was reserved after cache block `b`: then a
     /// record written to `b` completed late, and must not be published over
-    /// it. Only a cache copy can be newer: compaction moves a chunk's
-    /// blocks only once nothing older is in flight (the oldest chunk first,
-    /// none with a record in flight), GC only what compaction moved.
+    /// it. Only a cache copy can be newer: no relocation moves a block
+    /// while a record of its LBA is in flight (`relocations_clear`), so a
+    /// capacity copy the map holds is older than every record in flight.
     pub(super) fn supersedes(&self, old: Loc, b: u64) -> bool {
         let Some(ob) = old.cache_block() else { return false };
         let bpc = self.blocks_per_chunk();
@@ -97,7 +98,90 @@ impl Inner {
     }
 }
 
+/// Where a relocation moves blocks from.
+#[derive(Clone, Copy)]
+enum Source {
+    Chunk(ChunkId),
+    Band(BandId),
+}
+
+impl Inner {
+    /// Whether relocating blocks out of `src` now would move a block whose
+    /// LBA a record in flight rewrites (or `src` holds a record in flight,
+    /// which its P2L does not know yet). The relocated copy would take a
+    /// sequence number above the record's and outrank it in replay; the
+    /// crash simulation found exactly this (seed 12) before the rule. An
+    /// LBA the map holds nowhere may have a live tombstone in any chunk or
+    /// band, which relocations carry forward: it waits for every source.
+    fn relocation_waits(&self, src: Source) -> bool {
+        let bpc = self.blocks_per_chunk();
+        let bpb = self.blocks_per_band();
+        let inside = |l: Loc| match src {
+            Source::Chunk(c) => l.cache_block().is_some_and(|b| b / bpc == c.0 as u64),
+            Source::Band(v) => l.capacity_block().is_some_and(|b| b / bpb == v.0 as u64),
+        };
+        self.log.inflight.values().any(|f| {
+            matches!(src, Source::Chunk(c) if c == f.chunk)
+                || (f.entries.iter()).any(|e| {
+                    self.vols[f.vol as usize].l2p.get(e.lba as usize).map_or(true, |l| l == Loc::NONE || inside(l))
+                })
+        })
+    }
+
+    /// Whether the next compaction step and the next GC step may run beside
+    /// the records in flight: neither the oldest full chunk nor the GC
+    /// victim (the one in progress, or the one `gc_victim` would choose,
+    /// which passes over bands a record in flight needs) holds a block a
+    /// record in flight rewrites. Checked before every step; otherwise the
+    /// step waits for them (the drained lock, or a writer's `Busy`).
+    pub(super) fn relocations_clear(&self) -> bool {
+        if self.log.inflight.is_empty() {
+            return true;
+        }
+        let chunk = self.log.full.front().is_some_and(|&c| self.relocation_waits(Source::Chunk(c)));
+        let band = self.gc_cursor.is_some_and(|k| self.relocation_waits(Source::Band(k.victim)));
+        !chunk && !band
+    }
+
+    /// The bands GC passes over as new victims for now: those holding the
+    /// current copy of a block a record in flight rewrites; None (every
+    /// band) if such a block is unmapped (its tombstone may be anywhere) or
+    /// the map cannot say.
+    pub(super) fn bands_in_flight(&self) -> Option<Vec<BandId>> {
+        let bpb = self.blocks_per_band();
+        let mut out = Vec::new();
+        for f in self.log.inflight.values() {
+            for e in &f.entries {
+                match self.vols[f.vol as usize].l2p.get(e.lba as usize) {
+                    Ok(l) if l != Loc::NONE => out.extend(l.capacity_block().map(|b| BandId((b / bpb) as u32))),
+                    // A tombstone may be in any band.
+                    _ => return None,
+                }
+            }
+        }
+        Some(out)
+    }
+}
+
 impl Engine {
+    /// The engine lock for a relocation step: as it is when the step may
+    /// run beside the records in flight (`Inner::relocations_clear`), else
+    /// once they are published.
+    pub(super) fn lock_for_relocation(&self) -> MutexGuard<'_, Inner> {
+        let g = self.lock_raw();
+        if g.relocations_clear() {
+            return g;
+        }
+        self.drained(g)
+    }
+
+    /// Whether a compaction or GC step now would wait for records in flight
+    /// (`compact_some` and `collect_some` would drain them first). The
+    /// simulation's scheduler asks before it takes one between steps.
+    pub fn relocations_wait(&self) -> bool {
+        !self.lock_raw().relocations_clear()
+    }
+
     /// `g` once no record is in flight (new reservations wait meanwhile).
     pub(super) fn drained<'a>(&'a self, mut g: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
         if g.log.inflight.is_empty() {
@@ -198,7 +282,7 @@ impl Engine {
                 return e;
             }
             for (k, r) in wave.iter().enumerate() {
-                if let Err(e) = self.publish(&mut g, vol, &recs[r.rec], r) {
+                if let Err(e) = self.publish(&mut g, vol, &mut recs[r.rec], r) {
                     self.abandon(&mut g, &wave[k + 1..]);
                     return Err(e);
                 }
@@ -233,20 +317,21 @@ impl Engine {
     /// Step 3: the maps point at written record `rec`'s blocks (where no
     /// later reservation got there first), and it leaves the set in flight.
     /// An error stops the engine's changes.
-    fn publish(&self, g: &mut Inner, vol: u32, rec: &Record, r: &Reserved) -> Result<(), VolumeError> {
+    fn publish(&self, g: &mut Inner, vol: u32, rec: &mut Record, r: &Reserved) -> Result<(), VolumeError> {
+        rec.entries = self.done(g, r);
         let mapped = Self::map_record(g, vol, r.header_block, rec.entries.iter().map(|e| (e.lba, e.crc)));
-        self.done(g, r);
         g.stop_on_device_error(mapped)?;
         g.stats.user_write_bytes += rec.entries.len() as u64 * BS;
         Ok(())
     }
 
-    /// A reserved record leaves the set in flight.
-    fn done(&self, g: &mut Inner, r: &Reserved) {
-        g.log.inflight.remove(&r.lsn);
+    /// A reserved record leaves the set in flight; its entries come back.
+    fn done(&self, g: &mut Inner, r: &Reserved) -> Vec<Entry> {
+        let f = g.log.inflight.remove(&r.lsn).expect("a record in flight");
         if g.waiting > 0 {
             self.published.notify_all();
         }
+        f.entries
     }
 
     /// Reserved records given up after an error (the engine has stopped
@@ -255,7 +340,7 @@ impl Engine {
     /// taken by replay after a crash, as any write that never completed may.
     fn abandon(&self, g: &mut Inner, wave: &[Reserved]) {
         for r in wave {
-            self.done(g, r);
+            drop(self.done(g, r));
         }
     }
 
@@ -275,10 +360,9 @@ impl Engine {
         let Some((chunk, off)) = g.stop_on_device_error(place)? else { return Ok(None) };
         let h = g.next_header(RecordKind::Write, vol, chunk, std::mem::take(&mut rec.entries));
         encode_header(&mut rec.buf[..BLOCK_BYTES], &h);
-        rec.entries = h.entries;
         g.log.lsn += 1;
         let (lsn, seq) = (g.log.lsn, g.seq);
-        g.log.inflight.insert(lsn, seq);
+        g.log.inflight.insert(lsn, super::log::InFlight { seq, vol, chunk, entries: h.entries });
         if let Some(hs) = g.log.chunks[chunk].headers.as_mut() {
             hs.push(off as u32);
         }
@@ -292,7 +376,7 @@ impl Engine {
             // written before the lock goes, so that no later record of the
             // chunk can be on the media, flushed, without it.
             if let Err(e) = self.write_reserved(rec, &r) {
-                self.done(g, &r);
+                drop(self.done(g, &r));
                 return g.stop_on_device_error(Err(e));
             }
             r.written = true;
@@ -405,9 +489,10 @@ impl StagedWrite {
                 let Some(r) = e.reserve(&mut g, self.vol, index, &mut self.recs[index])? else {
                     return Ok(Stepped::Busy);
                 };
+                let blocks = g.log.inflight[&r.lsn].entries.len();
                 self.held.push(r);
                 self.next += 1;
-                Ok(Stepped::Reserved { record: index, blocks: self.recs[index].entries.len() })
+                Ok(Stepped::Reserved { record: index, blocks })
             }
             WriteStep::Write(i) => {
                 let r = &mut self.held[i];
@@ -422,7 +507,7 @@ impl StagedWrite {
                 assert!(self.held[i].written, "record not written");
                 let r = self.held.remove(i);
                 let mut g = e.lock_raw();
-                e.publish(&mut g, self.vol, &self.recs[r.rec], &r)?;
+                e.publish(&mut g, self.vol, &mut self.recs[r.rec], &r)?;
                 e.after_change(&g);
                 Ok(Stepped::Published { record: r.rec })
             }
