@@ -392,9 +392,11 @@ impl Engine {
 /// any two. The steps are the ones every write takes (reserve, write,
 /// publish; then a FLUSH round for a FUA write), on the same code.
 ///
-/// Dropped before it is done, it gives up its reservations (as a writer
-/// does after a device error): a record already written may still be
-/// taken by replay after a crash.
+/// Dropped before it is done, it reserves nothing more, and writes and
+/// publishes the records it holds: an LSN handed out cannot be taken back,
+/// and a later flush would claim a record never written. Only once the
+/// engine has stopped taking changes (a device error) are they given up,
+/// as a writer's are after the error.
 pub struct StagedWrite {
     engine: Arc<Engine>,
     vol: u32,
@@ -520,13 +522,34 @@ impl StagedWrite {
         }
     }
 
-    /// Give up the records held (see the type's doc).
+    /// End the write where it is (see the type's doc): no more
+    /// reservations; the records held are written and published, unless
+    /// the engine stopped taking changes (then they are given up, and no
+    /// later flush can claim their places).
     fn give_up(&mut self) {
         self.failed = true;
-        if !self.held.is_empty() {
-            let mut g = self.engine.lock_raw();
-            self.engine.abandon(&mut g, &self.held);
-            self.held.clear();
+        let e = &*self.engine;
+        for r in std::mem::take(&mut self.held) {
+            let live = {
+                let g = e.lock_raw();
+                !g.failed && !g.closed
+            };
+            let written = match (live, r.written) {
+                (false, _) => Err(VolumeError::Stopped),
+                (true, true) => Ok(()),
+                (true, false) => e.write_reserved(&mut self.recs[r.rec], &r),
+            };
+            let mut g = e.lock_raw();
+            match written {
+                Ok(()) => {
+                    let _ = e.publish(&mut g, self.vol, &mut self.recs[r.rec], &r);
+                    e.after_change(&g);
+                }
+                Err(err) => {
+                    let _ = g.stop_on_device_error(Err::<(), _>(err));
+                    e.abandon(&mut g, std::slice::from_ref(&r));
+                }
+            }
         }
     }
 }
