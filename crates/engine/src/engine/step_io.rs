@@ -308,7 +308,10 @@ fn read_runs(
     buf.fill(0);
     let mut done = Vec::with_capacity(in_flight);
     let (mut next, mut inflight, mut failed) = (0, 0, None);
-    while next < runs.len() || inflight > 0 {
+    // After a failed read nothing more is submitted: the loop ends once
+    // the reads in flight are reaped (it spun forever on an empty device
+    // queue before, `sluice sim --swarm` seed 744).
+    while (next < runs.len() && failed.is_none()) || inflight > 0 {
         if next < runs.len() && inflight < in_flight && failed.is_none() {
             let (s, n) = runs[next];
             let len = n * BS;
@@ -347,6 +350,21 @@ mod tests {
     use super::*;
     use crate::testkit::{assert_reads_as, pattern, small_world};
     use sluice_media::rng::SplitMix64 as Rng;
+
+    /// A failed read among several runs is the answer, with the reads in
+    /// flight reaped and none submitted after it, one request at a time or
+    /// several.
+    #[test]
+    fn a_failed_run_read_ends_the_read_with_its_error() {
+        for in_flight in [1, 2] {
+            let dev = sluice_media::CrashDevice::new(64 * BS, 4096);
+            dev.inject(sluice_media::FaultPlan::nth_read(1));
+            let mut buf = IoBuf::zeroed(16 * BS as usize);
+            let r = read_runs(&dev, 0, &[(0, 2), (4, 2), (8, 2)], &mut buf, in_flight);
+            assert!(matches!(r, Err(DeviceError::Injected)), "{r:?} (in flight: {in_flight})");
+            assert_eq!(dev.in_flight(), 0);
+        }
+    }
 
     /// A window read without the lock stands in for the step's read only if
     /// it is the same window of the same generation: here a stand-in full
