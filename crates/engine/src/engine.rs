@@ -393,6 +393,18 @@ impl Inner {
     /// Pass `r` on; if it is a device error (or corrupt data), stop all
     /// further changes until the engine is reopened (`failed`): the
     /// in-memory state may be ahead of or behind the media.
+    /// Whether the engine takes changes: not once shut down (`ReadOnly`),
+    /// nor after a device error (`Stopped`).
+    fn taking_changes(&self) -> Result<(), VolumeError> {
+        if self.closed {
+            return Err(VolumeError::ReadOnly);
+        }
+        if self.failed {
+            return Err(VolumeError::Stopped);
+        }
+        Ok(())
+    }
+
     fn stop_on_device_error<T>(&mut self, r: Result<T, VolumeError>) -> Result<T, VolumeError> {
         if let Err(e @ (VolumeError::Io(_) | VolumeError::Corrupt { .. } | VolumeError::Damaged { .. })) = &r {
             if !self.failed {

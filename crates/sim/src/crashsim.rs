@@ -148,6 +148,27 @@ pub struct CrashReport {
     pub relocations_beside: usize,
 }
 
+impl CrashReport {
+    /// Another seed's report added to this one, field by field.
+    pub fn add(&mut self, r: &CrashReport) {
+        self.ops += r.ops;
+        self.crashes += r.crashes;
+        self.crashes_inside_ops += r.crashes_inside_ops;
+        self.crashes_in_recovery += r.crashes_in_recovery;
+        self.bit_flips += r.bit_flips;
+        self.damage_refused += r.damage_refused;
+        self.damaged_reads += r.damaged_reads;
+        self.damage_found_late += r.damage_found_late;
+        self.clean_shutdowns += r.clean_shutdowns;
+        self.interrupted_shutdowns += r.interrupted_shutdowns;
+        self.staged_writes += r.staged_writes;
+        self.steps += r.steps;
+        self.busy_steps += r.busy_steps;
+        self.crashes_in_flight += r.crashes_in_flight;
+        self.relocations_beside += r.relocations_beside;
+    }
+}
+
 /// Swarm testing: a world of its own per seed — 1 to 4 volumes of 8 to 200
 /// blocks, a write unit of 1 to 8 blocks, bands of 4 to 16 units, chunks of
 /// 8 to 128 blocks, 5 to 12 of them — so that the crash campaign runs over
@@ -301,6 +322,26 @@ pub struct SimOptions {
     /// reads run between any two steps, and power is lost between any two
     /// (module doc).
     pub concurrent: bool,
+}
+
+impl SimOptions {
+    /// The `sluice sim` flags that select these options (and `--zns`):
+    /// what a failure's replay line names.
+    pub fn flags(&self, zoned: bool) -> String {
+        [
+            (zoned, " --zns"),
+            (self.flips, " --flips"),
+            (self.swarm, " --swarm"),
+            (self.paged, " --paged"),
+            (self.in_place, " --in-place"),
+            (self.lifetime, " --lifetime"),
+            (self.concurrent, " --concurrent"),
+        ]
+        .iter()
+        .filter(|f| f.0)
+        .map(|f| f.1)
+        .collect()
+    }
 }
 
 impl Default for SimOptions {
@@ -917,20 +958,33 @@ mod tests {
     use super::*;
     use crate::testkit::pattern;
 
+    /// A campaign with `opts`: each (seed, zoned) of `runs`, 1200 operations,
+    /// the reports summed. A failure panics with its replay line.
+    fn campaign(runs: impl IntoIterator<Item = (u64, bool)>, opts: SimOptions) -> CrashReport {
+        let mut total = CrashReport::default();
+        for (seed, zoned) in runs {
+            match run_crash_seed_with(seed, 1200, zoned, opts) {
+                Ok(r) => total.add(&r),
+                Err(e) => panic!("{e}\nreplay: sluice sim{} --seed-start {seed} --seeds 1", opts.flags(zoned)),
+            }
+        }
+        total
+    }
+
+    /// Seeds `0..n` on a conventional capacity device.
+    fn conventional(n: u64) -> impl Iterator<Item = (u64, bool)> {
+        (0..n).map(|s| (s, false))
+    }
+
+    /// Seeds `0..n`, each on a conventional device and on the ZNS SSD.
+    fn both_devices(n: u64) -> impl Iterator<Item = (u64, bool)> {
+        (0..n).flat_map(|s| [(s, false), (s, true)])
+    }
+
     /// CI's crash campaign: 500 seeds (more with `sluice sim --seeds N`).
     #[test]
     fn crashes_lose_nothing_flushed_and_corrupt_nothing() {
-        let mut total = CrashReport::default();
-        for seed in 0..500 {
-            match run_crash_seed(seed, 1200) {
-                Ok(r) => {
-                    total.crashes += r.crashes;
-                    total.crashes_inside_ops += r.crashes_inside_ops;
-                    total.crashes_in_recovery += r.crashes_in_recovery;
-                }
-                Err(e) => panic!("{e}\nreplay: sluice sim --seed-start {seed} --seeds 1"),
-            }
-        }
+        let total = campaign(conventional(500), SimOptions::default());
         // The campaign must really crash, and inside operations too.
         assert!(total.crashes > 1000, "{total:?}");
         assert!(total.crashes_inside_ops > 300, "{total:?}");
@@ -942,17 +996,7 @@ mod tests {
     /// changes (`sluice sim --in-place --seeds N`).
     #[test]
     fn crashes_in_place_lose_nothing_flushed() {
-        let opts = SimOptions { in_place: true, ..SimOptions::default() };
-        let mut total = CrashReport::default();
-        for seed in 0..60 {
-            match run_crash_seed_with(seed, 1200, false, opts) {
-                Ok(r) => {
-                    total.crashes += r.crashes;
-                    total.crashes_inside_ops += r.crashes_inside_ops;
-                }
-                Err(e) => panic!("{e}\nreplay: sluice sim --in-place --seed-start {seed} --seeds 1"),
-            }
-        }
+        let total = campaign(conventional(60), SimOptions { in_place: true, ..SimOptions::default() });
         assert!(total.crashes > 120 && total.crashes_inside_ops > 30, "{total:?}");
     }
 
@@ -960,16 +1004,7 @@ mod tests {
     /// drive, before or after any crash (`sluice sim --zns --seeds N`).
     #[test]
     fn crashes_on_zns_lose_nothing_flushed_and_break_no_zone_rule() {
-        let mut total = CrashReport::default();
-        for seed in 0..ZNS_SEEDS {
-            match run_crash_seed_zns(seed, 1200) {
-                Ok(r) => {
-                    total.crashes += r.crashes;
-                    total.crashes_inside_ops += r.crashes_inside_ops;
-                }
-                Err(e) => panic!("{e}\nreplay: sluice sim --zns --seed-start {seed} --seeds 1"),
-            }
-        }
+        let total = campaign((0..ZNS_SEEDS).map(|s| (s, true)), SimOptions::default());
         assert!(total.crashes > ZNS_SEEDS as usize * 2, "{total:?}");
         assert!(total.crashes_inside_ops > ZNS_SEEDS as usize / 2, "{total:?}");
     }
@@ -982,22 +1017,7 @@ mod tests {
     /// conventional device and on the ZNS SSD (no request rejected).
     #[test]
     fn crashes_with_lifetime_placement_lose_nothing_flushed() {
-        let opts = SimOptions { lifetime: true, ..SimOptions::default() };
-        let mut total = CrashReport::default();
-        for seed in 0..LIFETIME_SEEDS {
-            for zoned in [false, true] {
-                match run_crash_seed_with(seed, 1200, zoned, opts) {
-                    Ok(r) => {
-                        total.crashes += r.crashes;
-                        total.clean_shutdowns += r.clean_shutdowns;
-                    }
-                    Err(e) => panic!(
-                        "{e}\nreplay: sluice sim --lifetime{} --seed-start {seed} --seeds 1",
-                        if zoned { " --zns" } else { "" }
-                    ),
-                }
-            }
-        }
+        let total = campaign(both_devices(LIFETIME_SEEDS), SimOptions { lifetime: true, ..SimOptions::default() });
         assert!(total.crashes > LIFETIME_SEEDS as usize * 4 && total.clean_shutdowns > 0, "{total:?}");
     }
 
@@ -1017,24 +1037,7 @@ mod tests {
     #[test]
     fn crashes_with_concurrent_writes_lose_nothing_flushed() {
         let opts = SimOptions { concurrent: true, ..SimOptions::default() };
-        let mut total = CrashReport::default();
-        for seed in 0..CONCURRENT_SEEDS {
-            for zoned in [false, true] {
-                match run_crash_seed_with(seed, 1200, zoned, opts) {
-                    Ok(r) => {
-                        total.crashes += r.crashes;
-                        total.crashes_in_flight += r.crashes_in_flight;
-                        total.busy_steps += r.busy_steps;
-                        total.staged_writes += r.staged_writes;
-                        total.relocations_beside += r.relocations_beside;
-                    }
-                    Err(e) => panic!(
-                        "{e}\nreplay: sluice sim --concurrent{} --seed-start {seed} --seeds 1",
-                        if zoned { " --zns" } else { "" }
-                    ),
-                }
-            }
-        }
+        let total = campaign(both_devices(CONCURRENT_SEEDS), opts);
         assert!(total.crashes > CONCURRENT_SEEDS as usize * 4, "{total:?}");
         assert!(
             total.crashes_in_flight > 0 && total.busy_steps > 0 && total.relocations_beside > 0,
@@ -1050,17 +1053,7 @@ mod tests {
     /// take the region's pages from the checkpoint.
     #[test]
     fn crashes_with_paged_maps_lose_nothing_flushed() {
-        let opts = SimOptions { paged: true, ..SimOptions::default() };
-        let mut total = CrashReport::default();
-        for seed in 0..PAGED_SEEDS {
-            match run_crash_seed_with(seed, 1200, false, opts) {
-                Ok(r) => {
-                    total.crashes += r.crashes;
-                    total.clean_shutdowns += r.clean_shutdowns;
-                }
-                Err(e) => panic!("{e}\nreplay: sluice sim --paged --seed-start {seed} --seeds 1"),
-            }
-        }
+        let total = campaign(conventional(PAGED_SEEDS), SimOptions { paged: true, ..SimOptions::default() });
         assert!(total.crashes > PAGED_SEEDS as usize * 2 && total.clean_shutdowns > 0, "{total:?}");
     }
 
@@ -1073,23 +1066,8 @@ mod tests {
     /// is harmless; no reopen leaves devices the next one cannot open.
     #[test]
     fn flips_at_rest_and_interrupted_reopens_are_never_read_back_as_data() {
-        let opts = SimOptions { flips: true, ..SimOptions::default() };
-        let mut total = CrashReport::default();
-        for (seed, zoned) in (0..200).map(|s| (s, false)).chain((0..100).map(|s| (s, true))) {
-            match run_crash_seed_with(seed, 1200, zoned, opts) {
-                Ok(r) => {
-                    total.crashes += r.crashes;
-                    total.crashes_in_recovery += r.crashes_in_recovery;
-                    total.bit_flips += r.bit_flips;
-                    total.damage_refused += r.damage_refused;
-                    total.damaged_reads += r.damaged_reads;
-                }
-                Err(e) => panic!(
-                    "{e}\nreplay: sluice sim --flips{} --seed-start {seed} --seeds 1",
-                    if zoned { " --zns" } else { "" }
-                ),
-            }
-        }
+        let runs = conventional(200).chain((0..100).map(|s| (s, true)));
+        let total = campaign(runs, SimOptions { flips: true, ..SimOptions::default() });
         // Every kind of outcome happened.
         assert!(total.bit_flips > 100 && total.crashes_in_recovery > 50, "{total:?}");
         assert!(total.damage_refused > 0 && total.damaged_reads > 0, "{total:?}");
@@ -1101,11 +1079,8 @@ mod tests {
     /// if one of its entries won).
     #[test]
     fn bands_reclaimed_before_a_crash_come_back_free() {
-        for seed in [1201871559, 1201871899, 1201872723, 1201873019, 1201873193] {
-            if let Err(e) = run_crash_seed(seed, 1200) {
-                panic!("{e}\nreplay: sluice sim --seed-start {seed} --seeds 1");
-            }
-        }
+        let seeds = [1201871559, 1201871899, 1201872723, 1201873019, 1201873193];
+        campaign(seeds.map(|s| (s, false)), SimOptions::default());
     }
 
     #[test]

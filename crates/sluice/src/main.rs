@@ -697,44 +697,30 @@ fn sim(
     opts: sluice_sim::crashsim::SimOptions,
 ) -> Result<(), CliError> {
     let t = Instant::now();
-    let (mut crashes, mut inside, mut in_recovery, mut shutdowns, mut cut) = (0, 0, 0, 0, 0);
-    let mut staged = (0, 0, 0, 0, 0);
-    let flag = format!(
-        "{}{}{}{}{}{}{}",
-        if zns { " --zns" } else { "" },
-        if opts.flips { " --flips" } else { "" },
-        if opts.swarm { " --swarm" } else { "" },
-        if opts.paged { " --paged" } else { "" },
-        if opts.in_place { " --in-place" } else { "" },
-        if opts.lifetime { " --lifetime" } else { "" },
-        if opts.concurrent { " --concurrent" } else { "" }
-    );
+    let mut r = sluice_sim::crashsim::CrashReport::default();
+    let flag = opts.flags(zns);
     for seed in seed_start..seed_start.saturating_add(seeds) {
-        let r = sluice_sim::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
+        let seed_report = sluice_sim::crashsim::run_crash_seed_with(seed, ops, zns, opts).map_err(|e| {
             CliError(format!("{e}\nreplay: sluice sim{flag} --seed-start {seed} --seeds 1 --ops {ops}"))
         })?;
-        crashes += r.crashes;
-        inside += r.crashes_inside_ops;
-        in_recovery += r.crashes_in_recovery;
-        shutdowns += r.clean_shutdowns;
-        cut += r.interrupted_shutdowns;
-        staged.0 += r.staged_writes;
-        staged.1 += r.steps;
-        staged.2 += r.busy_steps;
-        staged.3 += r.crashes_in_flight;
-        staged.4 += r.relocations_beside;
+        r.add(&seed_report);
     }
     if opts.concurrent {
         println!(
             "scheduler: {} writes staged, {} steps ({} found no room while records were in flight), {} compaction \
              and GC steps beside records in flight, {} crashes with a record reserved and not published",
-            staged.0, staged.1, staged.2, staged.4, staged.3
+            r.staged_writes, r.steps, r.busy_steps, r.relocations_beside, r.crashes_in_flight
         );
     }
     println!(
-        "sim{flag}: {seeds} seeds from {seed_start}, {ops} ops each, {crashes} crashes ({inside} inside an operation, \
-         {in_recovery} more during the reopen; {shutdowns} after a clean shutdown, {cut} after one a failed write \
-         cut short), every block checked after each: all passed in {:.1} s",
+        "sim{flag}: {seeds} seeds from {seed_start}, {ops} ops each, {} crashes ({} inside an operation, {} more \
+         during the reopen; {} after a clean shutdown, {} after one a failed write cut short), every block checked \
+         after each: all passed in {:.1} s",
+        r.crashes,
+        r.crashes_inside_ops,
+        r.crashes_in_recovery,
+        r.clean_shutdowns,
+        r.interrupted_shutdowns,
         t.elapsed().as_secs_f64()
     );
     Ok(())

@@ -7,9 +7,10 @@
 //! A round snapshots the log's position under the lock (as it is, records
 //! of other writers in flight or not: the snapshot stops below the first
 //! one, `Inner::written_upto`), flushes the cache device *without* the
-//! lock (skipped when no record was reserved since the last flush), then, under the lock again, raises the flushed watermarks to
-//! the snapshot (never lowers them) and, in place, flushes the capacity
-//! device when anything was written to it since its last flush. One round runs at
+//! lock (skipped when no record was reserved since the last flush), then,
+//! under the lock again, raises the flushed watermarks to the snapshot
+//! (never lowers them) and, in place, flushes the capacity device when
+//! anything was written to it since its last flush. One round runs at
 //! a time; a request is answered by the first
 //! round that *started* after it arrived, so every write acknowledged before
 //! the request is in a record at or below that round's snapshot, written to
@@ -88,13 +89,8 @@ impl Engine {
         // every write acknowledged before this round is published, so
         // written, whichever records of other writers are still in flight.
         let (seq, lsn, cache_new) = {
-            let inner = self.lock_for_request_raw();
-            if inner.closed {
-                return Err(VolumeError::ReadOnly);
-            }
-            if inner.failed {
-                return Err(VolumeError::Stopped);
-            }
+            let inner = self.lock_for_request();
+            inner.taking_changes()?;
             let (seq, lsn) = inner.written_upto();
             // Skipped only if nothing was reserved since the last flush: a
             // record published above one still in flight is past the
@@ -108,13 +104,8 @@ impl Engine {
             true => self.cache.flush_now().unwrap_or_else(|| flush(&*self.cache)).map_err(VolumeError::from),
             false => Ok(()),
         };
-        let mut inner = self.lock_for_request_raw();
-        if inner.closed {
-            return Err(VolumeError::ReadOnly);
-        }
-        if inner.failed {
-            return Err(VolumeError::Stopped);
-        }
+        let mut inner = self.lock_for_request();
+        inner.taking_changes()?;
         let r = cache.and_then(|()| {
             inner.cache_flushed_seq = inner.cache_flushed_seq.max(seq);
             inner.log.flushed_lsn = inner.log.flushed_lsn.max(lsn);

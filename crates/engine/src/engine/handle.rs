@@ -86,6 +86,12 @@ impl Engine {
 
     /// The engine's state for a request, unless it was shut down.
     pub(super) fn live(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
+        Ok(self.drained(self.live_raw()?))
+    }
+
+    /// `live`, records in flight or not (the read path: a read sees what is
+    /// published, and waits for no record's device write; writers.rs).
+    pub(super) fn live_raw(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
         let inner = self.lock_for_request();
         if inner.closed {
             return Err(VolumeError::ReadOnly);
@@ -201,24 +207,28 @@ impl EngineVolume {
     /// Every range is checked first. None in place, where writes do not
     /// take the concurrent path.
     pub fn stage_write(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<Option<StagedWrite>, VolumeError> {
-        for &(offset, data) in writes {
-            check(self, offset, data.len() as u64)?;
-        }
+        let (blocks, crcs) = self.blocks_of(writes)?;
         if self.in_place {
             return Ok(None);
         }
-        let blocks: Vec<(u64, &[u8])> = writes.iter().map(|&(o, d)| (o / BS, d)).collect();
-        let crcs: Vec<u32> = writes.iter().flat_map(|w| w.1.chunks(BLOCK_BYTES).map(crc32c)).collect();
         Ok(Some(self.engine.stage_write(self.id, &blocks, &crcs, self.record_blocks_max, fua)))
     }
 
-    fn write_batch_inner(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
+    /// Writes (offset, data), every range checked, as (first LBA, data)
+    /// and every block's CRC.
+    #[allow(clippy::type_complexity)]
+    fn blocks_of<'a>(&self, writes: &[(u64, &'a [u8])]) -> Result<(Vec<(u64, &'a [u8])>, Vec<u32>), VolumeError> {
         for &(offset, data) in writes {
             check(self, offset, data.len() as u64)?;
         }
-        let blocks: Vec<(u64, &[u8])> = writes.iter().map(|&(o, d)| (o / BS, d)).collect();
+        let blocks = writes.iter().map(|&(o, d)| (o / BS, d)).collect();
+        let crcs = writes.iter().flat_map(|w| w.1.chunks(BLOCK_BYTES).map(crc32c)).collect();
+        Ok((blocks, crcs))
+    }
+
+    fn write_batch_inner(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
+        let (blocks, crcs) = self.blocks_of(writes)?;
         let bytes: u64 = writes.iter().map(|w| w.1.len() as u64).sum();
-        let crcs: Vec<u32> = writes.iter().flat_map(|w| w.1.chunks(BLOCK_BYTES).map(crc32c)).collect();
         self.engine.pace_write(bytes);
         if !self.in_place {
             // Reserved, written and published without holding the lock
@@ -356,12 +366,7 @@ impl Volume for EngineVolume {
                 return r;
             }
             let permit = e.unlocked_read_permit();
-            // Records in flight are not waited for: a read sees what is
-            // published (writers.rs).
-            let mut inner = e.lock_for_request_raw();
-            if inner.closed {
-                return Err(VolumeError::ReadOnly);
-            }
+            let mut inner = e.live_raw()?;
             inner.stats.user_read_bytes += buf.len() as u64;
             let gen = inner.vols[vol].cache.home_gen;
             let r = e.read_volume(inner, permit, vol, lba0..lba0 + n, offset, buf);

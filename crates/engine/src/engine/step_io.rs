@@ -9,9 +9,9 @@
 //! lock every request waits for. Invariants: a pre-read is used only for the
 //! same window and generation (a full chunk or band changes only after
 //! reuse, and reuse changes the generation first; a chunk holding a record
-//! in flight is not pre-read, as that record is still to be written); anything that writes,
-//! flushes, closes or collects capacity bands, frees a chunk or writes the
-//! checkpoint settles a pending step first; a step's own deferred writes
+//! in flight is not pre-read, as that record is still to be written);
+//! anything that writes, flushes, closes or collects capacity bands, frees
+//! a chunk or writes the checkpoint settles a pending step first; a step's own deferred writes
 //! stay in one band per stream and under `CAP_QUEUE_DEPTH`.
 
 use super::pool::read_pooled;

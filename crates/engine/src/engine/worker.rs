@@ -311,14 +311,9 @@ impl Engine {
     }
 
     /// The engine lock, for a request: counted, so that the compactor can
-    /// step aside for it.
+    /// step aside for it. As it is, records in flight or not (`Engine::live`
+    /// drains them).
     pub(super) fn lock_for_request(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.drained(self.lock_for_request_raw())
-    }
-
-    /// `lock_for_request` with records maybe in flight (the read path: a
-    /// read sees what is published, and waits for no device write).
-    pub(super) fn lock_for_request_raw(&self) -> std::sync::MutexGuard<'_, Inner> {
         if !self.bg.on.load(Ordering::Relaxed) {
             return self.lock_raw();
         }

@@ -120,11 +120,20 @@ impl Inner {
             Source::Chunk(c) => l.cache_block().is_some_and(|b| b / bpc == c.0 as u64),
             Source::Band(v) => l.capacity_block().is_some_and(|b| b / bpb == v.0 as u64),
         };
-        self.log.inflight.values().any(|f| {
-            matches!(src, Source::Chunk(c) if c == f.chunk)
-                || (f.entries.iter()).any(|e| {
-                    self.vols[f.vol as usize].l2p.get(e.lba as usize).map_or(true, |l| l == Loc::NONE || inside(l))
-                })
+        let holds_one = match src {
+            Source::Chunk(c) => self.log.inflight.values().any(|f| f.chunk == c),
+            Source::Band(_) => false,
+        };
+        holds_one || self.inflight_places().any(|l| l.is_none_or(inside))
+    }
+
+    /// Where the map holds each block a record in flight rewrites: None
+    /// where it cannot say, or holds the block nowhere (its live tombstone
+    /// may then be in any chunk or band).
+    fn inflight_places(&self) -> impl Iterator<Item = Option<Loc>> + '_ {
+        self.log.inflight.values().flat_map(move |f| {
+            let l2p = &self.vols[f.vol as usize].l2p;
+            f.entries.iter().map(move |e| l2p.get(e.lba as usize).ok().filter(|&l| l != Loc::NONE))
         })
     }
 
@@ -150,14 +159,8 @@ impl Inner {
     pub(super) fn bands_in_flight(&self) -> Option<Vec<BandId>> {
         let bpb = self.blocks_per_band();
         let mut out = Vec::new();
-        for f in self.log.inflight.values() {
-            for e in &f.entries {
-                match self.vols[f.vol as usize].l2p.get(e.lba as usize) {
-                    Ok(l) if l != Loc::NONE => out.extend(l.capacity_block().map(|b| BandId((b / bpb) as u32))),
-                    // A tombstone may be in any band.
-                    _ => return None,
-                }
-            }
+        for l in self.inflight_places() {
+            out.extend(l?.capacity_block().map(|b| BandId((b / bpb) as u32)));
         }
         Some(out)
     }
@@ -267,41 +270,52 @@ impl Engine {
             if let Some(f) = BETWEEN_RESERVE_AND_WRITE.with(|h| h.take()) {
                 f();
             }
-            // 2. Write them, without the lock.
-            let mut failed = None;
-            for r in wave.iter().filter(|r| !r.written) {
-                if let Err(e) = self.write_reserved(&mut recs[r.rec], r) {
-                    failed.get_or_insert(e);
-                }
-            }
-            // 3. Publish them.
-            g = self.lock_raw();
-            if let Some(e) = failed {
-                let e = g.stop_on_device_error(Err(e));
-                self.abandon(&mut g, &wave);
-                return e;
-            }
-            for (k, r) in wave.iter().enumerate() {
-                if let Err(e) = self.publish(&mut g, vol, &mut recs[r.rec], r) {
-                    self.abandon(&mut g, &wave[k + 1..]);
-                    return Err(e);
-                }
-            }
-            self.after_change(&g);
+            // 2. Write them, without the lock; 3. publish them.
+            let written;
+            (g, written) = self.write_and_publish(vol, recs, &wave);
+            written?;
         }
         Ok(())
+    }
+
+    /// Steps 2 and 3 for the reserved records `wave` of `recs`: write those
+    /// not written yet, without the lock, then publish them all under it.
+    /// After a failed write the engine stops taking changes and none is
+    /// published (all are given up); after a failed publish, the rest are.
+    /// Returns the lock.
+    fn write_and_publish(
+        &self,
+        vol: u32,
+        recs: &mut [Record],
+        wave: &[Reserved],
+    ) -> (MutexGuard<'_, Inner>, Result<(), VolumeError>) {
+        let mut failed = None;
+        for r in wave.iter().filter(|r| !r.written) {
+            if let Err(e) = self.write_reserved(&mut recs[r.rec], r) {
+                failed.get_or_insert(e);
+            }
+        }
+        let mut g = self.lock_raw();
+        if let Some(e) = failed {
+            let e = g.stop_on_device_error(Err(e));
+            self.abandon(&mut g, wave);
+            return (g, e);
+        }
+        for (k, r) in wave.iter().enumerate() {
+            if let Err(e) = self.publish(&mut g, vol, &mut recs[r.rec], r) {
+                self.abandon(&mut g, &wave[k + 1..]);
+                return (g, Err(e));
+            }
+        }
+        self.after_change(&g);
+        (g, Ok(()))
     }
 
     /// Whether a reservation may be made now: not while a drain waits for
     /// the log to empty (Ok(false)), nor once the engine is closed or
     /// stopped (the error).
     fn may_reserve(&self, g: &Inner) -> Result<bool, VolumeError> {
-        if g.closed {
-            return Err(VolumeError::ReadOnly);
-        }
-        if g.failed {
-            return Err(VolumeError::Stopped);
-        }
+        g.taking_changes()?;
         Ok(g.draining == 0)
     }
 
@@ -419,8 +433,8 @@ pub enum WriteStep {
     Write(usize),
     /// Publish the `n`th held record (written).
     Publish(usize),
-    /// The FUA write's flush round: only with no record of any write in
-    /// flight (a flush takes the drained lock).
+    /// The FUA write's flush round, once every record is published (it
+    /// waits for no other write's records in flight).
     Flush,
 }
 
@@ -528,29 +542,19 @@ impl StagedWrite {
     /// later flush can claim their places).
     fn give_up(&mut self) {
         self.failed = true;
-        let e = &*self.engine;
-        for r in std::mem::take(&mut self.held) {
-            let live = {
-                let g = e.lock_raw();
-                !g.failed && !g.closed
-            };
-            let written = match (live, r.written) {
-                (false, _) => Err(VolumeError::Stopped),
-                (true, true) => Ok(()),
-                (true, false) => e.write_reserved(&mut self.recs[r.rec], &r),
-            };
-            let mut g = e.lock_raw();
-            match written {
-                Ok(()) => {
-                    let _ = e.publish(&mut g, self.vol, &mut self.recs[r.rec], &r);
-                    e.after_change(&g);
-                }
-                Err(err) => {
-                    let _ = g.stop_on_device_error(Err::<(), _>(err));
-                    e.abandon(&mut g, std::slice::from_ref(&r));
-                }
-            }
+        if self.held.is_empty() {
+            return;
         }
+        let held = std::mem::take(&mut self.held);
+        let e = &*self.engine;
+        let mut g = e.lock_raw();
+        if g.taking_changes().is_err() {
+            e.abandon(&mut g, &held);
+            return;
+        }
+        drop(g);
+        // (An error stops the engine's changes; the next request reports it.)
+        let _ = e.write_and_publish(self.vol, &mut self.recs, &held);
     }
 }
 
