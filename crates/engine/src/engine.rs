@@ -82,6 +82,7 @@ mod recovery;
 mod salvage;
 mod segments;
 mod sim_gate;
+mod staged;
 mod stats;
 mod step_io;
 #[cfg(test)]
@@ -108,9 +109,9 @@ pub use placement::BandPlacement;
 use pool::BufPool;
 pub use recovery::Damage;
 use segments::{CapWrites, CAP_QUEUE_DEPTH};
+pub use staged::{StagedWrite, Stepped, WriteStep};
 pub use throttle::Throttle;
 pub use worker::{Compactor, CompactorConfig, CompactorSnapshot};
-pub use writers::{StagedWrite, Stepped, WriteStep};
 
 use checkpoint::{checkpoint_bytes_max, checkpoint_page_bytes, decode_checkpoint, encode_checkpoint, RegionReader};
 use config::{band_count, on_media_config};

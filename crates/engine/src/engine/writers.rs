@@ -1,10 +1,9 @@
 //! The write path outside the engine lock: reserve, write, publish.
 //!
 //! Owns: user writes of volumes with bands (`Engine::write_concurrent`),
-//! the records in flight (`Log::inflight`), the drain that gives every
-//! other path the lock with none in flight (`Engine::lock`), and the same
-//! steps taken one at a time by a caller's scheduler (`StagedWrite`: the
-//! simulation interleaves several writes' steps from its seed).
+//! the records in flight (`Log::inflight`), and the drain that gives every
+//! other path the lock with none in flight (`Engine::lock`). The same
+//! steps, one at a time, are `StagedWrite`'s (staged.rs).
 //!
 //! A batch of writes becomes records exactly as under the lock (log.rs:
 //! group commit, an LBA at most once per record), built and copied into
@@ -66,13 +65,13 @@ pub(super) struct Record {
 }
 
 /// Where a reserved record goes.
-struct Reserved {
+pub(super) struct Reserved {
     /// Index in the batch's records.
-    rec: usize,
+    pub(super) rec: usize,
     header_block: u64,
-    lsn: u64,
+    pub(super) lsn: u64,
     /// Step 2 is done (at reservation for a chunk's first record).
-    written: bool,
+    pub(super) written: bool,
 }
 
 impl Inner {
@@ -283,7 +282,7 @@ impl Engine {
     /// After a failed write the engine stops taking changes and none is
     /// published (all are given up); after a failed publish, the rest are.
     /// Returns the lock.
-    fn write_and_publish(
+    pub(super) fn write_and_publish(
         &self,
         vol: u32,
         recs: &mut [Record],
@@ -314,14 +313,14 @@ impl Engine {
     /// Whether a reservation may be made now: not while a drain waits for
     /// the log to empty (Ok(false)), nor once the engine is closed or
     /// stopped (the error).
-    fn may_reserve(&self, g: &Inner) -> Result<bool, VolumeError> {
+    pub(super) fn may_reserve(&self, g: &Inner) -> Result<bool, VolumeError> {
         g.taking_changes()?;
         Ok(g.draining == 0)
     }
 
     /// Step 2: write reserved record `rec` (header and data) to the cache
     /// device, without the lock. Its buffer is back in it on return.
-    fn write_reserved(&self, rec: &mut Record, r: &Reserved) -> Result<(), VolumeError> {
+    pub(super) fn write_reserved(&self, rec: &mut Record, r: &Reserved) -> Result<(), VolumeError> {
         let buf = std::mem::replace(&mut rec.buf, IoBuf::empty());
         let c = sync_io(&*self.cache, IoRequest::write(r.header_block * BS, buf, 0));
         rec.buf = c.buf;
@@ -331,7 +330,7 @@ impl Engine {
     /// Step 3: the maps point at written record `rec`'s blocks (where no
     /// later reservation got there first), and it leaves the set in flight.
     /// An error stops the engine's changes.
-    fn publish(&self, g: &mut Inner, vol: u32, rec: &mut Record, r: &Reserved) -> Result<(), VolumeError> {
+    pub(super) fn publish(&self, g: &mut Inner, vol: u32, rec: &mut Record, r: &Reserved) -> Result<(), VolumeError> {
         rec.entries = self.done(g, r);
         let mapped = Self::map_record(g, vol, r.header_block, rec.entries.iter().map(|e| (e.lba, e.crc)));
         g.stop_on_device_error(mapped)?;
@@ -352,7 +351,7 @@ impl Engine {
     /// taking changes) or a dropped `StagedWrite`: their places hold
     /// nothing the maps point at. A record already written there may be
     /// taken by replay after a crash, as any write that never completed may.
-    fn abandon(&self, g: &mut Inner, wave: &[Reserved]) {
+    pub(super) fn abandon(&self, g: &mut Inner, wave: &[Reserved]) {
         for r in wave {
             drop(self.done(g, r));
         }
@@ -362,7 +361,7 @@ impl Engine {
     /// in the log and write its header into its buffer; None when room
     /// needs a compaction while records are in flight. An error stops the
     /// engine's changes.
-    fn reserve(
+    pub(super) fn reserve(
         &self,
         g: &mut Inner,
         vol: u32,
@@ -396,194 +395,6 @@ impl Engine {
             r.written = true;
         }
         Ok(Some(r))
-    }
-}
-
-/// A batch of writes to one volume taken through the concurrent write
-/// path one step at a time, by a caller that chooses the order of the
-/// steps of several such writes: the deterministic simulation's scheduler
-/// (`sluice sim --concurrent`) interleaves them, and loses power between
-/// any two. The steps are the ones every write takes (reserve, write,
-/// publish; then a FLUSH round for a FUA write), on the same code.
-///
-/// Dropped before it is done, it reserves nothing more, and writes and
-/// publishes the records it holds: an LSN handed out cannot be taken back,
-/// and a later flush would claim a record never written. Only once the
-/// engine has stopped taking changes (a device error) are they given up,
-/// as a writer's are after the error.
-pub struct StagedWrite {
-    engine: Arc<Engine>,
-    vol: u32,
-    recs: Vec<Record>,
-    /// The next record to reserve.
-    next: usize,
-    /// Records reserved and not yet published, in reservation order.
-    held: Vec<Reserved>,
-    /// FUA: a flush round is still due once every record is published.
-    flush_due: bool,
-    failed: bool,
-}
-
-/// One step of a [`StagedWrite`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WriteStep {
-    /// Reserve the next record's place.
-    Reserve,
-    /// Write the `n`th held record (reserved, not yet written).
-    Write(usize),
-    /// Publish the `n`th held record (written).
-    Publish(usize),
-    /// The FUA write's flush round, once every record is published (it
-    /// waits for no other write's records in flight).
-    Flush,
-}
-
-/// What a step did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stepped {
-    /// Record `record` of the batch (its blocks are the batch's next
-    /// `blocks`, in order) has its place.
-    Reserved {
-        record: usize,
-        blocks: usize,
-    },
-    /// No room until a record in flight (of this write or another) is
-    /// published.
-    Busy,
-    Written {
-        record: usize,
-    },
-    Published {
-        record: usize,
-    },
-    Flushed,
-}
-
-impl StagedWrite {
-    /// The steps that may come next (none: done).
-    pub fn steps(&self) -> Vec<WriteStep> {
-        if self.failed {
-            return Vec::new();
-        }
-        let mut out = Vec::new();
-        if self.next < self.recs.len() {
-            out.push(WriteStep::Reserve);
-        }
-        for (i, r) in self.held.iter().enumerate() {
-            out.push(if r.written { WriteStep::Publish(i) } else { WriteStep::Write(i) });
-        }
-        if out.is_empty() && self.flush_due {
-            out.push(WriteStep::Flush);
-        }
-        out
-    }
-
-    /// Whether a record of this write is reserved and not yet published.
-    pub fn in_flight(&self) -> bool {
-        !self.held.is_empty()
-    }
-
-    /// Take step `s` (one of `steps()`). After an error the write is over
-    /// (its reservations given up, as a writer's after a device error).
-    pub fn step(&mut self, s: WriteStep) -> Result<Stepped, VolumeError> {
-        let r = self.step_inner(s);
-        if r.is_err() {
-            self.give_up();
-        }
-        r
-    }
-
-    fn step_inner(&mut self, s: WriteStep) -> Result<Stepped, VolumeError> {
-        let e = &*self.engine;
-        match s {
-            WriteStep::Reserve => {
-                let mut g = e.lock_raw();
-                if !e.may_reserve(&g)? {
-                    return Ok(Stepped::Busy);
-                }
-                let index = self.next;
-                let Some(r) = e.reserve(&mut g, self.vol, index, &mut self.recs[index])? else {
-                    return Ok(Stepped::Busy);
-                };
-                let blocks = g.log.inflight[&r.lsn].entries.len();
-                self.held.push(r);
-                self.next += 1;
-                Ok(Stepped::Reserved { record: index, blocks })
-            }
-            WriteStep::Write(i) => {
-                let r = &mut self.held[i];
-                assert!(!r.written, "record already written");
-                if let Err(err) = e.write_reserved(&mut self.recs[r.rec], r) {
-                    return e.lock_raw().stop_on_device_error(Err(err));
-                }
-                r.written = true;
-                Ok(Stepped::Written { record: r.rec })
-            }
-            WriteStep::Publish(i) => {
-                assert!(self.held[i].written, "record not written");
-                let r = self.held.remove(i);
-                let mut g = e.lock_raw();
-                e.publish(&mut g, self.vol, &mut self.recs[r.rec], &r)?;
-                e.after_change(&g);
-                Ok(Stepped::Published { record: r.rec })
-            }
-            WriteStep::Flush => {
-                assert!(self.flush_due && self.held.is_empty() && self.next == self.recs.len());
-                self.flush_due = false;
-                e.flush_grouped()?;
-                Ok(Stepped::Flushed)
-            }
-        }
-    }
-
-    /// End the write where it is (see the type's doc): no more
-    /// reservations; the records held are written and published, unless
-    /// the engine stopped taking changes (then they are given up, and no
-    /// later flush can claim their places).
-    fn give_up(&mut self) {
-        self.failed = true;
-        if self.held.is_empty() {
-            return;
-        }
-        let held = std::mem::take(&mut self.held);
-        let e = &*self.engine;
-        let mut g = e.lock_raw();
-        if g.taking_changes().is_err() {
-            e.abandon(&mut g, &held);
-            return;
-        }
-        drop(g);
-        // (An error stops the engine's changes; the next request reports it.)
-        let _ = e.write_and_publish(self.vol, &mut self.recs, &held);
-    }
-}
-
-impl Drop for StagedWrite {
-    fn drop(&mut self) {
-        self.give_up();
-    }
-}
-
-impl Engine {
-    /// `writes` (volume `vol`'s LBA, data), cut into records as any batch
-    /// is, to be taken step by step (`StagedWrite`).
-    pub(super) fn stage_write(
-        self: &Arc<Engine>,
-        vol: u32,
-        writes: &[(u64, &[u8])],
-        crcs: &[u32],
-        max: usize,
-        fua: bool,
-    ) -> StagedWrite {
-        StagedWrite {
-            engine: self.clone(),
-            vol,
-            recs: records_of(writes, crcs, max),
-            next: 0,
-            held: Vec::new(),
-            flush_due: fua,
-            failed: false,
-        }
     }
 }
 
