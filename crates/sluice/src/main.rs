@@ -906,6 +906,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     r.write_scaling
                 );
                 println!(
+                    "         compaction and GC moved {:.2} GB on 1 thread, {:.2} GB on {} (after unmeasured warm-up writes)",
+                    r.one_thread_moved_bytes as f64 / 1e9,
+                    r.moved_bytes as f64 / 1e9,
+                    r.threads
+                );
+                println!(
                     "  read:  1 thread {:.0}, {} threads {:.0} total ({} each): {:.2}x",
                     r.one_thread_read_iops,
                     r.threads,

@@ -8,9 +8,12 @@
 //! trimmed between steps is simply not moved. The chunk is freed only by
 //! its last step, after both devices flushed (segments.rs, rule 3), and
 //! stays first in the log's full queue (and in a checkpoint) until then.
-//! The step's device I/O may happen outside the lock (step_io.rs).
+//! The step's device I/O, and copying its blocks into their segments, may
+//! happen outside the lock (step_io.rs): a deferred step that walks the
+//! chunk's end with writes queued leaves the chunk to the next step (its
+//! cursor at the chunk's end), which settles them and frees it.
 
-use super::segments::Moved;
+use super::segments::Data;
 use super::step_io::{Deferred, PreRead, Window};
 use super::*;
 use crate::layout::{record_at, RecordKind};
@@ -204,6 +207,14 @@ impl Engine {
                 continue;
             }
             let now = inner.user_clock();
+            // A deferred step's blocks are copied into its segments when
+            // they are submitted (outside the lock for the background
+            // compactor and an assisting writer): the window goes with them.
+            let mut data = Some(data);
+            let src = deferred.as_mut().map(|d| {
+                d.sources.extend(data.take());
+                d.sources.len() - 1
+            });
             for vol in 0..inner.vols.len() {
                 let [short, long] = &mut blocks[vol];
                 let streams = [inner.user_stream(vol as u32, 0), inner.user_stream(vol as u32, 1)];
@@ -217,13 +228,18 @@ impl Engine {
                     if blocks.is_empty() && tombs.is_empty() {
                         continue;
                     }
-                    let payload: Vec<Moved<'_>> =
-                        blocks.iter().map(|&(lba, crc, off)| (lba, crc, &data[off..off + BLOCK_BYTES])).collect();
-                    let moved = self.write_segments(inner, vol as u32, (s, now), &payload, tombs, deferred.as_mut())?;
+                    let what = match (src, &data) {
+                        (Some(i), _) => Data::Source(i),
+                        (None, d) => Data::Here(d.as_ref().expect("the window")),
+                    };
+                    let moved =
+                        self.write_segments(inner, vol as u32, (s, now), (blocks, what), tombs, deferred.as_mut())?;
                     inner.stats.compaction_bytes += moved * BS;
                 }
             }
-            inner.give_buf(data);
+            if let Some(data) = data {
+                inner.give_buf(data);
+            }
             pos += at;
             end_of_chunk |= pos >= bpc;
             break;
@@ -231,16 +247,18 @@ impl Engine {
         // Nothing stays in flight between steps: requests in between use
         // the capacity device synchronously.
         self.drain_capacity(inner)?;
-        if !end_of_chunk {
+        // A deferred step that walked the chunk's end with writes queued
+        // leaves freeing it to the next step, which settles them first:
+        // settling here would copy and write them under the lock.
+        let queued = deferred.as_ref().is_some_and(|d| !d.queued.is_empty());
+        if !end_of_chunk || queued {
+            let pos = if end_of_chunk { bpc } else { pos };
             inner.compact_cursor = Some(CompactCursor { chunk: c, pos });
             inner.defer_pending(deferred);
             return Ok(CompactStep::Progress);
         }
-        // The chunk is freed below: its moved blocks must live at their
-        // copies first.
-        if let Some(d) = deferred.as_mut() {
-            self.settle_deferred(inner, d)?;
-        }
+        // Nothing queued: the sources go back to the pool.
+        inner.defer_pending(deferred);
         // Blocks still current that no record header led to: a header
         // damaged at rest since the engine opened (a clean open reads the
         // checkpoint, not the log). Damage, not a bug: changes stop, and

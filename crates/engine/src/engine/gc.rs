@@ -10,7 +10,7 @@
 //! outside the lock that looked a block up before the move sees that its
 //! data may be gone.
 
-use super::segments::{segment_blocks, Moved};
+use super::segments::{segment_blocks, Data, Moved};
 use super::step_io::{Deferred, PreRead, Window};
 use super::*;
 use crate::layout::decode_header;
@@ -241,10 +241,12 @@ impl Engine {
                     if g.0.is_empty() && g.2.is_empty() {
                         continue;
                     }
-                    let payload: Vec<Moved<'_>> =
-                        g.0.iter().zip(g.1.chunks(BLOCK_BYTES)).map(|(&(lba, crc), d)| (lba, crc, d)).collect();
+                    let blocks: Vec<Moved> =
+                        g.0.iter().enumerate().map(|(i, &(lba, crc))| (lba, crc, i * BLOCK_BYTES)).collect();
                     let (s, born) = (inner.gc_stream(v), inner.bands[v].born);
-                    let moved = self.write_segments(inner, vol as u32, (s, born), &payload, &g.2, deferred.as_mut())?;
+                    let what = Data::Here(&g.1);
+                    let moved =
+                        self.write_segments(inner, vol as u32, (s, born), (&blocks, what), &g.2, deferred.as_mut())?;
                     inner.stats.gc_bytes += moved * BS;
                     g.0.clear();
                     g.1.clear();

@@ -28,7 +28,7 @@
 //! number of tombstones bounded by the number of unmapped blocks.
 
 use super::bands::{band_has_room, Stream};
-use super::step_io::Deferred;
+use super::step_io::{Deferred, QueuedWrite};
 use super::*;
 use crate::layout::{Entry, Header, RecordKind};
 
@@ -57,8 +57,20 @@ pub(super) struct CapWrites {
 }
 
 /// A block moved to the capacity device: its LBA, the CRC it was logged
-/// with, and its data.
-pub(super) type Moved<'a> = (u64, u32, &'a [u8]);
+/// with, and where its data starts in the step's `Data`.
+pub(super) type Moved = (u64, u32, usize);
+
+/// Where the data of a step's moved blocks is.
+#[derive(Clone, Copy)]
+pub(super) enum Data<'a> {
+    /// In this buffer: copied into the segments as they are cut.
+    Here(&'a [u8]),
+    /// In source `i` of the step's `Deferred`: copied into the queued
+    /// segments when they are submitted, by the thread that submits them,
+    /// outside the lock if it is the background compactor's or an
+    /// assisting writer's step (step_io.rs).
+    Source(usize),
+}
 
 /// Blocks a record or segment occupies: header + data, for segments padded to the unit.
 pub(super) fn segment_blocks(data_blocks: u64, unit_blocks: u64) -> u64 {
@@ -73,7 +85,7 @@ impl Inner {
 }
 
 impl Engine {
-    /// Write `blocks` (lba, crc, data) and `tombs` of `vol` as segments into
+    /// Write `blocks` (lba, crc, where in `data`) and `tombs` of `vol` as segments into
     /// stream `s`'s open band, each padded to the write unit, under fresh
     /// sequence numbers; remap the blocks. `born`: when users wrote the
     /// data (placement.rs; a band keeps its oldest). Returns blocks moved. The
@@ -85,10 +97,11 @@ impl Engine {
         inner: &mut Inner,
         vol: u32,
         (s, born): (Stream, u64),
-        blocks: &[Moved<'_>],
+        (blocks, data): (&[Moved], Data<'_>),
         tombs: &[u64],
         mut deferred: Option<&mut Deferred>,
     ) -> Result<u64, VolumeError> {
+        debug_assert!(matches!(data, Data::Here(_)) || deferred.is_some(), "a source is a deferred step's");
         let unit = inner.cfg.write_unit_bytes / BS;
         let (bpb, usable) = (inner.blocks_per_band(), inner.band_usable());
         let (mut rest, mut rest_t) = (blocks, tombs);
@@ -133,15 +146,21 @@ impl Engine {
             encode_header(&mut buf[..BLOCK_BYTES], &h);
             let b = &mut inner.bands[band];
             b.tombstones = b.tombstones.saturating_add(t as u32);
-            for (i, (_, _, d)) in rest[..n].iter().enumerate() {
-                buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(d);
-            }
             buf[(n + 1) * BLOCK_BYTES..].fill(0);
+            let fill = match data {
+                Data::Here(d) => {
+                    for (i, &(_, _, at)) in rest[..n].iter().enumerate() {
+                        buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(&d[at..at + BLOCK_BYTES]);
+                    }
+                    None
+                }
+                Data::Source(src) => Some((src, rest[..n].iter().map(|b| b.2).collect())),
+            };
             let first = band.0 as u64 * bpb + wp;
             inner.sim_wait(None, Some(band));
             match deferred.as_deref_mut() {
                 Some(d) => {
-                    d.queued.push(IoRequest::write(first * BS, buf, 0));
+                    d.queued.push(QueuedWrite { req: IoRequest::write(first * BS, buf, 0), fill });
                     inner.cap.dirty = true;
                 }
                 None => self.submit_capacity(inner, first * BS, buf)?,

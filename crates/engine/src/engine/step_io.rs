@@ -2,8 +2,9 @@
 //! step will read, read beforehand (`Engine::preread`) and used only if the
 //! step reads that window of the same generation (`Engine::read_window`);
 //! and a step's segment writes left in flight with their remaps
-//! (`Pending`), applied once the writes completed and only to blocks that
-//! did not move meanwhile (`Engine::settle`).
+//! (`Pending`), their blocks copied in from the step's window by the thread
+//! that submits them, the remaps applied once the writes completed and only
+//! to blocks that did not move meanwhile (`Engine::settle`).
 //!
 //! Why: on slow media a step's reads and writes took milliseconds under the
 //! lock every request waits for. Invariants: a pre-read is used only for the
@@ -43,13 +44,39 @@ pub(super) type Remap = (u32, u64, Loc, Loc);
 
 /// Segment writes of a compaction or GC step, not submitted yet, and their
 /// remaps, while the step is still under the lock (`write_segments`).
-/// Submitting can cost the submitter a copy (a memory device copies at
-/// submission), so the background compactor submits them after it let go
-/// of the lock.
+/// Filling a segment with its blocks is a copy, and submitting can cost
+/// another (a memory device copies at submission), so the background
+/// compactor and an assisting writer do both after they let go of the lock.
 #[derive(Default)]
 pub(super) struct Deferred {
-    pub(super) queued: Vec<IoRequest>,
+    pub(super) queued: Vec<QueuedWrite>,
     pub(super) remaps: Vec<Remap>,
+    /// Buffers queued writes copy their blocks from (a compaction step's
+    /// window): back to the pool with the writes' buffers.
+    pub(super) sources: Vec<IoBuf>,
+}
+
+/// A queued segment write: its request (header and padding in place), and
+/// where its data blocks are still to be copied from, in order (a source of
+/// the step's `Deferred`, offsets in it), if they are not in place yet.
+pub(super) struct QueuedWrite {
+    pub(super) req: IoRequest,
+    pub(super) fill: Option<(usize, Vec<usize>)>,
+}
+
+/// Copy each queued write's blocks from `sources` into it; the requests, in order.
+fn filled(queued: Vec<QueuedWrite>, sources: &[IoBuf]) -> Vec<IoRequest> {
+    let mut out = Vec::with_capacity(queued.len());
+    for QueuedWrite { mut req, fill } in queued {
+        if let Some((src, offs)) = fill {
+            let from = &sources[src];
+            for (i, at) in offs.into_iter().enumerate() {
+                req.buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(&from[at..at + BLOCK_BYTES]);
+            }
+        }
+        out.push(req);
+    }
+    out
 }
 
 /// The writes of the background compactor's last step, in flight without
@@ -67,8 +94,9 @@ pub(super) struct Pending {
 pub(super) struct PendingIo {
     owner: std::thread::ThreadId,
     writes: usize,
-    /// Writes still to be submitted (in order) by the owner before it reaps.
-    queued: Mutex<Vec<IoRequest>>,
+    /// Writes still to be filled and submitted (in order) by the owner
+    /// before it reaps, and their sources.
+    queued: Mutex<(Vec<QueuedWrite>, Vec<IoBuf>)>,
     done: Mutex<Option<(Vec<IoBuf>, Option<DeviceError>)>>,
     ready: std::sync::Condvar,
 }
@@ -88,14 +116,18 @@ impl PendingIo {
             }
         }
         let mut publish = Publish(self, None);
-        self.submit_queued(dev);
-        publish.1 = Some(reap_own(dev, self.writes));
+        publish.1 = Some(self.submit_and_reap(dev));
     }
 
-    /// On the submitting thread: submit what the step queued, in order.
-    fn submit_queued(&self, dev: &dyn BlockDevice) {
-        let queued = std::mem::take(&mut *self.queued.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-        queued.into_iter().for_each(|r| dev.submit(r));
+    /// On the submitting thread: fill and submit what the step queued, in
+    /// order, and reap it; the buffers (the sources' too) and the first error.
+    fn submit_and_reap(&self, dev: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
+        let (queued, sources) =
+            std::mem::take(&mut *self.queued.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        filled(queued, &sources).into_iter().for_each(|r| dev.submit(r));
+        let (mut bufs, err) = reap_own(dev, self.writes);
+        bufs.extend(sources);
+        (bufs, err)
     }
 
     /// The published completions, reaping them first if this thread
@@ -103,8 +135,7 @@ impl PendingIo {
     pub(super) fn take(&self, dev: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
         let mut done = self.done.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if done.is_none() && std::thread::current().id() == self.owner {
-            self.submit_queued(dev);
-            return reap_own(dev, self.writes);
+            return self.submit_and_reap(dev);
         }
         loop {
             if let Some(out) = done.take() {
@@ -130,13 +161,17 @@ fn reap_own(dev: &dyn BlockDevice, n: usize) -> (Vec<IoBuf>, Option<DeviceError>
 impl Inner {
     /// Leave a step's deferred writes, if any, pending (`Engine::settle`).
     pub(super) fn defer_pending(&mut self, deferred: Option<Deferred>) {
-        if let Some(d) = deferred.filter(|d| !d.queued.is_empty()) {
-            let owner = std::thread::current().id();
-            let (done, ready) = (Mutex::new(None), std::sync::Condvar::new());
-            let writes = d.queued.len();
-            let io = Arc::new(PendingIo { owner, writes, queued: Mutex::new(d.queued), done, ready });
-            self.pending = Some(Pending { io, remaps: d.remaps });
+        let Some(d) = deferred else { return };
+        if d.queued.is_empty() {
+            d.sources.into_iter().for_each(|b| self.give_buf(b));
+            return;
         }
+        let owner = std::thread::current().id();
+        let (done, ready) = (Mutex::new(None), std::sync::Condvar::new());
+        let writes = d.queued.len();
+        let queued = Mutex::new((d.queued, d.sources));
+        let io = Arc::new(PendingIo { owner, writes, queued, done, ready });
+        self.pending = Some(Pending { io, remaps: d.remaps });
     }
 
     /// Apply remaps whose writes completed: a block still where it was
@@ -171,10 +206,11 @@ impl Engine {
         self.finish_writes(inner, p.io.take(&*self.capacity), &p.remaps)
     }
 
-    /// The same for writes of the step still under the lock.
+    /// The same for writes of the step still under the lock (its sources
+    /// stay: later writes of the step may copy from them).
     pub(super) fn settle_deferred(&self, inner: &mut Inner, d: &mut Deferred) -> Result<(), VolumeError> {
         let writes = d.queued.len();
-        d.queued.drain(..).for_each(|r| self.capacity.submit(r));
+        filled(std::mem::take(&mut d.queued), &d.sources).into_iter().for_each(|r| self.capacity.submit(r));
         let done = reap_own(&*self.capacity, writes);
         self.finish_writes(inner, done, &std::mem::take(&mut d.remaps))
     }
@@ -475,7 +511,7 @@ mod tests {
         let dev = Arc::new(PanicsOnReap(MemoryDevice::new(1 << 20, 4096)));
         dev.submit(IoRequest::write(0, IoBuf::zeroed(4096), 0));
         let owner = std::thread::current().id();
-        let (queued, done, ready) = (Mutex::new(Vec::new()), Mutex::new(None), std::sync::Condvar::new());
+        let (queued, done, ready) = (Mutex::new(Default::default()), Mutex::new(None), std::sync::Condvar::new());
         let io = Arc::new(PendingIo { owner, writes: 1, queued, done, ready });
         let reaped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| io.reap(&*dev)));
         assert!(reaped.is_err(), "the injected panic reached the compactor");
