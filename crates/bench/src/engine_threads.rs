@@ -34,7 +34,8 @@ pub struct ThreadsReport {
     pub iodepth: usize,
     /// A background compactor ran (else compaction was inline).
     pub compactor: bool,
-    /// Requests of each phase (split evenly across its threads).
+    /// Requests of each kind of phase (split evenly across its threads
+    /// and `ROUNDS` rounds).
     pub ios: u64,
     pub write_iops_total: f64,
     pub read_iops_total: f64,
@@ -52,17 +53,17 @@ pub struct ThreadsReport {
     pub read_scaling: f64,
 }
 
-/// One phase: `threads` threads share `ios` requests; (total IOPS, per
-/// thread IOPS).
+/// One phase: `threads` threads share `ios` requests; (requests, wall
+/// seconds, each thread's seconds).
 fn phase(
     engine: &std::sync::Arc<sluice_engine::Engine>,
     opts: &EngineBenchOpts,
-    threads: usize,
+    (threads, ios): (usize, u64),
     write: bool,
     seed: u64,
-) -> Result<(f64, Vec<f64>), EngineBenchError> {
+) -> Result<(u64, f64, Vec<f64>), EngineBenchError> {
     let blocks = opts.volume_bytes / 4096;
-    let each = opts.ios / threads as u64;
+    let each = ios / threads as u64;
     let qd = opts.iodepth.max(1);
     let t0 = Instant::now();
     let per: Vec<Result<f64, EngineBenchError>> = std::thread::scope(|s| {
@@ -91,7 +92,7 @@ fn phase(
                             done += 1;
                         }
                     }
-                    Ok(each as f64 / t.elapsed().as_secs_f64())
+                    Ok(t.elapsed().as_secs_f64())
                 })
             })
             .collect();
@@ -99,11 +100,45 @@ fn phase(
     });
     let wall = t0.elapsed().as_secs_f64();
     let per = per.into_iter().collect::<Result<Vec<f64>, _>>()?;
-    Ok((each as f64 * threads as f64 / wall, per))
+    Ok((each * threads as u64, wall, per))
 }
 
-/// The 1-thread and N-thread phases on one engine: writes, then reads of
-/// the written volume.
+/// Rounds each measured kind of phase is cut into, the 1-thread and the
+/// N-thread phases taking turns: GC comes in bursts (a few GB in one
+/// million writes, a few hundred MB in the next), which one phase of each
+/// would give to one of the two by chance.
+const ROUNDS: u64 = 4;
+
+/// What the rounds of one kind added up to.
+#[derive(Default)]
+struct Tally {
+    ios: u64,
+    wall: f64,
+    per: Vec<f64>,
+    moved: u64,
+}
+
+impl Tally {
+    fn add(&mut self, (ios, wall, per): (u64, f64, Vec<f64>), moved: u64) {
+        self.ios += ios;
+        self.wall += wall;
+        self.per.resize(per.len(), 0.0);
+        self.per.iter_mut().zip(per).for_each(|(a, b)| *a += b);
+        self.moved += moved;
+    }
+
+    fn iops(&self) -> f64 {
+        self.ios as f64 / self.wall
+    }
+
+    fn per_thread(&self) -> Vec<f64> {
+        let each = self.ios as f64 / self.per.len() as f64;
+        self.per.iter().map(|s| each / s).collect()
+    }
+}
+
+/// The 1-thread and N-thread phases on one engine, in alternating rounds:
+/// writes, then reads of the written volume.
 pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> Result<ThreadsReport, EngineBenchError> {
     let threads = threads.max(1);
     let (engine, _vol) = bench_engine(opts.volume_bytes, opts.cache_bytes, true, None)?;
@@ -112,42 +147,53 @@ pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> R
         false => None,
     };
     // Unmeasured, the same writes first, until GC has reclaimed a band and
-    // once more: the log and the capacity device turned over, so that both
-    // measured phases compact and collect as much per write (steady state).
-    // Measured from an empty engine, the 1-thread phase wrote its first
-    // cache-full free and collected nothing, where the N-thread phase
-    // compacted 30 % more and collected: the ratio understated the scaling.
+    // once more: the log and the capacity device turned over, so that the
+    // measured rounds compact and collect in steady state. Measured from an
+    // empty engine, the 1-thread phase wrote its first cache-full free and
+    // collected nothing, where the N-thread phase compacted 30 % more and
+    // collected: the ratio understated the scaling.
     let mut warm = 0;
     while warm < 2 || (engine.stats().bands_reclaimed == 0 && warm < 8) {
-        phase(&engine, opts, 1, true, opts.seed + 4 + warm)?;
+        phase(&engine, opts, (1, opts.ios), true, opts.seed + 100 + warm)?;
         warm += 1;
     }
     let moved = || {
         let s = engine.stats();
         s.compaction_bytes + s.gc_bytes
     };
-    let m0 = moved();
-    let (one_w, _) = phase(&engine, opts, 1, true, opts.seed)?;
-    let m1 = moved();
-    let (total_w, per_w) = phase(&engine, opts, threads, true, opts.seed + 1)?;
-    let m2 = moved();
-    let (one_r, _) = phase(&engine, opts, 1, false, opts.seed + 2)?;
-    let (total_r, per_r) = phase(&engine, opts, threads, false, opts.seed + 3)?;
+    let share = (opts.ios / ROUNDS).max(threads as u64);
+    let (mut one_w, mut all_w, mut one_r, mut all_r) =
+        (Tally::default(), Tally::default(), Tally::default(), Tally::default());
+    for round in 0..ROUNDS {
+        let seed = opts.seed + 10 * round;
+        for (n, t) in [(1, &mut one_w), (threads, &mut all_w)] {
+            let m = moved();
+            let done = phase(&engine, opts, (n, share), true, seed + n as u64)?;
+            t.add(done, moved() - m);
+        }
+    }
+    for round in 0..ROUNDS {
+        let seed = opts.seed + 10 * round + 5;
+        for (n, t) in [(1, &mut one_r), (threads, &mut all_r)] {
+            let done = phase(&engine, opts, (n, share), false, seed + n as u64)?;
+            t.add(done, 0);
+        }
+    }
     Ok(ThreadsReport {
         threads,
         iodepth: opts.iodepth.max(1),
         compactor,
-        ios: opts.ios,
-        write_iops_total: total_w,
-        read_iops_total: total_r,
-        write_iops_per_thread: per_w,
-        read_iops_per_thread: per_r,
-        one_thread_moved_bytes: m1 - m0,
-        moved_bytes: m2 - m1,
-        one_thread_write_iops: one_w,
-        one_thread_read_iops: one_r,
-        write_scaling: total_w / one_w,
-        read_scaling: total_r / one_r,
+        ios: all_w.ios,
+        write_iops_total: all_w.iops(),
+        read_iops_total: all_r.iops(),
+        write_iops_per_thread: all_w.per_thread(),
+        read_iops_per_thread: all_r.per_thread(),
+        one_thread_moved_bytes: one_w.moved,
+        moved_bytes: all_w.moved,
+        one_thread_write_iops: one_w.iops(),
+        one_thread_read_iops: one_r.iops(),
+        write_scaling: all_w.iops() / one_w.iops(),
+        read_scaling: all_r.iops() / one_r.iops(),
     })
 }
 

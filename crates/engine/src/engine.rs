@@ -56,6 +56,7 @@ use sluice_media::{BlockDevice, DeviceError, DeviceStats, IoBuf, IoOp, IoRequest
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+mod assist;
 mod bands;
 mod caching;
 mod check;
@@ -160,9 +161,13 @@ struct Inner {
     /// The GC victim a bounded step left half done (`Engine::gc_step`);
     /// not persisted: after a reopen GC simply chooses again.
     gc_cursor: Option<GcCursor>,
-    /// The background compactor's last step: segment writes in flight and
-    /// the remaps that wait for them (`Engine::settle`). Not persisted.
-    pending: Option<step_io::Pending>,
+    /// Steps whose segment writes are in flight without the lock, oldest
+    /// first, and the remaps that wait for them (`Engine::settle`): the
+    /// background compactor's last step, or writers' compaction steps
+    /// (assist.rs). Not persisted.
+    pending: Vec<step_io::Pending>,
+    /// Steps left pending so far (`Inner::pending_since`).
+    pendings_made: u64,
     /// Where a bounded compaction step stopped in the oldest full chunk
     /// (`Engine::compact_step`); not persisted, like `gc_cursor`.
     compact_cursor: Option<CompactCursor>,
@@ -200,6 +205,12 @@ struct Inner {
     /// Threads waiting on `Engine::published`: whether a publish must
     /// wake anybody.
     waiting: u32,
+    /// A writer is taking a compaction or GC step in phases (assist.rs).
+    assisting: bool,
+    /// The last writer's step was GC (assist.rs alternates when both are due).
+    assist_last_gc: bool,
+    /// Writers take compaction and GC steps (`Engine::set_writer_steps`).
+    writer_steps: bool,
     /// Where compaction puts each volume's blocks (`Engine::set_band_placement`).
     placement: BandPlacement,
     /// What lifetime placement learned from GC (placement.rs; not persisted).
@@ -365,7 +376,8 @@ impl Inner {
             bands: Bands::empty(band_count),
             cap: CapWrites::default(),
             gc_cursor: None,
-            pending: None,
+            pending: Vec::new(),
+            pendings_made: 0,
             compact_cursor: None,
             placement: BandPlacement::PerVolume,
             lifespans: Default::default(),
@@ -384,6 +396,9 @@ impl Inner {
             reuses: Default::default(),
             draining: 0,
             waiting: 0,
+            assisting: false,
+            assist_last_gc: false,
+            writer_steps: true,
             spill: Default::default(),
             cleaning: Default::default(),
         };

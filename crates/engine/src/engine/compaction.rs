@@ -14,7 +14,7 @@
 //! cursor at the chunk's end), which settles them and frees it.
 
 use super::segments::Data;
-use super::step_io::{Deferred, PreRead, Window};
+use super::step_io::{Deferred, PreRead, Window, PENDING_STEPS_MAX};
 use super::*;
 use crate::layout::{record_at, RecordKind};
 
@@ -51,13 +51,15 @@ impl Inner {
         blocks_max.max(1).min(self.blocks_per_chunk() - pos)
     }
 
-    /// The window the next `compact_step(blocks_max)` reads first, if any.
+    /// The window the next deferred `compact_step(blocks_max)` reads
+    /// first, if any.
     pub(super) fn compact_window(&self, blocks_max: u64) -> Option<Window> {
         let CompactCursor { chunk: c, pos } = self.compact_next()?;
         let len = self.compact_read_blocks(pos, blocks_max);
         let offset = (c.0 as u64 * self.blocks_per_chunk() + pos) * BS;
         let gen = self.log.chunks[c].epoch;
-        (len > 0).then_some(Window { cache: true, offset, len: (len * BS) as usize, gen })
+        let headers_only = self.log.chunks[c].headers.is_some();
+        (len > 0).then_some(Window { cache: true, offset, len: (len * BS) as usize, gen, headers_only })
     }
 }
 
@@ -68,13 +70,14 @@ const RUN_GAP_MAX: u64 = 1;
 impl Inner {
     /// For a window of `len` blocks at `pos` of chunk `c` whose record
     /// headers are known (`Chunk::headers`): the runs (start, blocks,
-    /// relative to the window) holding every header and every current
-    /// block, if they spare a quarter of the window or more. The rest is
+    /// relative to the window) holding every header and (unless
+    /// `headers_only`) every current block, if they spare a quarter of the
+    /// window or more. The rest is
     /// garbage — superseded or trimmed blocks, padding, unwritten space —
     /// and the walk never looks at it (a block after the last record reads
     /// as zeros, the chunk's end). Blocks only ever leave a sealed chunk's
     /// current set, so runs taken now cover what any later look needs.
-    pub(super) fn compact_runs(&self, c: ChunkId, pos: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+    pub(super) fn compact_runs(&self, c: ChunkId, pos: u64, len: u64, headers_only: bool) -> Option<Vec<(u64, u64)>> {
         let ch = &self.log.chunks[c];
         let headers = ch.headers.as_ref()?;
         let first = headers.partition_point(|&h| (h as u64) < pos);
@@ -86,7 +89,7 @@ impl Inner {
             if header {
                 hs.next();
             }
-            if !header && ch.p2l[(pos + i) as usize].0 == u32::MAX {
+            if !header && (headers_only || ch.p2l[(pos + i) as usize].0 == u32::MAX) {
                 continue;
             }
             needed += 1;
@@ -126,7 +129,15 @@ impl Engine {
         pre: &mut Option<PreRead>,
         defer: bool,
     ) -> Result<CompactStep, VolumeError> {
-        self.settle(inner)?;
+        // A deferred step leaves an earlier one's writes pending on a
+        // conventional device (`PENDING_STEPS_MAX` at most): it walks
+        // another window, so moves other blocks, and its segments take band
+        // space after theirs (a step that needs a new band settles them
+        // first: `open_band` drains). A zone takes writes strictly in order,
+        // so there every step settles the one before.
+        if !defer || inner.geo.zoned || inner.pending.len() >= PENDING_STEPS_MAX {
+            self.settle(inner)?;
+        }
         // Relocations never move a block a record in flight rewrites
         // (writers.rs: `relocations_clear`).
         debug_assert!(inner.relocations_clear(), "a compaction step beside a record in flight it would outrank");
@@ -149,8 +160,12 @@ impl Engine {
         // larger (read again at its size).
         let mut len = inner.compact_read_blocks(pos, blocks_max);
         let mut end_of_chunk = len == 0;
+        // A deferred step of a chunk whose headers are known reads only
+        // them: its segments are filled from the cache afterwards.
+        let headers_only = defer && inner.log.chunks[c].headers.is_some();
         while !end_of_chunk {
-            let win = Window { cache: true, offset: (base + pos) * BS, len: (len * BS) as usize, gen: epoch };
+            let offset = (base + pos) * BS;
+            let win = Window { cache: true, offset, len: (len * BS) as usize, gen: epoch, headers_only };
             let data = self.read_window(inner, pre, win)?;
             // Per volume and lifetime class (placement.rs): current data
             // blocks (lba, crc, offset in window); per volume, live tombstones.
@@ -189,7 +204,8 @@ impl Engine {
                         if inner.vols[vol].l2p.try_get(e.lba)? == Some(Loc::cache(cb)) {
                             let class = inner.log.chunks[c].class[(pos + at + 1 + i as u64) as usize].min(1);
                             let at_win = ((at + 1 + i as u64) * BS) as usize;
-                            blocks[vol][class as usize].push((e.lba, e.crc, at_win));
+                            let at = if headers_only { cb as usize } else { at_win };
+                            blocks[vol][class as usize].push((e.lba, e.crc, at));
                         }
                     }
                 } else {
@@ -211,10 +227,14 @@ impl Engine {
             // they are submitted (outside the lock for the background
             // compactor and an assisting writer): the window goes with them.
             let mut data = Some(data);
-            let src = deferred.as_mut().map(|d| {
+            if headers_only {
+                // The walk is done with the headers.
+                inner.give_buf(data.take().expect("the window"));
+            } else if let Some(d) = deferred.as_mut() {
+                let base = d.next_source_at();
                 d.sources.extend(data.take());
-                d.sources.len() - 1
-            });
+                blocks.iter_mut().flatten().flatten().for_each(|b| b.2 += base);
+            }
             for vol in 0..inner.vols.len() {
                 let [short, long] = &mut blocks[vol];
                 let streams = [inner.user_stream(vol as u32, 0), inner.user_stream(vol as u32, 1)];
@@ -228,9 +248,10 @@ impl Engine {
                     if blocks.is_empty() && tombs.is_empty() {
                         continue;
                     }
-                    let what = match (src, &data) {
-                        (Some(i), _) => Data::Source(i),
-                        (None, d) => Data::Here(d.as_ref().expect("the window")),
+                    let what = match &data {
+                        Some(d) => Data::Here(d),
+                        None if headers_only => Data::Cache,
+                        None => Data::Deferred,
                     };
                     let moved =
                         self.write_segments(inner, vol as u32, (s, now), (blocks, what), tombs, deferred.as_mut())?;
@@ -244,9 +265,12 @@ impl Engine {
             end_of_chunk |= pos >= bpc;
             break;
         }
-        // Nothing stays in flight between steps: requests in between use
-        // the capacity device synchronously.
-        self.drain_capacity(inner)?;
+        // Nothing this thread submitted stays in flight between steps:
+        // requests in between use the capacity device synchronously.
+        match defer {
+            true => self.reap_own_writes(inner)?,
+            false => self.drain_capacity(inner)?,
+        }
         // A deferred step that walked the chunk's end with writes queued
         // leaves freeing it to the next step, which settles them first:
         // settling here would copy and write them under the lock.
@@ -257,8 +281,10 @@ impl Engine {
             inner.defer_pending(deferred);
             return Ok(CompactStep::Progress);
         }
-        // Nothing queued: the sources go back to the pool.
+        // Nothing queued: the sources go back to the pool. Every step of
+        // the chunk settled before its valid count is looked at.
         inner.defer_pending(deferred);
+        self.settle(inner)?;
         // Blocks still current that no record header led to: a header
         // damaged at rest since the engine opened (a clean open reads the
         // checkpoint, not the log). Damage, not a bug: changes stop, and

@@ -49,10 +49,15 @@ impl Inner {
     }
 
     /// Blocks a GC step reads at `pos` of a victim `written` blocks long: a
-    /// step bounded below a window reads only what it may walk (but always
-    /// enough for the largest segment).
+    /// step bounded below a window reads only what it may walk, and the
+    /// whole of a segment that starts within that (so that a bounded step
+    /// reads one window, whose read the background compactor makes without
+    /// the lock; reading only what it walks left the last segment to a
+    /// second read under the lock).
     fn gc_read_blocks(&self, pos: u64, blocks_max: u64, written: u64) -> u64 {
-        self.gc_window_blocks().min(blocks_max.max(1).max(self.segment_blocks_max())).min(written - pos)
+        let seg = self.segment_blocks_max();
+        let walk = blocks_max.max(1).max(seg);
+        self.gc_window_blocks().min(walk.saturating_add(seg - 1)).min(written - pos)
     }
 
     /// Blocks GC reads at once from a victim: at least a chunk and at least
@@ -71,7 +76,7 @@ impl Inner {
         let len = self.gc_read_blocks(pos, blocks_max, written);
         let offset = (v.0 as u64 * self.blocks_per_band() + pos) * BS;
         let gen = self.bands[v].gen;
-        (len > 0).then_some(Window { cache: false, offset, len: (len * BS) as usize, gen })
+        (len > 0).then_some(Window { cache: false, offset, len: (len * BS) as usize, gen, headers_only: false })
     }
 }
 
@@ -172,8 +177,10 @@ impl Engine {
         // live tombstones per volume; every window's worth of them (and what
         // is left at the end of the step) goes to the GC band as segments.
         let nv = inner.vols.len();
-        // Per volume: current blocks (lba, crc), their data, live tombstones.
-        type Gathered = (Vec<(u64, u32)>, Vec<u8>, Vec<u64>);
+        // Per volume: current blocks (lba, crc, where their data is), their
+        // data, live tombstones. A deferred step leaves the data in its
+        // windows, which go with its queued writes (`Data::Deferred`).
+        type Gathered = (Vec<Moved>, Vec<u8>, Vec<u64>);
         let mut gathered: Vec<Gathered> = vec![(Vec::new(), Vec::new(), Vec::new()); nv];
         let mut held = 0u64;
         let mut walked = 0u64;
@@ -189,10 +196,11 @@ impl Engine {
             let win = self.read_window(
                 inner,
                 pre,
-                Window { cache: false, offset: (first + pos) * BS, len: (len * BS) as usize, gen },
+                Window { cache: false, offset: (first + pos) * BS, len: (len * BS) as usize, gen, headers_only: false },
             )?;
             // Segments whose data lies wholly in the window; `at` ends at the
             // first that does not (the next window starts there).
+            let base = deferred.as_ref().map(|d| d.next_source_at());
             let mut at = 0u64;
             while at < len && walked + at < blocks_max {
                 let h = decode_header(&win[(at * BS) as usize..((at + 1) * BS) as usize], inner.tag);
@@ -214,8 +222,13 @@ impl Engine {
                 for (i, e) in h.entries.iter().filter(|e| !e.tombstone).enumerate() {
                     if l2p.try_get(e.lba)? == Some(Loc::capacity(seg + 1 + i as u64)) {
                         let d = ((at + 1 + i as u64) * BS) as usize;
-                        g.0.push((e.lba, e.crc));
-                        g.1.extend_from_slice(&win[d..d + BLOCK_BYTES]);
+                        match base {
+                            Some(base) => g.0.push((e.lba, e.crc, base + d)),
+                            None => {
+                                g.0.push((e.lba, e.crc, g.1.len()));
+                                g.1.extend_from_slice(&win[d..d + BLOCK_BYTES]);
+                            }
+                        }
                         held += 1;
                     }
                 }
@@ -226,7 +239,10 @@ impl Engine {
                 }
                 at += segment_blocks(n, unit);
             }
-            inner.give_buf(win);
+            match deferred.as_mut() {
+                Some(d) => d.sources.push(win),
+                None => inner.give_buf(win),
+            }
             if at == 0 {
                 return Err(VolumeError::Damaged {
                     device: "capacity",
@@ -241,12 +257,10 @@ impl Engine {
                     if g.0.is_empty() && g.2.is_empty() {
                         continue;
                     }
-                    let blocks: Vec<Moved> =
-                        g.0.iter().enumerate().map(|(i, &(lba, crc))| (lba, crc, i * BLOCK_BYTES)).collect();
                     let (s, born) = (inner.gc_stream(v), inner.bands[v].born);
-                    let what = Data::Here(&g.1);
+                    let what = if deferred.is_some() { Data::Deferred } else { Data::Here(&g.1) };
                     let moved =
-                        self.write_segments(inner, vol as u32, (s, born), (&blocks, what), &g.2, deferred.as_mut())?;
+                        self.write_segments(inner, vol as u32, (s, born), (&g.0, what), &g.2, deferred.as_mut())?;
                     inner.stats.gc_bytes += moved * BS;
                     g.0.clear();
                     g.1.clear();
@@ -264,10 +278,14 @@ impl Engine {
             return Ok(GcStep::Progress);
         }
         // The victim is discarded below: its blocks must live at their
-        // copies first.
-        if let Some(d) = deferred.as_mut() {
-            self.settle_deferred(inner, d)?;
+        // copies first. A deferred step with writes queued leaves that to
+        // the next step, which settles them first (as compaction does).
+        if deferred.as_ref().is_some_and(|d| !d.queued.is_empty()) {
+            inner.gc_cursor = Some(GcCursor { victim: v, pos });
+            inner.defer_pending(deferred);
+            return Ok(GcStep::Progress);
         }
+        inner.defer_pending(deferred);
         assert_eq!(inner.bands[v].valid, 0, "victim fully relocated");
         // Rule 3: relocations, and whatever made the victim's dropped entries
         // stale, are durable before the victim is discarded.

@@ -254,16 +254,18 @@ impl Engine {
     /// opening a chunk meanwhile: after each compaction the open chunk is
     /// looked at again.
     fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(ChunkId, u64), VolumeError> {
-        let place = self.log_space_or_busy(inner, need)?;
+        let place = self.log_space_or_busy(inner, need, false)?;
         Ok(place.expect("with no record in flight, compaction can always go on"))
     }
 
     /// `log_space`, or None when room needs a compaction that would move a
-    /// block a record in flight rewrites (writers.rs: `relocations_clear`).
+    /// block a record in flight rewrites (writers.rs: `relocations_clear`),
+    /// or (`after_assist`) while a writer takes a compaction step (assist.rs).
     pub(super) fn log_space_or_busy(
         &self,
         inner: &mut Inner,
         need: u64,
+        after_assist: bool,
     ) -> Result<Option<(ChunkId, u64)>, VolumeError> {
         loop {
             if let Some((c, off)) = inner.log.open {
@@ -278,7 +280,9 @@ impl Engine {
             if inner.log.free.len() > inner.cfg.log_free_chunks_min {
                 break;
             }
-            if !inner.relocations_clear() {
+            // Or a writer is taking a step (assist.rs): wait for its end
+            // rather than compact a whole chunk under the lock.
+            if !inner.relocations_clear() || (after_assist && inner.assisting) {
                 return Ok(None);
             }
             self.compact_oldest(inner)?;

@@ -28,7 +28,7 @@
 //! number of tombstones bounded by the number of unmapped blocks.
 
 use super::bands::{band_has_room, Stream};
-use super::step_io::{Deferred, QueuedWrite};
+use super::step_io::{Deferred, Fill, QueuedWrite};
 use super::*;
 use crate::layout::{Entry, Header, RecordKind};
 
@@ -65,11 +65,15 @@ pub(super) type Moved = (u64, u32, usize);
 pub(super) enum Data<'a> {
     /// In this buffer: copied into the segments as they are cut.
     Here(&'a [u8]),
-    /// In source `i` of the step's `Deferred`: copied into the queued
-    /// segments when they are submitted, by the thread that submits them,
-    /// outside the lock if it is the background compactor's or an
-    /// assisting writer's step (step_io.rs).
-    Source(usize),
+    /// In the step's `Deferred` sources, one after the other (an offset
+    /// past the first source's end is in the second, and so on): copied
+    /// into the queued segments when they are submitted, by the thread that
+    /// submits them, outside the lock for the background compactor's steps
+    /// (step_io.rs).
+    Deferred,
+    /// In the cache: `Moved`'s third field is the cache block, read when
+    /// the queued segment is filled, as for `Deferred`.
+    Cache,
 }
 
 /// Blocks a record or segment occupies: header + data, for segments padded to the unit.
@@ -154,7 +158,8 @@ impl Engine {
                     }
                     None
                 }
-                Data::Source(src) => Some((src, rest[..n].iter().map(|b| b.2).collect())),
+                Data::Deferred => Some(Fill::Sources(rest[..n].iter().map(|b| b.2).collect())),
+                Data::Cache => Some(Fill::Cache(rest[..n].iter().map(|b| b.2 as u64).collect())),
             };
             let first = band.0 as u64 * bpb + wp;
             inner.sim_wait(None, Some(band));
@@ -233,6 +238,15 @@ impl Engine {
             inner.give_buf(c.buf);
         }
         first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Reap the capacity writes this thread submitted under the lock
+    /// (`submit_capacity`), leaving pending steps pending.
+    pub(super) fn reap_own_writes(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        match inner.cap.inflight {
+            0 => Ok(()),
+            n => self.reap_capacity(inner, n),
+        }
     }
 
     /// Wait for every capacity write in flight.

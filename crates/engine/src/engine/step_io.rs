@@ -21,12 +21,16 @@ use super::*;
 /// The next read a compaction or GC step will make: `len` bytes at
 /// `offset` of the cache (a full chunk) or the capacity device (a victim
 /// band), and the generation of that chunk or band when it was planned.
+/// `headers_only`: of a chunk whose record headers are known
+/// (`Chunk::headers`), a deferred step reads only those; the blocks it
+/// moves are read when its segments are filled (`Fill::Cache`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Window {
     pub(super) cache: bool,
     pub(super) offset: u64,
     pub(super) len: usize,
     pub(super) gen: u64,
+    pub(super) headers_only: bool,
 }
 
 /// A window read outside the engine lock ahead of its step. The bytes are
@@ -37,6 +41,10 @@ pub(super) struct PreRead {
     win: Window,
     buf: IoBuf,
 }
+
+/// Most steps left pending at once (`Inner::pending`): a deferred step
+/// settles the earlier ones first when there are this many.
+pub(super) const PENDING_STEPS_MAX: usize = 2;
 
 /// A remap that waits for its segment write: (volume, LBA, the cache
 /// location the block was moved from, its capacity location).
@@ -57,26 +65,106 @@ pub(super) struct Deferred {
 }
 
 /// A queued segment write: its request (header and padding in place), and
-/// where its data blocks are still to be copied from, in order (a source of
-/// the step's `Deferred`, offsets in it), if they are not in place yet.
+/// where its data blocks are still to come from, in order, if they are not
+/// in place yet.
 pub(super) struct QueuedWrite {
     pub(super) req: IoRequest,
-    pub(super) fill: Option<(usize, Vec<usize>)>,
+    pub(super) fill: Option<Fill>,
 }
 
-/// Copy each queued write's blocks from `sources` into it; the requests, in order.
-fn filled(queued: Vec<QueuedWrite>, sources: &[IoBuf]) -> Vec<IoRequest> {
+/// Where a queued write's blocks come from.
+pub(super) enum Fill {
+    /// Offsets in the step's sources, one after the other (`Data::Deferred`).
+    Sources(Vec<usize>),
+    /// Cache blocks (`Data::Cache`), read when the write is filled: a
+    /// sealed chunk's blocks stay as they are until it is freed, which
+    /// waits for the step to settle.
+    Cache(Vec<u64>),
+}
+
+impl Deferred {
+    /// Where a source added now starts (`Data::Deferred` offsets).
+    pub(super) fn next_source_at(&self) -> usize {
+        self.sources.iter().map(|s| s.len()).sum()
+    }
+}
+
+/// Copy each queued write's blocks into it, from `sources` or read from
+/// `cache`; the requests, in order, or the first read error (then none is
+/// to be submitted).
+fn filled(queued: Vec<QueuedWrite>, sources: &[IoBuf], cache: &dyn BlockDevice) -> Result<Vec<IoRequest>, DeviceError> {
+    let block = |mut at: usize| {
+        for s in sources {
+            if at < s.len() {
+                return &s[at..at + BLOCK_BYTES];
+            }
+            at -= s.len();
+        }
+        unreachable!("a queued block lies in a source of its step")
+    };
     let mut out = Vec::with_capacity(queued.len());
     for QueuedWrite { mut req, fill } in queued {
-        if let Some((src, offs)) = fill {
-            let from = &sources[src];
-            for (i, at) in offs.into_iter().enumerate() {
-                req.buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(&from[at..at + BLOCK_BYTES]);
+        match fill {
+            None => {}
+            Some(Fill::Sources(offs)) => {
+                for (i, at) in offs.into_iter().enumerate() {
+                    req.buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(block(at));
+                }
             }
+            Some(Fill::Cache(blocks)) => read_blocks_into(cache, &blocks, &mut req.buf[BLOCK_BYTES..])?,
         }
         out.push(req);
     }
-    out
+    Ok(out)
+}
+
+/// Read cache `blocks` into `out`, one after the other: each run of
+/// consecutive blocks in one request, a few in flight.
+fn read_blocks_into(cache: &dyn BlockDevice, blocks: &[u64], out: &mut [u8]) -> Result<(), DeviceError> {
+    let mut runs: Vec<(u64, u64)> = Vec::new(); // (first block, blocks), packed in `out` in order
+    for &b in blocks {
+        match runs.last_mut() {
+            Some((s, n)) if *s + *n == b => *n += 1,
+            _ => runs.push((b, 1)),
+        }
+    }
+    let mut at = 0usize;
+    for chunk in runs.chunks(CAP_QUEUE_DEPTH) {
+        let mut starts = Vec::with_capacity(chunk.len());
+        for (i, &(s, n)) in chunk.iter().enumerate() {
+            let buf = IoBuf::zeroed((n * BS) as usize);
+            cache.submit(IoRequest {
+                op: IoOp::Read,
+                offset: s * BS,
+                len: n * BS,
+                buf,
+                fua: false,
+                user_data: i as u64,
+            });
+            starts.push(at);
+            at += (n * BS) as usize;
+        }
+        let (mut done, mut got) = (Vec::with_capacity(chunk.len()), 0);
+        while got < chunk.len() {
+            got += cache.reap(chunk.len() - got, &mut done);
+        }
+        let mut failed = None;
+        for c in done {
+            match c.result {
+                Ok(_) => {
+                    let s = starts[c.user_data as usize];
+                    out[s..s + c.buf.len()].copy_from_slice(&c.buf);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// The writes of the background compactor's last step, in flight without
@@ -105,7 +193,7 @@ impl PendingIo {
     /// On the submitting thread: reap every write of the step, publish.
     /// A device whose reap panics publishes an I/O error instead (through
     /// the drop), so that no one waits under the engine lock forever.
-    fn reap(&self, dev: &dyn BlockDevice) {
+    fn reap(&self, dev: &dyn BlockDevice, cache: &dyn BlockDevice) {
         struct Publish<'a>(&'a PendingIo, Option<(Vec<IoBuf>, Option<DeviceError>)>);
         impl Drop for Publish<'_> {
             fn drop(&mut self) {
@@ -116,26 +204,32 @@ impl PendingIo {
             }
         }
         let mut publish = Publish(self, None);
-        publish.1 = Some(self.submit_and_reap(dev));
+        publish.1 = Some(self.submit_and_reap(dev, cache));
     }
 
     /// On the submitting thread: fill and submit what the step queued, in
     /// order, and reap it; the buffers (the sources' too) and the first error.
-    fn submit_and_reap(&self, dev: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
+    fn submit_and_reap(&self, dev: &dyn BlockDevice, cache: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
         let (queued, sources) =
             std::mem::take(&mut *self.queued.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-        filled(queued, &sources).into_iter().for_each(|r| dev.submit(r));
-        let (mut bufs, err) = reap_own(dev, self.writes);
+        let (mut bufs, err) = match filled(queued, &sources, cache) {
+            Ok(reqs) => {
+                reqs.into_iter().for_each(|r| dev.submit(r));
+                reap_own(dev, self.writes)
+            }
+            // Nothing written: the step's remaps are never applied.
+            Err(e) => (Vec::new(), Some(e)),
+        };
         bufs.extend(sources);
         (bufs, err)
     }
 
     /// The published completions, reaping them first if this thread
     /// submitted them and has not, else waiting for the submitter.
-    pub(super) fn take(&self, dev: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
+    pub(super) fn take(&self, dev: &dyn BlockDevice, cache: &dyn BlockDevice) -> (Vec<IoBuf>, Option<DeviceError>) {
         let mut done = self.done.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if done.is_none() && std::thread::current().id() == self.owner {
-            return self.submit_and_reap(dev);
+            return self.submit_and_reap(dev, cache);
         }
         loop {
             if let Some(out) = done.take() {
@@ -171,7 +265,15 @@ impl Inner {
         let writes = d.queued.len();
         let queued = Mutex::new((d.queued, d.sources));
         let io = Arc::new(PendingIo { owner, writes, queued, done, ready });
-        self.pending = Some(Pending { io, remaps: d.remaps });
+        self.pending.push(Pending { io, remaps: d.remaps });
+        self.pendings_made += 1;
+    }
+
+    /// The writes a step left pending (its last act), if it left any since
+    /// `pendings_made` was `made`: for the step's thread to fill, submit
+    /// and reap without the lock.
+    pub(super) fn pending_since(&self, made: u64) -> Option<Arc<PendingIo>> {
+        (self.pendings_made > made).then(|| self.pending.last().map(|p| p.io.clone())).flatten()
     }
 
     /// Apply remaps whose writes completed: a block still where it was
@@ -197,20 +299,32 @@ impl Inner {
 }
 
 impl Engine {
-    /// Finish the background compactor's pending step, if any: its writes
-    /// completed (waiting for them), its remaps applied. Everything that
+    /// Finish the pending steps, if any, oldest first: their writes
+    /// completed (waiting for them), their remaps applied. Everything that
     /// writes to, flushes, closes or collects capacity bands, or frees a
     /// chunk, settles first.
     pub(super) fn settle(&self, inner: &mut Inner) -> Result<(), VolumeError> {
-        let Some(p) = inner.pending.take() else { return Ok(()) };
-        self.finish_writes(inner, p.io.take(&*self.capacity), &p.remaps)
+        for p in std::mem::take(&mut inner.pending) {
+            self.finish_writes(inner, p.io.take(&*self.capacity, &*self.cache), &p.remaps)?;
+        }
+        Ok(())
+    }
+
+    /// Finish the pending step whose writes `io` stands for, if no one has.
+    /// Steps pending together moved different blocks (each walked its own
+    /// window), so their remaps may be applied in any order.
+    pub(super) fn settle_one(&self, inner: &mut Inner, io: &Arc<PendingIo>) -> Result<(), VolumeError> {
+        let Some(i) = inner.pending.iter().position(|p| Arc::ptr_eq(&p.io, io)) else { return Ok(()) };
+        let p = inner.pending.remove(i);
+        self.finish_writes(inner, p.io.take(&*self.capacity, &*self.cache), &p.remaps)
     }
 
     /// The same for writes of the step still under the lock (its sources
     /// stay: later writes of the step may copy from them).
     pub(super) fn settle_deferred(&self, inner: &mut Inner, d: &mut Deferred) -> Result<(), VolumeError> {
         let writes = d.queued.len();
-        filled(std::mem::take(&mut d.queued), &d.sources).into_iter().for_each(|r| self.capacity.submit(r));
+        let reqs = filled(std::mem::take(&mut d.queued), &d.sources, &*self.cache)?;
+        reqs.into_iter().for_each(|r| self.capacity.submit(r));
         let done = reap_own(&*self.capacity, writes);
         self.finish_writes(inner, done, &std::mem::take(&mut d.remaps))
     }
@@ -236,7 +350,7 @@ impl Engine {
     /// Without the lock, on the thread that submitted them: reap the
     /// pending step's writes so that the remaps can be applied.
     pub(super) fn reap_pending(&self, io: &Arc<PendingIo>) {
-        io.reap(&*self.capacity);
+        io.reap(&*self.capacity, &*self.cache);
     }
 }
 
@@ -247,8 +361,9 @@ impl PreRead {
 }
 
 impl Pending {
-    pub(super) fn io(&self) -> Arc<PendingIo> {
-        self.io.clone()
+    #[cfg(test)]
+    pub(super) fn remaps(&self) -> &[Remap] {
+        &self.remaps
     }
 }
 
@@ -328,7 +443,7 @@ impl Inner {
             return None;
         }
         let (block, bpc) = (win.offset / BS, self.blocks_per_chunk());
-        self.compact_runs(ChunkId((block / bpc) as u32), block % bpc, win.len as u64 / BS)
+        self.compact_runs(ChunkId((block / bpc) as u32), block % bpc, win.len as u64 / BS, win.headers_only)
     }
 }
 
@@ -413,8 +528,9 @@ mod tests {
             w.volumes[0].write(lba * 4096, &pattern(0, lba, 1), false).unwrap();
         }
         let e = &w.engine;
+        let c0 = e.snapshot().compactor;
         let mut inner = e.lock();
-        let win = inner.compact_window(8).expect("a full chunk");
+        let win = Window { headers_only: false, ..inner.compact_window(8).expect("a full chunk") };
         let fake = |gen| {
             let mut buf = IoBuf::zeroed(win.len);
             buf.fill(0xAB);
@@ -427,7 +543,7 @@ mod tests {
         assert!(same.iter().all(|&b| b == 0xAB), "a matching window was used as read");
         drop(inner);
         let c = e.snapshot().compactor;
-        assert_eq!((c.windows_read_unlocked, c.windows_reread), (1, 1));
+        assert_eq!((c.windows_read_unlocked - c0.windows_read_unlocked, c.windows_reread - c0.windows_reread), (1, 1));
     }
 
     /// Bounded compaction and GC steps, as the simulations take them, read
@@ -468,7 +584,7 @@ mod tests {
         }
         assert!(w.engine.compact_some_leaving_remaps(8).unwrap());
         let lbas: Vec<u64> =
-            w.engine.lock().pending.as_ref().expect("remaps left pending").remaps.iter().map(|r| r.1).collect();
+            w.engine.lock().pending.last().expect("remaps left pending").remaps().iter().map(|r| r.1).collect();
         assert!(lbas.len() >= 3, "{lbas:?}");
         for &lba in &lbas[..2] {
             w.volumes[0].write(lba * 4096, &pattern(0, lba, 2), false).unwrap();
@@ -476,7 +592,7 @@ mod tests {
         }
         w.volumes[0].trim(lbas[2] * 4096, 4096).unwrap();
         model[0][lbas[2] as usize] = 0;
-        assert!(w.engine.lock().pending.is_some(), "nothing settled the step meanwhile");
+        assert!(!w.engine.lock().pending.is_empty(), "nothing settled the step meanwhile");
         w.engine.compact_some(8).unwrap(); // settles the first step
         assert_eq!(w.engine.snapshot().compactor.copies_superseded, 3);
         assert_reads_as(&w, &model);
@@ -513,11 +629,11 @@ mod tests {
         let owner = std::thread::current().id();
         let (queued, done, ready) = (Mutex::new(Default::default()), Mutex::new(None), std::sync::Condvar::new());
         let io = Arc::new(PendingIo { owner, writes: 1, queued, done, ready });
-        let reaped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| io.reap(&*dev)));
+        let reaped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| io.reap(&*dev, &*dev)));
         assert!(reaped.is_err(), "the injected panic reached the compactor");
         let (tx, rx) = std::sync::mpsc::channel();
         let (io2, dev2) = (io.clone(), dev.clone());
-        std::thread::spawn(move || tx.send(io2.take(&*dev2).1));
+        std::thread::spawn(move || tx.send(io2.take(&*dev2, &*dev2).1));
         let err = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the settling thread was answered");
         assert_eq!(err, Some(DeviceError::Io { errno: 5 }));
     }

@@ -70,7 +70,7 @@ const GC_AHEAD_BANDS: usize = 2;
 
 /// A background step walks this share of a chunk (compaction) or as many
 /// blocks of a GC victim: 1 MiB of a 16 MiB chunk, a few ms under the lock.
-const STEP_PARTS: u64 = 16;
+pub(super) const STEP_PARTS: u64 = 16;
 
 /// Longest the compactor pauses after a step for waiting requests.
 const STEP_ASIDE_MAX: Duration = Duration::from_millis(10);
@@ -365,6 +365,7 @@ impl Engine {
         });
         let mut inner = self.lock_for_relocation();
         let locked = Instant::now();
+        let made = inner.pendings_made;
         if inner.closed || inner.failed {
             return Err(VolumeError::ReadOnly);
         }
@@ -381,7 +382,7 @@ impl Engine {
                     if done == GcStep::Reclaimed {
                         self.bg.gc_reclaims_in_a_row.fetch_add(1, Ordering::Relaxed);
                     }
-                    let held = locked.elapsed() + self.finish_step(inner)?;
+                    let held = locked.elapsed() + self.finish_step(inner, made)?;
                     let ns = t.elapsed().as_nanos() as u64;
                     self.bg.gc_windows.fetch_add(1, Ordering::Relaxed);
                     self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
@@ -426,7 +427,7 @@ impl Engine {
         self.bg.free_chunks.store(inner.log.free.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
         let compacted = inner.stats.chunks_compacted;
-        let held = locked.elapsed() + self.finish_step(inner)?;
+        let held = locked.elapsed() + self.finish_step(inner, made)?;
         let ns = t.elapsed().as_nanos() as u64;
         self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
         self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
@@ -450,8 +451,8 @@ impl Engine {
     /// writes complete without it, then (unless a request needed them
     /// settled first) apply their remaps. Returns the time the lock was
     /// held again for that.
-    fn finish_step(&self, inner: std::sync::MutexGuard<'_, Inner>) -> Result<Duration, VolumeError> {
-        let pending = inner.pending.as_ref().map(|p| p.io());
+    fn finish_step(&self, inner: std::sync::MutexGuard<'_, Inner>, made: u64) -> Result<Duration, VolumeError> {
+        let pending = inner.pending_since(made);
         drop(inner);
         let Some(io) = pending else { return Ok(Duration::ZERO) };
         self.reap_pending(&io);
@@ -512,8 +513,9 @@ impl Engine {
         let mut pre = self.preread(plan);
         let mut pending = None;
         let done = self.relocate(false, |e, inner| {
+            let made = inner.pendings_made;
             let done = step(e, inner, &mut pre)?;
-            pending = inner.pending.as_ref().map(|p| p.io());
+            pending = inner.pending_since(made);
             Ok(done)
         })?;
         if let Some(io) = pending {

@@ -35,6 +35,8 @@
 //!   for them (`Engine::lock_for_relocation`), and a writer whose
 //!   reservation needs inline compaction (`Engine::log_space_or_busy`)
 //!   first writes and publishes what it holds, then waits for the others.
+//!   With no background compactor, writers take bounded compaction steps
+//!   themselves before they reserve (assist.rs).
 //! - **Durability.** The flushed watermarks never pass the first record in
 //!   flight (`Inner::written_upto`), so a flush claims only what was
 //!   written. A record may be on the media while an earlier one is not;
@@ -53,6 +55,7 @@
 //!   holds new reservations back meanwhile (`Inner::draining`): those paths
 //!   see the log as when every write ran under the lock.
 
+use super::assist::Assist;
 use super::*;
 use crate::layout::{Entry, RecordKind};
 use std::sync::MutexGuard;
@@ -226,11 +229,24 @@ impl Engine {
     /// `write_concurrent`'s work. Every record's buffer is back in it on
     /// return, whatever happened.
     fn write_records(&self, vol: u32, recs: &mut [Record]) -> Result<(), VolumeError> {
-        let mut next = 0;
+        let (mut next, mut assisted) = (0, false);
         let mut g = self.lock_raw();
         while next < recs.len() {
             if !self.may_reserve(&g)? {
                 g = self.wait_published(g);
+                continue;
+            }
+            // The log short: a compaction step first (assist.rs), none of
+            // this writer's records in flight.
+            if self.assist_due(&g, assisted) {
+                let (done, min) = (assisted, g.cfg.log_free_chunks_min);
+                let r;
+                (g, r) = self.assist(g);
+                assisted = true;
+                if r? == Assist::Blocked && done && g.log.free.len() <= min {
+                    // No room, and a step only once a record is published.
+                    g = self.wait_published(g);
+                }
                 continue;
             }
             if g.sim.is_some() {
@@ -369,7 +385,7 @@ impl Engine {
         rec: &mut Record,
     ) -> Result<Option<Reserved>, VolumeError> {
         let need = (rec.buf.len() / BLOCK_BYTES) as u64;
-        let place = self.log_space_or_busy(g, need);
+        let place = self.log_space_or_busy(g, need, true);
         let Some((chunk, off)) = g.stop_on_device_error(place)? else { return Ok(None) };
         let h = g.next_header(RecordKind::Write, vol, chunk, std::mem::take(&mut rec.entries));
         encode_header(&mut rec.buf[..BLOCK_BYTES], &h);
