@@ -298,7 +298,18 @@ impl Engine {
         self.drain_capacity(inner)?;
         for &s in streams {
             if let Some(b) = inner.stream_band(s).0 {
-                zoned::finish_band(&*self.capacity, inner.geo.zoned, b.0 as u64 * inner.cfg.band_bytes)?;
+                let start = b.0 as u64 * inner.cfg.band_bytes;
+                zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
+                // Closed short of its end, a conventional band's walk would
+                // end at whatever an older generation left there, which
+                // recovery could take for a damaged header once a later
+                // band of the stream is durable (recovery/bands.rs): zeros
+                // end it instead.
+                let (written, usable) = (inner.bands[b].written, inner.band_usable());
+                if !inner.geo.zoned && written + 1 < usable {
+                    write_at(&*self.capacity, start + written * BS, &[0u8; BLOCK_BYTES])?;
+                    inner.cap.dirty = true;
+                }
                 inner.close_band(b, s);
             }
         }

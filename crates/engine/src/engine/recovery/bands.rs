@@ -219,6 +219,17 @@ pub(super) fn durability(
                 p += r.unit;
             }
         }
+        // A later band of the same stream, opened (so this one closed)
+        // before a flush that a header records: everything this band holds
+        // was written before that band's epoch, so is durable, and a bad
+        // header in it is damage, never a torn write. The chain above says
+        // as much while that later band names this one; this holds once GC
+        // has reclaimed it too (`sluice sim --flips` seed 153 with writers'
+        // steps: a flipped header, taken for a torn tail, lost a block
+        // whose log copy was long gone).
+        if w.garbage && later_of_stream(found, band).is_some_and(|e| e <= found.watermark) {
+            must = must.max(w.stop + 1);
+        }
         // Block 0 of a band only ever holds a segment header, and a 4 KiB
         // write lands whole or not at all: anything there but a header
         // (of this band's generation or an older one) or zeros is damage,
@@ -241,6 +252,20 @@ pub(super) fn durability(
     }
 
     Ok(Durability { durable_end, voided, torn_headers })
+}
+
+/// The lowest epoch of a band of `band`'s stream opened after it, if any: a
+/// stream has one open band at a time, so `band` was closed by then.
+fn later_of_stream(found: &BandsFound, band: usize) -> Option<u64> {
+    let w = &found.walks[band];
+    let (epoch, stream) = (w.epoch?, w.first?.stream);
+    found
+        .walks
+        .iter()
+        .filter_map(|x| Some((x.epoch?, x.first?.stream)))
+        .filter(|&(e, s)| s == stream && e > epoch)
+        .map(|(e, _)| e)
+        .min()
 }
 
 /// Step 3 for segments: each segment's header read again and its entries

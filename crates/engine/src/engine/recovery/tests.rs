@@ -143,6 +143,61 @@ fn a_damaged_segment_header_followed_by_durable_segments_is_damage() {
     assert!(d.iter().any(|x| matches!(x, Damage::Segments { band, from: 0, .. } if *band as u64 == at / bpb)), "{d:?}");
 }
 
+/// A band whose stream went on to a later band that is durable holds
+/// nothing torn, even once the band its stream filled next is gone (GC
+/// reclaims it, which ends the chain naming how far this one reached) and
+/// no mark lists it: a damaged header at its end is damage, not a torn
+/// tail. (`sluice sim --flips` seed 153, once writers took compaction
+/// steps: the flipped header was accepted as torn, and a block whose log
+/// copy was long freed read back as zeros.)
+#[test]
+fn a_damaged_last_header_of_a_band_its_stream_moved_on_from_is_damage() {
+    use sluice_media::rng::SplitMix64 as Rng;
+    let w = small_world(&[256]);
+    let mut rng = Rng(11);
+    for i in 0..6000u64 {
+        let lba = rng.below(256);
+        w.volumes[0].write(lba * BS, &pattern(0, lba, i), false).unwrap();
+    }
+    w.volumes[0].flush().unwrap();
+    let tag = crate::persist::engine_tag(&w.engine.uuid());
+    let (cache, capacity) = w.engine.devices();
+    drop(w);
+    let bpb = 32;
+    let segs: Vec<(u64, Header)> =
+        headers(&*capacity, tag).into_iter().filter(|(_, h)| h.kind == RecordKind::Segment).collect();
+    // Per band: (epoch, stream, prev_epoch) of its first segment, and its
+    // segments of that generation.
+    let mut bands: std::collections::BTreeMap<u64, (u64, u32, u64, Vec<u64>)> = Default::default();
+    for (b, h) in segs.iter().filter(|(b, _)| b % bpb == 0) {
+        bands.insert(b / bpb, (h.epoch, h.stream, h.prev_epoch, Vec::new()));
+    }
+    for (b, h) in &segs {
+        if let Some(e) = bands.get_mut(&(b / bpb)).filter(|e| e.0 == h.epoch) {
+            e.3.push(*b);
+        }
+    }
+    let watermark = segs.iter().map(|(_, h)| h.flushed_seq).max().unwrap();
+    let (mark, _) = crate::engine::marks::read_mark(&*cache, tag).unwrap();
+    let marked = |band: u64| mark.as_ref().is_some_and(|m| m.bands.iter().any(|mb| mb.band as u64 == band));
+    // Band P (more than one segment, not in the mark), the band Q its
+    // stream filled next (naming P), and a later band R of the stream
+    // opened before the watermark.
+    let (p, q) = bands
+        .iter()
+        .filter(|(&p, (_, _, _, at))| at.len() > 1 && !marked(p))
+        .find_map(|(&p, &(pe, ps, _, _))| {
+            let (&q, &(qe, ..)) = bands.iter().find(|(&q, (_, s, prev, _))| *s == ps && *prev == pe && !marked(q))?;
+            bands.values().any(|(e, s, ..)| *s == ps && *e > qe && *e <= watermark).then_some((p, q))
+        })
+        .expect("a band, its successor and a later durable band of the stream");
+    // Q gone, as after GC reclaimed it; P's last header damaged at rest.
+    write_at(&*capacity, q * bpb * BS, &vec![0u8; (bpb * BS) as usize]).unwrap();
+    flip(&*capacity, *bands[&p].3.iter().max().unwrap(), 100);
+    let d = damage_of(Engine::open(cache.clone(), capacity.clone()));
+    assert!(d.iter().any(|x| matches!(x, Damage::Segments { band, .. } if *band as u64 == p)), "band {p}: {d:?}");
+}
+
 #[test]
 fn check_finds_blocks_damaged_at_rest_and_a_damaged_checkpoint() {
     let w = small_world(&[256]);
