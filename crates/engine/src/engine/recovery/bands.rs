@@ -181,18 +181,20 @@ pub(super) fn durability(
     for (b, w) in found.walks.iter().enumerate() {
         let Some(f) = w.first.filter(|f| f.prev_epoch != 0) else { continue };
         let Some(&a) = by_epoch.get(&f.prev_epoch) else { continue };
-        if found.walks[a].stop >= f.prev_end {
-            continue;
-        }
         let marked = marked_band(b);
         let covered = marked.is_some_and(|mb| Some(mb.epoch) == w.epoch && mb.written != RECLAIMED && mb.written > 0);
         if f.seq <= found.watermark || covered {
+            // Also when the named band is not short: its segments are then
+            // trusted as durable, so a block damaged at rest in one fails
+            // its reads instead of being taken for a torn copy and quietly
+            // reverting (`sluice sim --zns --flips` seed 20).
             chain_end[a] = chain_end[a].max(f.prev_end);
-        } else {
+        } else if found.walks[a].stop < f.prev_end {
             voided.push(b as u32);
         }
     }
     let mut torn_headers = Vec::new();
+    let streams = StreamEpochs::of(found);
     // Per band, how far its segments are known durable (and so damaged,
     // never torn, if they do not check).
     let mut durable_end = vec![0u64; found.walks.len()];
@@ -206,6 +208,17 @@ pub(super) fn durability(
             continue;
         }
         let mut must = (marked.map_or(0, |mb| mb.written as u64)).max(chain_end[band]);
+        // A later band of the same stream, opened (so this one closed)
+        // before a flush that a header records: everything this band holds
+        // was written before that band's epoch, so is durable, and a bad
+        // header in it is damage, never a torn write. The chain above says
+        // as much while that later band names this one; this holds once GC
+        // has reclaimed it too (`sluice sim --flips` seed 153 with writers'
+        // steps: a flipped header, taken for a torn tail, lost a block
+        // whose log copy was long gone).
+        if streams.later(w).is_some_and(|e| e <= found.watermark) {
+            must = must.max(w.stop + w.garbage as u64);
+        }
         // A damaged header with a durable segment of the same band after it.
         if w.garbage {
             let mut p = (w.stop / r.unit + 1) * r.unit;
@@ -218,17 +231,6 @@ pub(super) fn durability(
                 }
                 p += r.unit;
             }
-        }
-        // A later band of the same stream, opened (so this one closed)
-        // before a flush that a header records: everything this band holds
-        // was written before that band's epoch, so is durable, and a bad
-        // header in it is damage, never a torn write. The chain above says
-        // as much while that later band names this one; this holds once GC
-        // has reclaimed it too (`sluice sim --flips` seed 153 with writers'
-        // steps: a flipped header, taken for a torn tail, lost a block
-        // whose log copy was long gone).
-        if w.garbage && later_of_stream(found, band).is_some_and(|e| e <= found.watermark) {
-            must = must.max(w.stop + 1);
         }
         // Block 0 of a band only ever holds a segment header, and a 4 KiB
         // write lands whole or not at all: anything there but a header
@@ -254,18 +256,29 @@ pub(super) fn durability(
     Ok(Durability { durable_end, voided, torn_headers })
 }
 
-/// The lowest epoch of a band of `band`'s stream opened after it, if any: a
-/// stream has one open band at a time, so `band` was closed by then.
-fn later_of_stream(found: &BandsFound, band: usize) -> Option<u64> {
-    let w = &found.walks[band];
-    let (epoch, stream) = (w.epoch?, w.first?.stream);
-    found
-        .walks
-        .iter()
-        .filter_map(|x| Some((x.epoch?, x.first?.stream)))
-        .filter(|&(e, s)| s == stream && e > epoch)
-        .map(|(e, _)| e)
-        .min()
+/// Per stream, the epochs of its bands found, in order: for the band of a
+/// stream opened after a given one (`later`).
+struct StreamEpochs(std::collections::HashMap<u32, Vec<u64>>);
+
+impl StreamEpochs {
+    fn of(found: &BandsFound) -> StreamEpochs {
+        let mut m: std::collections::HashMap<u32, Vec<u64>> = Default::default();
+        for w in &found.walks {
+            if let (Some(e), Some(f)) = (w.epoch, w.first) {
+                m.entry(f.stream).or_default().push(e);
+            }
+        }
+        m.values_mut().for_each(|v| v.sort_unstable());
+        StreamEpochs(m)
+    }
+
+    /// The lowest epoch of a band of `w`'s stream opened after it, if any:
+    /// a stream has one open band at a time, so `w`'s was closed by then.
+    fn later(&self, w: &BandWalk) -> Option<u64> {
+        let (epoch, stream) = (w.epoch?, w.first?.stream);
+        let v = self.0.get(&stream)?;
+        v.get(v.partition_point(|&e| e <= epoch)).copied()
+    }
 }
 
 /// Step 3 for segments: each segment's header read again and its entries
