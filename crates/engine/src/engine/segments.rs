@@ -252,11 +252,7 @@ impl Engine {
     /// Wait for every capacity write in flight.
     pub(super) fn drain_capacity(&self, inner: &mut Inner) -> Result<(), VolumeError> {
         self.settle(inner)?;
-        let n = inner.cap.inflight;
-        if n == 0 {
-            return Ok(());
-        }
-        self.reap_capacity(inner, n)
+        self.reap_own_writes(inner)
     }
 
     /// Flush the capacity device; every segment written so far is durable.

@@ -121,50 +121,14 @@ fn filled(queued: Vec<QueuedWrite>, sources: &[IoBuf], cache: &dyn BlockDevice) 
 /// Read cache `blocks` into `out`, one after the other: each run of
 /// consecutive blocks in one request, a few in flight.
 fn read_blocks_into(cache: &dyn BlockDevice, blocks: &[u64], out: &mut [u8]) -> Result<(), DeviceError> {
-    let mut runs: Vec<(u64, u64)> = Vec::new(); // (first block, blocks), packed in `out` in order
-    for &b in blocks {
-        match runs.last_mut() {
-            Some((s, n)) if *s + *n == b => *n += 1,
-            _ => runs.push((b, 1)),
+    let mut pieces: Vec<(u64, u64, usize)> = Vec::new();
+    for (i, &b) in blocks.iter().enumerate() {
+        match pieces.last_mut() {
+            Some((off, len, _)) if *off + *len == b * BS => *len += BS,
+            _ => pieces.push((b * BS, BS, i * BLOCK_BYTES)),
         }
     }
-    let mut at = 0usize;
-    for chunk in runs.chunks(CAP_QUEUE_DEPTH) {
-        let mut starts = Vec::with_capacity(chunk.len());
-        for (i, &(s, n)) in chunk.iter().enumerate() {
-            let buf = IoBuf::zeroed((n * BS) as usize);
-            cache.submit(IoRequest {
-                op: IoOp::Read,
-                offset: s * BS,
-                len: n * BS,
-                buf,
-                fua: false,
-                user_data: i as u64,
-            });
-            starts.push(at);
-            at += (n * BS) as usize;
-        }
-        let (mut done, mut got) = (Vec::with_capacity(chunk.len()), 0);
-        while got < chunk.len() {
-            got += cache.reap(chunk.len() - got, &mut done);
-        }
-        let mut failed = None;
-        for c in done {
-            match c.result {
-                Ok(_) => {
-                    let s = starts[c.user_data as usize];
-                    out[s..s + c.buf.len()].copy_from_slice(&c.buf);
-                }
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-    }
-    Ok(())
+    read_pieces(cache, &pieces, out, CAP_QUEUE_DEPTH)
 }
 
 /// The writes of the background compactor's last step, in flight without
@@ -457,18 +421,31 @@ fn read_runs(
     in_flight: usize,
 ) -> Result<(), DeviceError> {
     buf.fill(0);
+    let pieces: Vec<(u64, u64, usize)> =
+        runs.iter().map(|&(s, n)| (offset + s * BS, n * BS, (s * BS) as usize)).collect();
+    read_pieces(dev, &pieces, buf, in_flight)
+}
+
+/// Read `pieces` (device offset, bytes, where in `out`) of `dev` into
+/// `out`, at most `in_flight` requests at a time; the first error, once
+/// the reads in flight are reaped.
+fn read_pieces(
+    dev: &dyn BlockDevice,
+    pieces: &[(u64, u64, usize)],
+    out: &mut [u8],
+    in_flight: usize,
+) -> Result<(), DeviceError> {
     let mut done = Vec::with_capacity(in_flight);
     let (mut next, mut inflight, mut failed) = (0, 0, None);
     // After a failed read nothing more is submitted: the loop ends once
     // the reads in flight are reaped (it spun forever on an empty device
     // queue before, `sluice sim --swarm` seed 744).
-    while (next < runs.len() && failed.is_none()) || inflight > 0 {
-        if next < runs.len() && inflight < in_flight && failed.is_none() {
-            let (s, n) = runs[next];
-            let len = n * BS;
+    while (next < pieces.len() && failed.is_none()) || inflight > 0 {
+        if next < pieces.len() && inflight < in_flight && failed.is_none() {
+            let (offset, len, _) = pieces[next];
             let req = IoRequest {
                 op: IoOp::Read,
-                offset: offset + s * BS,
+                offset,
                 len,
                 buf: IoBuf::zeroed(len as usize),
                 fua: false,
@@ -484,8 +461,8 @@ fn read_runs(
         for c in done.drain(..) {
             match c.result {
                 Ok(_) => {
-                    let s = (runs[c.user_data as usize].0 * BS) as usize;
-                    buf[s..s + c.buf.len()].copy_from_slice(&c.buf);
+                    let at = pieces[c.user_data as usize].2;
+                    out[at..at + c.buf.len()].copy_from_slice(&c.buf);
                 }
                 Err(e) => {
                     failed.get_or_insert(e);
