@@ -249,8 +249,6 @@ pub struct Engine {
     bg: worker::Background,
     /// Time origin of the throttle's schedule.
     epoch: std::time::Instant,
-    /// Tell servers to run reads in parallel (`set_parallel_reads`).
-    parallel_reads: std::sync::atomic::AtomicBool,
     /// FLUSH requests grouped into rounds (`flushes.rs`).
     flushes: flushes::FlushGroup,
     /// Each volume's map when reads may use it without the lock (held
@@ -301,7 +299,6 @@ impl Engine {
             salvaged: Vec::new(),
             metrics,
             bg: worker::Background::new(),
-            parallel_reads: std::sync::atomic::AtomicBool::new(false),
             epoch: std::time::Instant::now(),
             flushes: Default::default(),
             lockless_maps,

@@ -157,25 +157,6 @@ pub trait Volume: Send + Sync {
     fn write_owned(&self, offset: u64, data: WriteBuf, fua: bool) -> Result<(), VolumeError> {
         self.write(offset, data.data(), fua)
     }
-    /// True when a server should run a connection's requests on the thread
-    /// that read them: they are short (no lock held across device I/O is
-    /// needed for that; an engine volume holds its lock only to reserve and
-    /// publish), the hand-off to another thread would cost more than the
-    /// request, and consecutive writes can then share one `write_batch`.
-    /// Connections still run concurrently with each other. (The name is
-    /// older than that: volumes once ran one request at a time under one
-    /// lock.)
-    fn serializes_requests(&self) -> bool {
-        false
-    }
-
-    /// For a volume whose requests run on the reading thread: its devices
-    /// are slow enough that overlapping a connection's reads pays for
-    /// handing them to other threads. A server then runs reads on its
-    /// workers and the rest inline.
-    fn reads_in_parallel(&self) -> bool {
-        false
-    }
 }
 
 /// The shared range check.

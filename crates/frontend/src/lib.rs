@@ -9,6 +9,7 @@
 
 pub mod access;
 pub mod client;
+mod dispatch;
 pub mod handshake;
 mod pool;
 pub mod proto;

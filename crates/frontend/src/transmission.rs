@@ -7,10 +7,12 @@
 //! negotiated).
 //!
 //! Design: the connection thread is the *reader*: it decodes a header, waits
-//! for room under `inflight_bytes_max`, reads the write payload, and hands
-//! the request to the server's worker pool (`pool.rs`). A worker executes it
-//! and writes its reply as one buffer under the writer lock, so replies
-//! never interleave on the wire and may go out of order. On NBD_CMD_DISC,
+//! for room under `inflight_bytes_max`, reads the write payload, and either
+//! runs the request itself or hands it to the server's worker pool
+//! (`pool.rs`), as the volume's measured service time says (dispatch.rs).
+//! Consecutive writes run by the reader share one `write_batch`. Replies
+//! are written as one buffer each under the writer lock, so they never
+//! interleave on the wire, and may go out of order. On NBD_CMD_DISC,
 //! end of stream or a framing error the reader stops, waits until every
 //! request already read was answered (their replies still go out when the
 //! socket allows), and the connection closes.
@@ -25,9 +27,11 @@ use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use sluice_engine::{Volume, VolumeError, WriteBuf};
 
+use crate::dispatch::Pace;
 use crate::handshake::Session;
 use crate::pool::WorkerPool;
 use crate::proto::{self, Chunk, Command, ProtoError, RequestHeader, SimpleReply};
@@ -105,39 +109,38 @@ impl Drop for Release<'_> {
 /// Serialises replies; once a write fails the socket is shut down so the
 /// reader stops too.
 ///
-/// On an inline connection the reader alone replies, and small replies are
-/// held and sent together (`flush`) when it has no further request to run:
-/// one system call per burst of requests instead of one per reply.
+/// Requests run on the reader thread (dispatch.rs) have their small replies
+/// held and sent together (`flush`) when the reader has no further request
+/// to run: one system call per burst of requests instead of one per reply.
+/// Requests run on the pool reply at once.
 struct ReplyWriter {
     stream: Mutex<Stream>,
     broken: AtomicBool,
-    /// Some while replies are held (inline connections only).
-    held: Option<Mutex<Vec<u8>>>,
+    held: Mutex<Vec<u8>>,
 }
 
 /// Replies from this size on are sent at once rather than held (holding
 /// would only add a copy), and held replies are sent once they reach it.
 const HELD_BYTES_MAX: usize = 64 << 10;
-/// Reply buffer an inline connection keeps between bursts.
+/// Reply buffer a connection keeps between bursts.
 const HELD_BYTES_KEPT: usize = 4 << 10;
 
 impl ReplyWriter {
     fn send(&self, buf: &[u8]) {
-        if let Some(held) = &self.held {
-            let mut h = held.lock().unwrap_or_else(PoisonError::into_inner);
-            if buf.len() < HELD_BYTES_MAX {
-                h.extend_from_slice(buf);
-                if h.len() >= HELD_BYTES_MAX {
-                    self.write(&h);
-                    h.clear();
-                }
-                return;
-            }
-            if !h.is_empty() {
+        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if buf.len() < HELD_BYTES_MAX {
+            h.extend_from_slice(buf);
+            if h.len() >= HELD_BYTES_MAX {
                 self.write(&h);
                 h.clear();
             }
+            return;
         }
+        if !h.is_empty() {
+            self.write(&h);
+            h.clear();
+        }
+        drop(h);
         self.write(buf);
     }
 
@@ -145,14 +148,12 @@ impl ReplyWriter {
     /// the client, so it also gives back all but a little of the buffer: a
     /// quiet connection holds no large reply buffer.
     fn flush(&self) {
-        if let Some(held) = &self.held {
-            let mut h = held.lock().unwrap_or_else(PoisonError::into_inner);
-            if !h.is_empty() {
-                self.write(&h);
-                h.clear();
-            }
-            h.shrink_to(HELD_BYTES_KEPT);
+        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if !h.is_empty() {
+            self.write(&h);
+            h.clear();
         }
+        h.shrink_to(HELD_BYTES_KEPT);
     }
 
     fn write(&self, buf: &[u8]) {
@@ -184,11 +185,8 @@ struct Conn {
     byte_granular: bool,
     /// Writes, trims and zeroes get EPERM (a read-only export or grant).
     read_only: bool,
-    /// Run requests on the reader thread (the volume serializes them anyway).
-    inline: bool,
-    /// On an inline connection, still hand reads to the workers
-    /// (`Volume::reads_in_parallel`).
-    pooled_reads: bool,
+    /// Which requests run on the reader thread, from how long they took.
+    pace: Pace,
     structured: bool,
     base_allocation: Option<u32>,
     request_bytes_max: u32,
@@ -230,23 +228,17 @@ pub(crate) fn run(
     stats: &Arc<ServerStats>,
 ) -> Result<(), ConnError> {
     let (_, _, request_bytes_max) = shared.block_sizes(session.export.as_ref());
-    let inline = session.export.serializes_requests();
     let conn = Arc::new(Conn {
         export: session.export.clone(),
         order: session.order.clone(),
         byte_granular: session.byte_granular,
         read_only: session.read_only,
-        inline,
-        pooled_reads: inline && session.export.reads_in_parallel(),
+        pace: Pace::new(),
         structured: session.structured,
         base_allocation: session.base_allocation,
         request_bytes_max,
         block_status_extents_max: shared.opts.block_status_extents_max.max(1),
-        out: ReplyWriter {
-            stream: Mutex::new(writer),
-            broken: AtomicBool::new(false),
-            held: inline.then(|| Mutex::new(Vec::new())),
-        },
+        out: ReplyWriter { stream: Mutex::new(writer), broken: AtomicBool::new(false), held: Mutex::new(Vec::new()) },
         budget: Budget::new(shared.opts.inflight_bytes_max),
         stats: stats.clone(),
     });
@@ -260,7 +252,7 @@ pub(crate) fn run(
 /// The reader loop: returns Ok on DISC or a clean end of stream.
 fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPool>) -> Result<(), ConnError> {
     loop {
-        if conn.inline && buffered_writes(conn, reader, pool) > 0 {
+        if conn.pace.inline_writes() && buffered_writes(conn, reader, pool) > 0 {
             continue;
         }
         if reader.buffer().len() < proto::REQUEST_HEADER_BYTES {
@@ -314,11 +306,7 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
             conn.budget.acquire(cost);
         }
         let job = Job { header, command, payload, cost };
-        // A FLUSH goes to a worker even on an inline connection: the writes
-        // read after it go on while the device flushes, and flushes in
-        // flight together share one device flush (the engine groups them).
-        let pooled = command == Command::Flush || (conn.pooled_reads && command == Command::Read);
-        if conn.inline && !pooled {
+        if conn.pace.inline(command) {
             conn.execute(job, false);
         } else {
             conn.to_worker(pool, job);
@@ -330,7 +318,7 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
 const BATCH_WRITES_MAX: usize = 64;
 const BATCH_BYTES_MAX: usize = 1 << 20;
 
-/// On an inline connection: if the reader's buffer starts with plain
+/// While writes run on the reader thread: if its buffer starts with plain
 /// (non-FUA) writes received whole, runs them straight from the buffer as
 /// one `write_batch` — no copy, no wait for more bytes — answers them all in
 /// one send, and returns how many. FLUSH requests among them are taken too
@@ -377,7 +365,11 @@ fn buffered_writes(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerP
         true => Ok(()),
         false => {
             let _order = conn.order.shared();
-            conn.export.write_batch(&writes, false)
+            let t = Instant::now();
+            let r = conn.export.write_batch(&writes, false);
+            let per_write = t.elapsed().as_nanos() as u64 / writes.len() as u64;
+            conn.pace.record(Command::Write, per_write);
+            r
         }
     };
     let mut out = Vec::with_capacity(taken.len() * proto::SIMPLE_REPLY_BYTES);
@@ -439,7 +431,7 @@ fn discard_payload<R: Read>(conn: &Conn, reader: &mut R, len: u32) -> Result<(),
 
 impl Conn {
     /// Hands a request to the worker pool. Its reply goes out at once, not
-    /// into an inline connection's held replies (the reader may be waiting
+    /// into the held replies (the reader may be waiting
     /// for the client, with nothing left to flush them).
     fn to_worker(self: &Arc<Conn>, pool: &Arc<WorkerPool>, job: Job) {
         let conn = self.clone();
@@ -452,7 +444,9 @@ impl Conn {
         // Released even if the volume panics, so the reader never waits on
         // budget that will not come back.
         let _release = Release { budget: &self.budget, cost: job.cost };
+        let t = Instant::now();
         let outcome = self.outcome(&mut job);
+        self.pace.record(job.command, t.elapsed().as_nanos() as u64);
         self.reply_to(&job.header, Some(job.command), outcome, direct);
     }
 

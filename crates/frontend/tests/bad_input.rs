@@ -463,14 +463,23 @@ fn random_garbage_after_the_handshake_never_hurts_the_server() {
     h.shutdown().expect("shutdown");
 }
 
-/// FLUSHes among buffered writes on an inline connection are taken with
+/// One write answered: the server has measured the volume's writes as
+/// fast and runs the next ones on the reader thread, batched.
+fn writes_measured(c: &mut Raw) {
+    c.request(WRITE, 0, 999, SIZE - 4096, 4096);
+    c.send(&[0xee; 4096]);
+    assert_eq!(c.reply(0).0, Reply::Simple { error: 0, cookie: 999 });
+}
+
+/// FLUSHes among buffered writes run on the reader thread are taken with
 /// the batch and run after it on a worker: each is answered, and each
 /// comes after every write sent before it.
 #[test]
 fn flushes_inside_a_write_batch_run_after_the_writes_before_them() {
-    let vol = MemVolume::new("default", SIZE).serializing();
+    let vol = MemVolume::new("default", SIZE);
     let h = start(vec![vol.clone()]);
     let (mut c, _, _) = Raw::go(h.port().expect("tcp"), "default", false, false);
+    writes_measured(&mut c);
     vol.log.lock().expect("log").clear();
     let flush = Command::Flush as u16;
     let reqs: [(u64, u16, u64); 6] =
@@ -506,9 +515,10 @@ fn flushes_inside_a_write_batch_run_after_the_writes_before_them() {
 
 #[test]
 fn inline_write_batches_stop_at_refused_and_fua_writes_and_answer_each() {
-    let vol = MemVolume::new("default", SIZE).serializing();
+    let vol = MemVolume::new("default", SIZE);
     let h = start(vec![vol.clone()]);
     let (mut c, _, _) = Raw::go(h.port().expect("tcp"), "default", false, false);
+    writes_measured(&mut c);
     // (cookie, flags, offset): plain, plain, misaligned, FUA, plain, plain,
     // past the end, plain — sent in one go so they arrive buffered together.
     let reqs: [(u64, u16, u64); 8] = [

@@ -179,16 +179,20 @@ fn nbdcopy_in_and_out_byte_identical() {
     h.shutdown().expect("shutdown");
 }
 
+/// A fast volume: the server runs each kind of request on the reader
+/// thread once it has measured one, and batches buffered writes.
 #[test]
 fn libnbd_python_exercises_every_command() {
     libnbd_python_on(MemVolume::new("default", 32 * MIB));
 }
 
-/// The same client against a volume that serializes its requests: the
-/// server runs them on the reader thread and batches buffered writes.
+/// The same client against a slow volume: every request runs on the
+/// workers.
 #[test]
-fn libnbd_python_exercises_every_command_inline() {
-    libnbd_python_on(MemVolume::new("default", 32 * MIB).serializing());
+fn libnbd_python_exercises_every_command_on_the_workers() {
+    let vol = MemVolume::new("default", 32 * MIB).with_slow_reads().with_slow_writes();
+    libnbd_python_on(vol.clone());
+    assert_eq!(vol.batches.load(Ordering::Relaxed), 0, "slow writes were batched on the reader");
 }
 
 fn libnbd_python_on(vol: Arc<MemVolume>) {
@@ -221,25 +225,30 @@ fn libnbd_without_block_sizes_is_served_at_any_byte_offset() {
     h.shutdown().expect("shutdown");
 }
 
+/// Slow writes run on the workers, several at once, and verify.
 #[test]
-fn fio_nbd_engine_verifies_crc32c() {
-    fio_verify_on(MemVolume::new("default", 32 * MIB));
+fn fio_nbd_engine_verifies_crc32c_with_writes_on_the_workers() {
+    let vol = MemVolume::new("default", 32 * MIB).with_slow_writes();
+    fio_verify_on(vol.clone());
+    assert_eq!(vol.batches.load(Ordering::Relaxed), 0, "slow writes were batched on the reader");
 }
 
-/// Inline execution: fio's pipelined 4 KiB writes arrive several to a
-/// socket read, so some must go to the volume as one batch.
+/// Fast writes run on the reader thread: fio's pipelined 4 KiB writes
+/// arrive several to a socket read, so some must go to the volume as one
+/// batch.
 #[test]
 fn fio_nbd_engine_verifies_crc32c_inline_with_batched_writes() {
-    let vol = MemVolume::new("default", 32 * MIB).serializing();
+    let vol = MemVolume::new("default", 32 * MIB);
     fio_verify_on(vol.clone());
     assert!(vol.batch_writes_max.load(Ordering::Relaxed) > 1, "no write batch carried more than one write");
 }
 
-/// Inline execution with reads handed to the workers: one connection's
-/// reads overlap, its writes still run inline, and every block verifies.
+/// Slow reads go to the workers while fast writes stay on the reader: one
+/// connection's reads overlap, its writes are batched, and every block
+/// verifies.
 #[test]
 fn fio_nbd_engine_verifies_crc32c_inline_with_parallel_reads() {
-    let vol = MemVolume::new("default", 32 * MIB).with_parallel_reads();
+    let vol = MemVolume::new("default", 32 * MIB).with_slow_reads();
     fio_verify_on(vol.clone());
     assert!(vol.reads_in_flight_max.load(Ordering::Relaxed) > 1, "one connection's reads never overlapped");
     assert!(vol.batch_writes_max.load(Ordering::Relaxed) > 1, "writes are still batched inline");

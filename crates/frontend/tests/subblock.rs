@@ -236,7 +236,7 @@ fn concurrent_patches_of_one_block_from_many_connections_all_survive() {
     const CONNS: u64 = 4;
     const ROUNDS: u64 = 150;
     // Each read takes a millisecond: a patch's read-to-write window is wide.
-    let vol = MemVolume::new("default", SIZE).with_parallel_reads();
+    let vol = MemVolume::new("default", SIZE).with_slow_reads();
     let h = start(vec![vol.clone()]);
     let port = h.port().expect("tcp");
     let threads: Vec<_> = (0..CONNS)

@@ -224,12 +224,6 @@ impl<V: Volume> Volume for TracedVolume<V> {
         self.slot.record('W', offset, data.data().len() as u64);
         self.inner.write_owned(offset, data, fua)
     }
-    fn serializes_requests(&self) -> bool {
-        self.inner.serializes_requests()
-    }
-    fn reads_in_parallel(&self) -> bool {
-        self.inner.reads_in_parallel()
-    }
 }
 
 #[cfg(test)]

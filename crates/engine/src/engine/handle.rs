@@ -465,18 +465,6 @@ impl Volume for EngineVolume {
         r
     }
 
-    /// Servers run a connection's requests on its reader thread: they are
-    /// short (writes hold the engine lock only to reserve and publish,
-    /// reads of resident maps none), and consecutive writes then share one
-    /// group commit. Connections still write concurrently (writers.rs).
-    fn serializes_requests(&self) -> bool {
-        true
-    }
-
-    fn reads_in_parallel(&self) -> bool {
-        self.engine.parallel_reads.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {
         check(self, offset, len)?;
         if self.in_place {

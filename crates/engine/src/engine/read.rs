@@ -82,14 +82,6 @@ impl Engine {
         Some(r.map(|_| ()))
     }
 
-    /// Whether servers should run this engine's reads in parallel: reads
-    /// do their device I/O outside the engine lock, which pays on devices
-    /// with latency (emulated or real media) and not on memory, where the
-    /// hand-off to another thread costs more than the read. Off by default.
-    pub fn set_parallel_reads(&self, on: bool) {
-        self.parallel_reads.store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// Room for one more read (or home write past the log, handle.rs)
     /// outside the lock, if there is any.
     pub(super) fn unlocked_read_permit(&self) -> Option<ReadPermit<'_>> {

@@ -8,8 +8,9 @@
 //! request waits. `Engine::start_compactor` moves that work to a thread that
 //! does it ahead of need in bounded steps (`Engine::compact_step`,
 //! `gc_step`: 1/16 of a chunk each, resumable, re-checking the map every
-//! step), and steps aside after each one for as long as it took whenever
-//! requests wait for the lock. When writes outrun it, the set-point
+//! step). It takes no turns with requests: a step holds the lock only to
+//! plan and walk (its reads and writes run outside it), so a request waits
+//! at most one walk. When writes outrun it, the set-point
 //! controller (throttle.rs) paces them to the measured drain bandwidth; the
 //! inline paths stay as safety valves, so no write ever fails for lack of
 //! space.
@@ -72,9 +73,6 @@ const GC_AHEAD_BANDS: usize = 2;
 /// blocks of a GC victim: 1 MiB of a 16 MiB chunk, a few ms under the lock.
 pub(super) const STEP_PARTS: u64 = 16;
 
-/// Longest the compactor pauses after a step for waiting requests.
-const STEP_ASIDE_MAX: Duration = Duration::from_millis(10);
-
 /// Longest pause of paced cleaning between two steps (a step cleans no more
 /// than the rate allows in that time).
 const CLEANING_PAUSE_MAX: Duration = Duration::from_secs(1);
@@ -112,8 +110,6 @@ pub(super) struct Background {
     ns_unbilled: AtomicU64,
     /// `EngineStats::chunks_compacted` at the last bandwidth sample.
     billed_chunks: AtomicU64,
-    /// Requests waiting for the engine lock (`Engine::step_aside`).
-    waiting: AtomicUsize,
     pub(super) throttled_writes: AtomicU64,
     /// Victims the background GC reclaimed since its last compaction step.
     gc_reclaims_in_a_row: AtomicUsize,
@@ -152,7 +148,6 @@ impl Background {
             ns_unbilled: AtomicU64::new(0),
             billed_chunks: AtomicU64::new(0),
             compaction_ns: AtomicU64::new(0),
-            waiting: AtomicUsize::new(0),
             throttled_writes: AtomicU64::new(0),
             gc_reclaims_in_a_row: AtomicUsize::new(0),
             windows_unlocked: AtomicU64::new(0),
@@ -253,16 +248,14 @@ impl Engine {
                 return;
             }
             match self.background_step(last) {
-                Ok((Work::Idle, _)) => last = Work::Idle,
-                Ok((w @ Work::Cleaned { pause }, held)) if !pause.is_zero() => {
+                Ok(Work::Idle) => last = Work::Idle,
+                Ok(w @ Work::Cleaned { pause }) if !pause.is_zero() => {
                     last = w;
-                    self.step_aside(held);
                     self.pause(pause);
                     continue;
                 }
-                Ok((w, held)) => {
+                Ok(w) => {
                     last = w;
-                    self.step_aside(held);
                     continue;
                 }
                 // Closed or failed: writes report it; nothing more to do here
@@ -295,31 +288,14 @@ impl Engine {
         drop(stop);
     }
 
-    /// If requests wait for the engine lock, step aside after a step for as
-    /// long as it took (at most `STEP_ASIDE_MAX`): under contention the
-    /// compactor holds the lock at most half the time, and the throttle,
-    /// paced to the bandwidth measured with these pauses, keeps the log from
-    /// running out. (A plain mutex hands the lock straight back to the
-    /// thread that just released it: writers waited 0.6 s behind runs of
-    /// steps; letting one request in per step still made a connection's
-    /// queue wait a step per request.)
-    fn step_aside(&self, step: Duration) {
-        if self.bg.waiting.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        std::thread::sleep(step.min(STEP_ASIDE_MAX));
-    }
-
-    /// The engine lock, for a request: counted, so that the compactor can
-    /// step aside for it. As it is, records in flight or not (`Engine::live`
-    /// drains them).
+    /// The engine lock, for a request: its time noted, so that cleaning
+    /// knows when requests pause. As it is, records in flight or not
+    /// (`Engine::live` drains them).
     pub(super) fn lock_for_request(&self) -> std::sync::MutexGuard<'_, Inner> {
-        if !self.bg.on.load(Ordering::Relaxed) {
-            return self.lock_raw();
-        }
-        self.bg.waiting.fetch_add(1, Ordering::SeqCst);
         let inner = self.lock_raw();
-        self.bg.waiting.fetch_sub(1, Ordering::SeqCst);
+        if !self.bg.on.load(Ordering::Relaxed) {
+            return inner;
+        }
         self.bg.last_request_ns.store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         inner
     }
@@ -347,9 +323,8 @@ impl Engine {
 
     /// One piece of background work (see `due`): its first read done
     /// without the engine lock when there is room for it (`preread`), the
-    /// rest under one hold of the lock. Returns the work and how long the
-    /// lock was held.
-    fn background_step(&self, last: Work) -> Result<(Work, Duration), VolumeError> {
+    /// rest under one hold of the lock.
+    fn background_step(&self, last: Work) -> Result<Work, VolumeError> {
         let t = Instant::now();
         let step_blocks = |inner: &Inner| (inner.blocks_per_chunk() / STEP_PARTS).max(1);
         // A GC step walks at least what it reads anyway (a largest
@@ -364,7 +339,6 @@ impl Engine {
             (false, false) => None,
         });
         let mut inner = self.lock_for_relocation();
-        let locked = Instant::now();
         let made = inner.pendings_made;
         if inner.closed || inner.failed {
             return Err(VolumeError::ReadOnly);
@@ -382,12 +356,12 @@ impl Engine {
                     if done == GcStep::Reclaimed {
                         self.bg.gc_reclaims_in_a_row.fetch_add(1, Ordering::Relaxed);
                     }
-                    let held = locked.elapsed() + self.finish_step(inner, made)?;
+                    self.finish_step(inner, made)?;
                     let ns = t.elapsed().as_nanos() as u64;
                     self.bg.gc_windows.fetch_add(1, Ordering::Relaxed);
                     self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
                     self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
-                    return Ok((Work::Collected, held));
+                    return Ok(Work::Collected);
                 }
             }
         }
@@ -398,7 +372,7 @@ impl Engine {
             let idle = Duration::from_nanos(now.saturating_sub(self.bg.last_request_ns.load(Ordering::Relaxed)));
             let Some(due) = inner.cleaning_due(idle) else {
                 self.bg.cleaning_rate_bits.store(0, Ordering::Relaxed);
-                return Ok((Work::Idle, locked.elapsed()));
+                return Ok(Work::Idle);
             };
             // Paced: a step of what the rate allows in `CLEANING_PAUSE_MAX`
             // at most, then a pause as long as the rate says it takes.
@@ -417,9 +391,8 @@ impl Engine {
                 false => Duration::ZERO,
             };
             self.bg.cleaning_rate_bits.store(f64::to_bits(rate), Ordering::Relaxed);
-            let held = locked.elapsed();
             drop(inner);
-            return Ok((Work::Cleaned { pause }, held));
+            return Ok(Work::Cleaned { pause });
         }
         let r = self.compact_step(&mut inner, step_blocks, &mut pre, true);
         let step = inner.stop_on_device_error(r)?;
@@ -427,7 +400,7 @@ impl Engine {
         self.bg.free_chunks.store(inner.log.free.len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
         let compacted = inner.stats.chunks_compacted;
-        let held = locked.elapsed() + self.finish_step(inner, made)?;
+        self.finish_step(inner, made)?;
         let ns = t.elapsed().as_nanos() as u64;
         self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
         self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
@@ -444,25 +417,22 @@ impl Engine {
                 t.observe(freed, work);
             }
         }
-        Ok((Work::Compacted, held))
+        Ok(Work::Compacted)
     }
 
     /// After a step under `inner`: release the lock, let the step's segment
     /// writes complete without it, then (unless a request needed them
-    /// settled first) apply their remaps. Returns the time the lock was
-    /// held again for that.
-    fn finish_step(&self, inner: std::sync::MutexGuard<'_, Inner>, made: u64) -> Result<Duration, VolumeError> {
+    /// settled first) apply their remaps.
+    fn finish_step(&self, inner: std::sync::MutexGuard<'_, Inner>, made: u64) -> Result<(), VolumeError> {
         let pending = inner.pending_since(made);
         drop(inner);
-        let Some(io) = pending else { return Ok(Duration::ZERO) };
+        let Some(io) = pending else { return Ok(()) };
         self.reap_pending(&io);
         // Remaps only (each applied if its block did not move meanwhile):
         // beside the records in flight or not, as any relocation.
         let mut inner = self.lock_raw();
-        let relocked = Instant::now();
         let r = self.settle(&mut inner);
-        inner.stop_on_device_error(r)?;
-        Ok(relocked.elapsed())
+        inner.stop_on_device_error(r)
     }
 
     /// One bounded GC step, as the background compactor takes them: the

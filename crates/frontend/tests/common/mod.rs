@@ -32,15 +32,16 @@ pub struct MemVolume {
     pub writes_waiting: AtomicU64,
     /// Event log: "w" per completed write, "f" per flush (in order).
     pub log: Mutex<String>,
-    /// Claim `serializes_requests`: the server then runs this volume's
-    /// requests on the reader thread and batches buffered writes.
-    pub serializes: std::sync::atomic::AtomicBool,
     /// `write_batch` calls, and the most writes one of them carried.
     pub batches: AtomicU64,
     pub batch_writes_max: AtomicU64,
-    /// Claim `reads_in_parallel`; each read then takes a millisecond, and
-    /// the most reads in flight at once is recorded.
-    pub parallel_reads: std::sync::atomic::AtomicBool,
+    /// Each read takes a millisecond (the server should then overlap a
+    /// connection's reads on its workers); the most reads in flight at once
+    /// is recorded.
+    pub slow_reads: std::sync::atomic::AtomicBool,
+    /// Each write takes 200 µs (the server should then run a connection's
+    /// writes on its workers, never batched on the reader).
+    pub slow_writes: std::sync::atomic::AtomicBool,
     reads_in_flight: AtomicU64,
     pub reads_in_flight_max: AtomicU64,
 }
@@ -58,25 +59,25 @@ impl MemVolume {
             released: Condvar::new(),
             writes_waiting: AtomicU64::new(0),
             log: Mutex::new(String::new()),
-            serializes: std::sync::atomic::AtomicBool::new(false),
             batches: AtomicU64::new(0),
             batch_writes_max: AtomicU64::new(0),
-            parallel_reads: std::sync::atomic::AtomicBool::new(false),
+            slow_reads: std::sync::atomic::AtomicBool::new(false),
+            slow_writes: std::sync::atomic::AtomicBool::new(false),
             reads_in_flight: AtomicU64::new(0),
             reads_in_flight_max: AtomicU64::new(0),
         })
     }
 
-    /// The same volume, marked as serializing its requests (see `serializes`).
-    pub fn serializing(self: Arc<Self>) -> Arc<Self> {
-        self.serializes.store(true, Ordering::Relaxed);
+    /// The same volume, with reads that take a millisecond each.
+    pub fn with_slow_reads(self: Arc<Self>) -> Arc<Self> {
+        self.slow_reads.store(true, Ordering::Relaxed);
         self
     }
 
-    /// Serializing, but with reads the server may run in parallel.
-    pub fn with_parallel_reads(self: Arc<Self>) -> Arc<Self> {
-        self.parallel_reads.store(true, Ordering::Relaxed);
-        self.serializing()
+    /// The same volume, with writes that take 200 µs each.
+    pub fn with_slow_writes(self: Arc<Self>) -> Arc<Self> {
+        self.slow_writes.store(true, Ordering::Relaxed);
+        self
     }
 
     pub fn allocated_blocks(&self) -> usize {
@@ -113,7 +114,7 @@ impl Volume for MemVolume {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         check(self, offset, buf.len() as u64)?;
-        if self.parallel_reads.load(Ordering::Relaxed) {
+        if self.slow_reads.load(Ordering::Relaxed) {
             let now = self.reads_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             self.reads_in_flight_max.fetch_max(now, Ordering::SeqCst);
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -138,6 +139,9 @@ impl Volume for MemVolume {
                     held = self.released.wait(held).unwrap();
                 }
             }
+        }
+        if self.slow_writes.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
         self.log.lock().unwrap().push('w');
         let mut blocks = self.blocks.lock().unwrap();
@@ -171,12 +175,6 @@ impl Volume for MemVolume {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         self.log.lock().unwrap().push('f');
         Ok(())
-    }
-    fn serializes_requests(&self) -> bool {
-        self.serializes.load(Ordering::Relaxed)
-    }
-    fn reads_in_parallel(&self) -> bool {
-        self.parallel_reads.load(Ordering::Relaxed)
     }
     fn write_batch(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
         for &(offset, data) in writes {

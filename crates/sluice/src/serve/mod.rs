@@ -346,11 +346,6 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
     }
     let _lock = DirLock::take_creating(&cfg.data_dir)?;
     let (engine, how) = open_engine(&cfg)?;
-    // Reads run outside the engine lock; handing them to workers pays where
-    // a device has latency to overlap (files, raw devices, emulated media),
-    // not on plain memory.
-    let instant = |d: &DeviceConfig| d.kind == "memory" && d.emulate.is_empty();
-    engine.set_parallel_reads(!(instant(&cfg.cache) && instant(&cfg.capacity)));
     match (how, engine.recovered_in()) {
         (_, Some(t)) => {
             eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64())
