@@ -80,6 +80,7 @@ mod placement;
 mod pool;
 mod read;
 mod recovery;
+mod relocation_gate;
 mod salvage;
 mod segments;
 mod sim_gate;
