@@ -981,6 +981,20 @@ mod tests {
         (0..n).flat_map(|s| [(s, false), (s, true)])
     }
 
+    /// A full engine whose writers' steps only move data around (a swarm
+    /// world of 4-block bands, four volumes and live tombstones) ends the
+    /// write with no space instead of spinning in it: this seed hung until
+    /// a writer's fruitless steps were bounded (assist.rs, `StepGain`).
+    /// Why this world fills up is not fixed: its GC carries tombstones from
+    /// band to band.
+    #[test]
+    fn a_full_tiny_world_reports_no_space_instead_of_spinning() {
+        let opts = SimOptions { swarm: true, ..SimOptions::default() };
+        if let Err(e) = run_crash_seed_with(300, 1200, false, opts) {
+            assert!(e.contains("no space left"), "{e}");
+        }
+    }
+
     /// CI's crash campaign: 500 seeds (more with `sluice sim --seeds N`).
     #[test]
     fn crashes_lose_nothing_flushed_and_corrupt_nothing() {

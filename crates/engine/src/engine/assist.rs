@@ -57,6 +57,43 @@ pub(super) enum Assist {
     Blocked,
 }
 
+/// A writer's steps for one batch, bounded: a step that leaves neither
+/// more free log chunks nor more free bands than the writer has seen is
+/// fruitless, and after `fruitless_max` of them in a row the writer takes
+/// no more (the inline path then compacts under the lock, bounded, or
+/// reports no space). Without the bound a full engine whose steps only
+/// moved data around (GC carrying live tombstones from band to band in a
+/// world of 4-block bands) spun forever in one write: `sluice sim
+/// --swarm` seed 300.
+pub(super) struct StepGain {
+    best: usize,
+    fruitless: usize,
+    fruitless_max: usize,
+}
+
+impl StepGain {
+    pub(super) fn new(g: &Inner) -> StepGain {
+        // Enough steps to walk every chunk and every band a few times over.
+        let walks = (g.log.chunks.len() + g.bands.len()) * STEP_PARTS as usize;
+        StepGain { best: Self::free(g), fruitless: 0, fruitless_max: 4 * walks }
+    }
+
+    fn free(g: &Inner) -> usize {
+        g.log.free.len() + g.bands.free.len()
+    }
+
+    pub(super) fn after_step(&mut self, g: &Inner) {
+        match Self::free(g) > self.best {
+            true => (self.best, self.fruitless) = (Self::free(g), 0),
+            false => self.fruitless += 1,
+        }
+    }
+
+    pub(super) fn exhausted(&self) -> bool {
+        self.fruitless >= self.fruitless_max
+    }
+}
+
 impl Engine {
     /// Whether a writer about to reserve (holding `g`, no record of its
     /// own in flight) should take a compaction step first: the log is

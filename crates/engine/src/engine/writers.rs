@@ -56,7 +56,7 @@
 //!   holds new reservations back meanwhile (`Inner::draining`): those paths
 //!   see the log as when every write ran under the lock.
 
-use super::assist::Assist;
+use super::assist::{Assist, StepGain};
 use super::*;
 use crate::layout::{Entry, RecordKind};
 use std::sync::MutexGuard;
@@ -146,6 +146,7 @@ impl Engine {
     fn write_records(&self, vol: u32, recs: &mut [Record]) -> Result<(), VolumeError> {
         let (mut next, mut assisted) = (0, false);
         let mut g = self.lock_raw();
+        let mut gain = StepGain::new(&g);
         while next < recs.len() {
             if !self.may_reserve(&g)? {
                 g = self.wait_published(g);
@@ -153,10 +154,11 @@ impl Engine {
             }
             // The log short: a compaction step first (assist.rs), none of
             // this writer's records in flight.
-            if self.assist_due(&g, assisted) {
+            if !gain.exhausted() && self.assist_due(&g, assisted) {
                 let (done, min) = (assisted, g.cfg.log_free_chunks_min);
                 let r;
                 (g, r) = self.assist(g);
+                gain.after_step(&g);
                 assisted = true;
                 if r? == Assist::Blocked && done && g.log.free.len() <= min {
                     // No room, and a step only once a record is published.
