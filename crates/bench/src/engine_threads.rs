@@ -6,7 +6,10 @@
 //! same number of 4 KiB random requests, first on one thread, then split
 //! across N threads (each with its own volume handle and random stream),
 //! and reports requests per wall-clock second: total, per thread, and the
-//! N-thread total over the 1-thread one measured in the same run. Writes go
+//! N-thread total over the 1-thread one measured in the same run. For
+//! writes it also reports the threads' CPU time per write in each kind of
+//! phase and how much of the N-thread phases' time they were on the CPU:
+//! a ratio short of N is then either waiting or costlier writes. Writes go
 //! in batches of `iodepth` (one group commit each), reads one per call.
 //! Unmeasured writes come first, until GC has reclaimed a band and once
 //! more, so that both write phases run in steady state (the log and the
@@ -23,7 +26,7 @@
 //! whose cores are busy with something else the ratio says so too (read it
 //! with the machine idle).
 
-use crate::engine::{bench_engine, random_blocks, EngineBenchError, EngineBenchOpts};
+use crate::engine::{bench_engine, cpu_seconds, random_blocks, EngineBenchError, EngineBenchOpts};
 use serde::Serialize;
 use sluice_engine::Volume;
 use std::time::Instant;
@@ -51,28 +54,39 @@ pub struct ThreadsReport {
     /// `*_iops_total` over `one_thread_*_iops`.
     pub write_scaling: f64,
     pub read_scaling: f64,
+    /// CPU time the writing threads took per write (their own CPU clocks,
+    /// ns), in the N-thread and in the 1-thread phases: what sharing one
+    /// engine costs each write, apart from any waiting.
+    pub write_cpu_ns: f64,
+    pub one_thread_write_cpu_ns: f64,
+    /// The share of the N-thread write phases' thread time that was CPU
+    /// time (1: no thread ever waited off the CPU).
+    pub write_cpu_busy: f64,
 }
 
-/// One phase: `threads` threads share `ios` requests; (requests, wall
-/// seconds, each thread's seconds).
+/// What a phase did: requests, wall seconds, each thread's (wall, CPU)
+/// seconds.
+type Done = (u64, f64, Vec<(f64, f64)>);
+
+/// One phase: `threads` threads share `ios` requests.
 fn phase(
     engine: &std::sync::Arc<sluice_engine::Engine>,
     opts: &EngineBenchOpts,
     (threads, ios): (usize, u64),
     write: bool,
     seed: u64,
-) -> Result<(u64, f64, Vec<f64>), EngineBenchError> {
+) -> Result<Done, EngineBenchError> {
     let blocks = opts.volume_bytes / 4096;
     let each = ios / threads as u64;
     let qd = opts.iodepth.max(1);
     let t0 = Instant::now();
-    let per: Vec<Result<f64, EngineBenchError>> = std::thread::scope(|s| {
+    let per: Vec<Result<(f64, f64), EngineBenchError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|i| {
-                s.spawn(move || -> Result<f64, EngineBenchError> {
+                s.spawn(move || -> Result<(f64, f64), EngineBenchError> {
                     let vol = engine.volume("bench")?;
                     let mut next = random_blocks(seed + i as u64 * 7919, blocks);
-                    let t = Instant::now();
+                    let (t, cpu) = (Instant::now(), cpu_seconds());
                     let mut done = 0u64;
                     if write {
                         // Not zeros: a memory device keeps a zero write to
@@ -92,14 +106,14 @@ fn phase(
                             done += 1;
                         }
                     }
-                    Ok(t.elapsed().as_secs_f64())
+                    Ok((t.elapsed().as_secs_f64(), cpu_seconds() - cpu))
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("a bench thread panicked")).collect()
     });
     let wall = t0.elapsed().as_secs_f64();
-    let per = per.into_iter().collect::<Result<Vec<f64>, _>>()?;
+    let per = per.into_iter().collect::<Result<Vec<(f64, f64)>, _>>()?;
     Ok((each * threads as u64, wall, per))
 }
 
@@ -114,17 +128,30 @@ const ROUNDS: u64 = 4;
 struct Tally {
     ios: u64,
     wall: f64,
+    /// Each thread's wall seconds.
     per: Vec<f64>,
+    /// All threads' CPU seconds.
+    cpu: f64,
     moved: u64,
 }
 
 impl Tally {
-    fn add(&mut self, (ios, wall, per): (u64, f64, Vec<f64>), moved: u64) {
+    fn add(&mut self, (ios, wall, per): Done, moved: u64) {
         self.ios += ios;
         self.wall += wall;
         self.per.resize(per.len(), 0.0);
-        self.per.iter_mut().zip(per).for_each(|(a, b)| *a += b);
+        self.per.iter_mut().zip(&per).for_each(|(a, b)| *a += b.0);
+        self.cpu += per.iter().map(|p| p.1).sum::<f64>();
         self.moved += moved;
+    }
+
+    fn cpu_ns_per_io(&self) -> f64 {
+        self.cpu * 1e9 / self.ios as f64
+    }
+
+    /// CPU seconds over the threads' wall seconds.
+    fn busy(&self) -> f64 {
+        self.cpu / self.per.iter().sum::<f64>()
     }
 
     fn iops(&self) -> f64 {
@@ -194,6 +221,9 @@ pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> R
         one_thread_read_iops: one_r.iops(),
         write_scaling: all_w.iops() / one_w.iops(),
         read_scaling: all_r.iops() / one_r.iops(),
+        write_cpu_ns: all_w.cpu_ns_per_io(),
+        one_thread_write_cpu_ns: one_w.cpu_ns_per_io(),
+        write_cpu_busy: all_w.busy(),
     })
 }
 
@@ -215,6 +245,9 @@ mod tests {
                 assert!(v > 0.0 && v.is_finite(), "{r:?}");
             }
             assert!((r.write_scaling - r.write_iops_total / r.one_thread_write_iops).abs() < 1e-9);
+            // CPU time is counted, and no thread had more CPU than wall time.
+            assert!(r.write_cpu_ns > 0.0 && r.one_thread_write_cpu_ns > 0.0, "{r:?}");
+            assert!(r.write_cpu_busy > 0.0 && r.write_cpu_busy <= 1.0 + 1e-6, "{r:?}");
             // After the warm-up both measured phases compact (the log is
             // larger than the volume here: it turns over only past it).
             assert!(r.moved_bytes > 0 && r.one_thread_moved_bytes > 0, "{r:?}");

@@ -912,6 +912,13 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     r.threads
                 );
                 println!(
+                    "         CPU per write {:.0} ns on 1 thread, {:.0} ns on {} (on the CPU {:.0} % of their time)",
+                    r.one_thread_write_cpu_ns,
+                    r.write_cpu_ns,
+                    r.threads,
+                    r.write_cpu_busy * 100.0
+                );
+                println!(
                     "  read:  1 thread {:.0}, {} threads {:.0} total ({} each): {:.2}x",
                     r.one_thread_read_iops,
                     r.threads,
