@@ -48,6 +48,11 @@ pub struct ThreadsReport {
     /// during the 1-thread one (equal work makes the ratio fair).
     pub moved_bytes: u64,
     pub one_thread_moved_bytes: u64,
+    /// Of those, what GC moved (it comes in bursts: a few GB in one round,
+    /// a few hundred MB in the next, so the two kinds of phase may differ
+    /// by chance; a longer run evens them out).
+    pub gc_bytes: u64,
+    pub one_thread_gc_bytes: u64,
     /// The same work on one thread, in the same run.
     pub one_thread_write_iops: f64,
     pub one_thread_read_iops: f64,
@@ -133,16 +138,18 @@ struct Tally {
     /// All threads' CPU seconds.
     cpu: f64,
     moved: u64,
+    gc: u64,
 }
 
 impl Tally {
-    fn add(&mut self, (ios, wall, per): Done, moved: u64) {
+    fn add(&mut self, (ios, wall, per): Done, (moved, gc): (u64, u64)) {
         self.ios += ios;
         self.wall += wall;
         self.per.resize(per.len(), 0.0);
         self.per.iter_mut().zip(&per).for_each(|(a, b)| *a += b.0);
         self.cpu += per.iter().map(|p| p.1).sum::<f64>();
         self.moved += moved;
+        self.gc += gc;
     }
 
     fn cpu_ns_per_io(&self) -> f64 {
@@ -186,7 +193,7 @@ pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> R
     }
     let moved = || {
         let s = engine.stats();
-        s.compaction_bytes + s.gc_bytes
+        (s.compaction_bytes + s.gc_bytes, s.gc_bytes)
     };
     let share = (opts.ios / ROUNDS).max(threads as u64);
     let (mut one_w, mut all_w, mut one_r, mut all_r) =
@@ -196,14 +203,15 @@ pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> R
         for (n, t) in [(1, &mut one_w), (threads, &mut all_w)] {
             let m = moved();
             let done = phase(&engine, opts, (n, share), true, seed + n as u64)?;
-            t.add(done, moved() - m);
+            let now = moved();
+            t.add(done, (now.0 - m.0, now.1 - m.1));
         }
     }
     for round in 0..ROUNDS {
         let seed = opts.seed + 10 * round + 5;
         for (n, t) in [(1, &mut one_r), (threads, &mut all_r)] {
             let done = phase(&engine, opts, (n, share), false, seed + n as u64)?;
-            t.add(done, 0);
+            t.add(done, (0, 0));
         }
     }
     Ok(ThreadsReport {
@@ -217,6 +225,8 @@ pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> R
         read_iops_per_thread: all_r.per_thread(),
         one_thread_moved_bytes: one_w.moved,
         moved_bytes: all_w.moved,
+        one_thread_gc_bytes: one_w.gc,
+        gc_bytes: all_w.gc,
         one_thread_write_iops: one_w.iops(),
         one_thread_read_iops: one_r.iops(),
         write_scaling: all_w.iops() / one_w.iops(),
@@ -251,6 +261,7 @@ mod tests {
             // After the warm-up both measured phases compact (the log is
             // larger than the volume here: it turns over only past it).
             assert!(r.moved_bytes > 0 && r.one_thread_moved_bytes > 0, "{r:?}");
+            assert!(r.gc_bytes <= r.moved_bytes && r.one_thread_gc_bytes <= r.one_thread_moved_bytes, "{r:?}");
         }
     }
 }

@@ -906,9 +906,11 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     r.write_scaling
                 );
                 println!(
-                    "         compaction and GC moved {:.2} GB on 1 thread, {:.2} GB on {} (after unmeasured warm-up writes)",
+                    "         compaction and GC moved {:.2} GB on 1 thread (GC {:.2}), {:.2} GB (GC {:.2}) on {} (after unmeasured warm-up writes)",
                     r.one_thread_moved_bytes as f64 / 1e9,
+                    r.one_thread_gc_bytes as f64 / 1e9,
                     r.moved_bytes as f64 / 1e9,
+                    r.gc_bytes as f64 / 1e9,
                     r.threads
                 );
                 println!(
