@@ -36,7 +36,7 @@ use crate::proto::Command;
 /// sides and as much again in latency; at 20 µs a connection run inline
 /// still does 50,000 requests/s, beyond what one client connection of fio
 /// or qemu asks of a slow volume.
-pub(crate) const INLINE_NS_MAX: u64 = 20_000;
+const INLINE_NS_MAX: u64 = 20_000;
 
 /// Decisions are taken over this many requests of a kind.
 const WINDOW: u32 = 16;
@@ -49,7 +49,7 @@ const POOLED: u8 = 2;
 /// The kinds measured apart: reads (and the other commands that only look)
 /// and writes (and the other commands that change data).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+enum Kind {
     Read = 0,
     Write = 1,
 }
@@ -57,7 +57,7 @@ pub(crate) enum Kind {
 impl Kind {
     /// The kind of a command, or None for one that always runs on the pool
     /// (FLUSH).
-    pub(crate) fn of(command: Command) -> Option<Kind> {
+    fn of(command: Command) -> Option<Kind> {
         match command {
             Command::Flush => None,
             Command::Read | Command::Cache | Command::BlockStatus | Command::Disc => Some(Kind::Read),

@@ -431,8 +431,8 @@ fn discard_payload<R: Read>(conn: &Conn, reader: &mut R, len: u32) -> Result<(),
 
 impl Conn {
     /// Hands a request to the worker pool. Its reply goes out at once, not
-    /// into the held replies (the reader may be waiting
-    /// for the client, with nothing left to flush them).
+    /// into the held replies (the reader may be waiting for the client,
+    /// with nothing left to flush them).
     fn to_worker(self: &Arc<Conn>, pool: &Arc<WorkerPool>, job: Job) {
         let conn = self.clone();
         pool.submit(Box::new(move || conn.execute(job, true)));

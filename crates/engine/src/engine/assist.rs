@@ -83,8 +83,9 @@ impl StepGain {
     }
 
     pub(super) fn after_step(&mut self, g: &Inner) {
-        match Self::free(g) > self.best {
-            true => (self.best, self.fruitless) = (Self::free(g), 0),
+        let free = Self::free(g);
+        match free > self.best {
+            true => (self.best, self.fruitless) = (free, 0),
             false => self.fruitless += 1,
         }
     }

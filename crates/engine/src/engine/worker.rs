@@ -9,11 +9,11 @@
 //! does it ahead of need in bounded steps (`Engine::compact_step`,
 //! `gc_step`: 1/16 of a chunk each, resumable, re-checking the map every
 //! step). It takes no turns with requests: a step holds the lock only to
-//! plan and walk (its reads and writes run outside it), so a request waits
-//! at most one walk. When writes outrun it, the set-point
-//! controller (throttle.rs) paces them to the measured drain bandwidth; the
-//! inline paths stay as safety valves, so no write ever fails for lack of
-//! space.
+//! plan and walk (its reads and writes run outside it, unless its window
+//! moved meanwhile and is read again), so a request waits at most one such
+//! hold. When writes outrun it, the set-point controller (throttle.rs)
+//! paces them to the measured drain bandwidth; the inline paths stay as
+//! safety valves, so no write ever fails for lack of space.
 //!
 //! A step's device I/O mostly runs without the lock (step_io.rs): the
 //! window it reads is read beforehand, and its segment writes complete

@@ -33,9 +33,9 @@
 //!   its victims hold no copy (or tombstone) of a block they rewrite, and
 //!   no record in flight (`Inner::relocations_clear`, relocation_gate.rs);
 //!   otherwise it waits for them (`Engine::lock_for_relocation`), and a
-//!   writer whose
-//!   reservation needs inline compaction (`Engine::log_space_or_busy`)
-//!   first writes and publishes what it holds, then waits for the others.
+//!   writer whose reservation needs inline compaction
+//!   (`Engine::log_space_or_busy`) first writes and publishes what it
+//!   holds, then waits for the others.
 //!   With no background compactor, writers take bounded compaction steps
 //!   themselves before they reserve (assist.rs).
 //! - **Durability.** The flushed watermarks never pass the first record in
