@@ -341,10 +341,27 @@ impl Engine {
     }
 
     /// The engine lock as it is, records in flight or not.
+    ///
+    /// Tried for a while before it blocks: writers hold it for short
+    /// sections (reserve, publish), and a writer that sleeps on it costs a
+    /// futex wait, a wake-up syscall by the holder and a context switch,
+    /// which took 7 % of the CPU of two writers on two cores (`sluice bench
+    /// engine --threads 2`, docs/results/2026-11-27-engine-threads.md).
     fn lock_raw(&self) -> std::sync::MutexGuard<'_, Inner> {
+        for _ in 0..LOCK_SPINS {
+            match self.inner.try_lock() {
+                Ok(g) => return g,
+                Err(std::sync::TryLockError::WouldBlock) => std::hint::spin_loop(),
+                Err(std::sync::TryLockError::Poisoned(_)) => break,
+            }
+        }
         self.inner.lock().expect("engine lock poisoned")
     }
 }
+
+/// Tries of the engine lock before a thread blocks on it (`lock_raw`):
+/// about 10 µs, a few of the writers' sections under it.
+const LOCK_SPINS: usize = 200;
 
 impl Inner {
     /// A state with every volume unmapped and every chunk and band free.

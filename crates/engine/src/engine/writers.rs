@@ -144,6 +144,9 @@ impl Engine {
     /// `write_concurrent`'s work. Every record's buffer is back in it on
     /// return, whatever happened.
     fn write_records(&self, vol: u32, recs: &mut [Record]) -> Result<(), VolumeError> {
+        if let Some(map) = self.lockless_maps[vol as usize].as_ref() {
+            recs.iter().flat_map(|r| &r.entries).for_each(|e| map.warm(e.lba as usize));
+        }
         let (mut next, mut assisted) = (0, false);
         let mut g = self.lock_raw();
         let mut gain = StepGain::new(&g);

@@ -179,6 +179,16 @@ impl Resident {
         }
     }
 
+    /// Bring block `lba`'s entry and CRC into this core's cache (a relaxed
+    /// load whose value is dropped): a writer does it for its blocks before
+    /// it takes the engine lock to publish them, so that the section under
+    /// the lock does not wait for those misses (writers.rs).
+    pub(super) fn warm(&self, lba: usize) {
+        if lba < self.crcs.len() {
+            std::hint::black_box((self.raw(lba, Ordering::Relaxed), self.crcs[lba].load(Ordering::Relaxed)));
+        }
+    }
+
     /// Append the places and CRCs of the entries `range` to `locs`, `crcs`,
     /// without the engine lock: each entry as some writer left it, its
     /// place loaded before its CRC (acquire: a place is published only
