@@ -420,7 +420,21 @@ fn read_runs(
     buf: &mut IoBuf,
     in_flight: usize,
 ) -> Result<(), DeviceError> {
-    buf.fill(0);
+    // Zeros only between the runs: the window is a chunk (16 MiB by
+    // default), and zeroing what the reads overwrite anyway cost memory
+    // bandwidth, which is what two writers on this machine's two cores run
+    // short of first (docs/results/2026-11-27-engine-threads.md).
+    let mut at = 0usize;
+    for &(s, n) in runs {
+        let start = ((s * BS) as usize).min(buf.len());
+        if start > at {
+            buf[at..start].fill(0);
+        }
+        at = at.max(start + (n * BS) as usize);
+    }
+    if at < buf.len() {
+        buf[at..].fill(0);
+    }
     let pieces: Vec<(u64, u64, usize)> =
         runs.iter().map(|&(s, n)| (offset + s * BS, n * BS, (s * BS) as usize)).collect();
     read_pieces(dev, &pieces, buf, in_flight)
