@@ -16,6 +16,13 @@
 //! capacity device turned over); the report gives the bytes compaction and
 //! GC moved in each, which should be close.
 //!
+//! Between the write rounds it also measures the machine itself: one
+//! thread and then N copying chunk-sized windows out of DRAM
+//! (`copy_scaling`). On memory devices the engine copies every byte it
+//! logs, compacts and collects, so where memory bandwidth does not grow
+//! with cores (a small VM) that ratio is the ceiling of write scaling once
+//! the log turns over, and the report puts the two side by side.
+//!
 //! `compactor`: a background compactor runs beside the writers (as in
 //! `sluice serve`) instead of the writer that finds the log full compacting
 //! inline. Either way compaction is one thread's work at a time, which is
@@ -67,6 +74,14 @@ pub struct ThreadsReport {
     /// The share of the N-thread write phases' thread time that was CPU
     /// time (1: no thread ever waited off the CPU).
     pub write_cpu_busy: f64,
+    /// The machine's own scaling for copying memory, measured in the same
+    /// run between the write rounds (`copy_phase`): N threads copying
+    /// chunk-sized windows out of DRAM over one thread doing the same.
+    /// The engine on memory devices copies every byte it logs, compacts
+    /// and collects, so its write scaling cannot go past this for long;
+    /// on a machine whose memory bandwidth one core nearly fills it is
+    /// well under N.
+    pub copy_scaling: f64,
 }
 
 /// What a phase did: requests, wall seconds, each thread's (wall, CPU)
@@ -120,6 +135,38 @@ fn phase(
     let wall = t0.elapsed().as_secs_f64();
     let per = per.into_iter().collect::<Result<Vec<(f64, f64)>, _>>()?;
     Ok((each * threads as u64, wall, per))
+}
+
+/// Bytes each copying thread copies from (past any L3 cache: the copies
+/// come from DRAM, as the engine's of a large log do), and the window one
+/// copy moves (a chunk, as compaction reads it).
+const COPY_SOURCE_BYTES: usize = 256 << 20;
+const COPY_WINDOW_BYTES: usize = 16 << 20;
+/// Windows one copy phase moves, split across its threads.
+const COPY_WINDOWS: usize = 32;
+
+/// Each copying thread's (source, window).
+type CopyBufs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The peer of the write phases: `threads` threads share `COPY_WINDOWS`
+/// window copies from their sources at random offsets. Returns the wall
+/// seconds.
+fn copy_phase(bufs: &mut CopyBufs, threads: usize, seed: u64) -> f64 {
+    let each = COPY_WINDOWS / threads;
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for (i, (src, dst)) in bufs.iter_mut().take(threads).enumerate() {
+            s.spawn(move || {
+                let mut next = random_blocks(seed + i as u64, (COPY_SOURCE_BYTES / COPY_WINDOW_BYTES) as u64);
+                for _ in 0..each {
+                    let at = next() as usize * COPY_WINDOW_BYTES;
+                    dst.copy_from_slice(&src[at..at + COPY_WINDOW_BYTES]);
+                    std::hint::black_box(&mut *dst);
+                }
+            });
+        }
+    });
+    t0.elapsed().as_secs_f64()
 }
 
 /// Rounds each measured kind of phase is cut into, the 1-thread and the
@@ -198,6 +245,10 @@ pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> R
     let share = (opts.ios / ROUNDS).max(threads as u64);
     let (mut one_w, mut all_w, mut one_r, mut all_r) =
         (Tally::default(), Tally::default(), Tally::default(), Tally::default());
+    // Not zeros (the pages are then really there), one pair per thread.
+    let mut copy: CopyBufs =
+        (0..threads).map(|_| (vec![7u8; COPY_SOURCE_BYTES], vec![0u8; COPY_WINDOW_BYTES])).collect();
+    let (mut copy_one, mut copy_all) = (0.0, 0.0);
     for round in 0..ROUNDS {
         let seed = opts.seed + 10 * round;
         for (n, t) in [(1, &mut one_w), (threads, &mut all_w)] {
@@ -206,7 +257,12 @@ pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> R
             let now = moved();
             t.add(done, (now.0 - m.0, now.1 - m.1));
         }
+        copy_one += copy_phase(&mut copy, 1, seed);
+        copy_all += copy_phase(&mut copy, threads, seed);
     }
+    drop(copy);
+    // Both phases copy the same windows (each a whole share of them).
+    let copy_scaling = copy_one / copy_all * (COPY_WINDOWS / threads * threads) as f64 / COPY_WINDOWS as f64;
     for round in 0..ROUNDS {
         let seed = opts.seed + 10 * round + 5;
         for (n, t) in [(1, &mut one_r), (threads, &mut all_r)] {
@@ -234,6 +290,7 @@ pub fn run_threads(opts: &EngineBenchOpts, threads: usize, compactor: bool) -> R
         write_cpu_ns: all_w.cpu_ns_per_io(),
         one_thread_write_cpu_ns: one_w.cpu_ns_per_io(),
         write_cpu_busy: all_w.busy(),
+        copy_scaling,
     })
 }
 
@@ -262,6 +319,7 @@ mod tests {
             // larger than the volume here: it turns over only past it).
             assert!(r.moved_bytes > 0 && r.one_thread_moved_bytes > 0, "{r:?}");
             assert!(r.gc_bytes <= r.moved_bytes && r.one_thread_gc_bytes <= r.one_thread_moved_bytes, "{r:?}");
+            assert!(r.copy_scaling > 0.0 && r.copy_scaling.is_finite(), "{r:?}");
         }
     }
 }

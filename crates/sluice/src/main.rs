@@ -921,6 +921,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     r.write_cpu_busy * 100.0
                 );
                 println!(
+                    "         the machine's own memory copies in the same run: {:.2}x on {} threads (the ceiling of a copy-bound phase)",
+                    r.copy_scaling, r.threads
+                );
+                println!(
                     "  read:  1 thread {:.0}, {} threads {:.0} total ({} each): {:.2}x",
                     r.one_thread_read_iops,
                     r.threads,
