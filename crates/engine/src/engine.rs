@@ -90,6 +90,7 @@ mod step_io;
 #[cfg(test)]
 mod tests;
 mod throttle;
+mod trims;
 mod worker;
 mod writers;
 mod zoned;

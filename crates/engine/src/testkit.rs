@@ -24,6 +24,23 @@ pub fn pattern(vol: usize, lba: u64, version: u64) -> Vec<u8> {
     b
 }
 
+/// Block `lba` of `v`, as it reads now.
+pub fn read_block(v: &EngineVolume, lba: u64) -> Vec<u8> {
+    let mut b = vec![0u8; BS];
+    v.read(lba * BS as u64, &mut b).unwrap();
+    b
+}
+
+/// `w`'s engine after a FLUSH (of its first volume: a round flushes them
+/// all) and an unclean stop: opened again on the same devices, so it
+/// replays its log.
+pub fn flushed_and_reopened(w: World) -> Arc<Engine> {
+    w.volumes[0].flush().unwrap();
+    let (cache, capacity) = w.engine.devices();
+    drop(w);
+    Engine::open(cache, capacity).unwrap()
+}
+
 /// Panics unless every block of every volume `v` of `w` reads back as
 /// version `models[v][lba]` of its pattern (version 0: never written, zeros).
 pub fn assert_reads_as(w: &World, models: &[Vec<u64>]) {

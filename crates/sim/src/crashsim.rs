@@ -137,10 +137,12 @@ pub struct CrashReport {
     /// checkpoint), and shutdowns a failed write interrupted.
     pub clean_shutdowns: usize,
     pub interrupted_shutdowns: usize,
-    /// `SimOptions::concurrent`: writes staged, their steps taken, the
-    /// reservations that found no room while records were in flight, and
-    /// power losses with a record reserved and not yet published.
+    /// `SimOptions::concurrent`: writes and trims staged, their steps
+    /// taken, the reservations that found no room while records were in
+    /// flight (or a trim's blocks were), and power losses with a record
+    /// reserved and not yet published.
     pub staged_writes: usize,
+    pub staged_trims: usize,
     pub steps: usize,
     pub busy_steps: usize,
     pub crashes_in_flight: usize,
@@ -162,6 +164,7 @@ impl CrashReport {
         self.clean_shutdowns += r.clean_shutdowns;
         self.interrupted_shutdowns += r.interrupted_shutdowns;
         self.staged_writes += r.staged_writes;
+        self.staged_trims += r.staged_trims;
         self.steps += r.steps;
         self.busy_steps += r.busy_steps;
         self.crashes_in_flight += r.crashes_in_flight;
@@ -387,6 +390,9 @@ impl Sim {
         }
         match Op::draw(&mut self.rng, &self.sizes) {
             Op::Write { vol, writes, fua, .. } if self.tasks.len() < TASKS_MAX => self.stage(op, vol, writes, fua),
+            Op::Trim { vol, lba, len } if self.tasks.len() < TASKS_MAX && !self.opts.in_place => {
+                self.stage_trim(op, vol, lba, len)
+            }
             // Reads and flushes run between any two steps, and so do
             // compaction and GC steps whose victims hold no block a record
             // in flight rewrites.
@@ -425,6 +431,20 @@ impl Sim {
         Ok(true)
     }
 
+    /// Stage a trim (`SimOptions::concurrent`, with bands): its blocks
+    /// take version 0 (zeros) part by part as its records are reserved.
+    fn stage_trim(&mut self, op: usize, v: usize, lba: u64, len: u64) -> Result<bool, String> {
+        let staged = match self.world.volumes[v].stage_trim(lba * BS as u64, len * BS as u64) {
+            Ok(Some(s)) => s,
+            Ok(None) => return Err(self.fail(op, "stage_trim: not staged".into())),
+            Err(e) => return Err(self.fail(op, format!("stage_trim: {e}"))),
+        };
+        self.report.staged_trims += 1;
+        let (blocks, records) = (Vec::new(), Default::default());
+        self.tasks.push(Task { vol: v, staged, blocks, reserved: 0, records });
+        Ok(true)
+    }
+
     /// One step of one staged write, both drawn from the seed. A write's
     /// flush waits until no record of any write is in flight (it takes
     /// the drained lock). Ok(false) on an injected device error, as `run`.
@@ -455,9 +475,30 @@ impl Sim {
                 }
                 t.records.insert(record, range);
             }
+            // A trim's part: its blocks read as zeros from now on, and
+            // until its record (if any) is published may still read as
+            // before.
+            Ok(crate::Stepped::TrimReserved { record, first, end }) => {
+                let range = t.blocks.len()..t.blocks.len() + (end - first) as usize;
+                t.blocks.extend((first..end).map(|lba| (lba, 0)));
+                for lba in first..end {
+                    let m = &mut self.model[v][lba as usize];
+                    m.put(0);
+                    if record.is_some() {
+                        m.unpublished.push(0);
+                    }
+                }
+                if let Some(record) = record {
+                    t.records.insert(record, range);
+                }
+            }
             Ok(crate::Stepped::Published { record }) => {
                 for &(lba, ver) in &t.blocks[t.records[&record].clone()] {
-                    self.model[v][lba as usize].unpublished.retain(|&u| u != ver);
+                    // (One of a trim's zeros: others may be unpublished.)
+                    let u = &mut self.model[v][lba as usize].unpublished;
+                    if let Some(i) = u.iter().position(|&x| x == ver) {
+                        u.remove(i);
+                    }
                 }
             }
             // A flush round done since every record of the write was

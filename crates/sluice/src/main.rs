@@ -707,9 +707,10 @@ fn sim(
     }
     if opts.concurrent {
         println!(
-            "scheduler: {} writes staged, {} steps ({} found no room while records were in flight), {} compaction \
-             and GC steps beside records in flight, {} crashes with a record reserved and not published",
-            r.staged_writes, r.steps, r.busy_steps, r.relocations_beside, r.crashes_in_flight
+            "scheduler: {} writes and {} trims staged, {} steps ({} found no room while records were in flight, or \
+             a trim's blocks in flight), {} compaction and GC steps beside records in flight, {} crashes with a \
+             record reserved and not published",
+            r.staged_writes, r.staged_trims, r.steps, r.busy_steps, r.relocations_beside, r.crashes_in_flight
         );
     }
     println!(

@@ -214,6 +214,17 @@ impl EngineVolume {
         Ok(Some(self.engine.stage_write(self.id, &blocks, &crcs, self.record_blocks_max, fua)))
     }
 
+    /// `trim(offset, len)` as a [`StagedWrite`] (the simulation's
+    /// scheduler takes its steps). The range is checked first. None in
+    /// place, where trims do not take the concurrent path.
+    pub fn stage_trim(&self, offset: u64, len: u64) -> Result<Option<StagedWrite>, VolumeError> {
+        check(self, offset, len)?;
+        if self.in_place {
+            return Ok(None);
+        }
+        Ok(Some(self.engine.stage_trim(self.id, offset / BS..(offset + len) / BS)))
+    }
+
     /// Writes (offset, data), every range checked, as (first LBA, data)
     /// and every block's CRC.
     #[allow(clippy::type_complexity)]
@@ -301,6 +312,12 @@ impl EngineVolume {
 
     fn trim_blocks(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
         check(self, offset, len)?;
+        if !self.in_place {
+            // Logged and unmapped without a drain (trims.rs).
+            self.engine.trim_concurrent(self.id, offset / BS..(offset + len) / BS)?;
+            self.engine.lock_raw().stats.user_trim_bytes += len;
+            return Ok(());
+        }
         self.change(|e, inner| {
             e.trim_logged(inner, self.id, offset / BS..(offset + len) / BS, true)?;
             inner.stats.user_trim_bytes += len;

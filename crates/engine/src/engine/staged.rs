@@ -3,12 +3,15 @@
 //! (`sluice sim --concurrent`) drives, several writes at once.
 //!
 //! Owns nothing but the write's own progress: its records, the next one
-//! to reserve, and those reserved and not yet published. Every step calls
+//! to reserve, and those reserved and not yet published. A trim is staged
+//! the same way (`EngineVolume::stage_trim`): its records are cut from the
+//! range at each reservation, as the threaded trim cuts them (trims.rs). Every step calls
 //! the code the threaded path runs (writers.rs: reserve, write, publish),
 //! so the simulation tests that code, not a copy of it. Invariant: a
 //! record reserved is published, or given up only once the engine has
 //! stopped taking changes (an LSN handed out cannot be taken back).
 
+use super::trims::{TrimCursor, TrimPart};
 use super::writers::{records_of, Record, Reserved};
 use super::*;
 
@@ -35,6 +38,9 @@ pub struct StagedWrite {
     /// FUA: a flush round is still due once every record is published.
     flush_due: bool,
     failed: bool,
+    /// A trim: what is left of its range (its records are cut from it at
+    /// each reservation, and pushed onto `recs`).
+    trim: Option<TrimCursor>,
 }
 
 /// One step of a [`StagedWrite`].
@@ -60,8 +66,17 @@ pub enum Stepped {
         record: usize,
         blocks: usize,
     },
+    /// A trim's next part, blocks `first..end`, is reserved: as record
+    /// `record` (a tombstone for each of them the map held), or with no
+    /// record when the map held none of them.
+    TrimReserved {
+        record: Option<usize>,
+        first: u64,
+        end: u64,
+    },
     /// No room until a record in flight (of this write or another) is
-    /// published.
+    /// published, or (a trim) until the records in flight that rewrite its
+    /// next blocks are.
     Busy,
     Written {
         record: usize,
@@ -79,7 +94,7 @@ impl StagedWrite {
             return Vec::new();
         }
         let mut out = Vec::new();
-        if self.next < self.recs.len() {
+        if self.next < self.recs.len() || self.trim.as_ref().is_some_and(|t| t.next < t.end) {
             out.push(WriteStep::Reserve);
         }
         for (i, r) in self.held.iter().enumerate() {
@@ -109,13 +124,14 @@ impl StagedWrite {
     fn step_inner(&mut self, s: WriteStep) -> Result<Stepped, VolumeError> {
         let e = &*self.engine;
         match s {
+            WriteStep::Reserve if self.trim.is_some() => self.reserve_trim(),
             WriteStep::Reserve => {
                 let mut g = e.lock_raw();
                 if !e.may_reserve(&g)? {
                     return Ok(Stepped::Busy);
                 }
                 let index = self.next;
-                let Some(r) = e.reserve(&mut g, self.vol, index, &mut self.recs[index])? else {
+                let Some(r) = e.reserve(&mut g, self.vol, index, &mut self.recs[index], true)? else {
                     return Ok(Stepped::Busy);
                 };
                 let blocks = g.log.inflight[&r.lsn].entries.len();
@@ -147,6 +163,37 @@ impl StagedWrite {
                 Ok(Stepped::Flushed)
             }
         }
+    }
+
+    /// A trim's Reserve step: its next part, cut under the lock as the
+    /// threaded trim cuts it (`Engine::trim_concurrent`).
+    fn reserve_trim(&mut self) -> Result<Stepped, VolumeError> {
+        let e = &*self.engine;
+        let mut g = e.lock_raw();
+        if !e.may_reserve(&g)? {
+            return Ok(Stepped::Busy);
+        }
+        let cur = self.trim.as_mut().expect("a trim");
+        let first = cur.next;
+        let (entries, end) = match cur.next_part(&g, self.vol)? {
+            TrimPart::Done => unreachable!("a Reserve step is offered while the range lasts"),
+            TrimPart::Waits => return Ok(Stepped::Busy),
+            TrimPart::Part { entries, end } => (entries, end),
+        };
+        if entries.is_empty() {
+            cur.next = end;
+            return Ok(Stepped::TrimReserved { record: None, first, end });
+        }
+        let index = self.recs.len();
+        self.recs.push(Record { entries, buf: IoBuf::zeroed(BLOCK_BYTES) });
+        let Some(r) = e.reserve(&mut g, self.vol, index, &mut self.recs[index], false)? else {
+            self.recs.pop();
+            return Ok(Stepped::Busy);
+        };
+        cur.next = end;
+        self.held.push(r);
+        self.next = self.recs.len();
+        Ok(Stepped::TrimReserved { record: Some(index), first, end })
     }
 
     /// End the write where it is (see the type's doc): no more
@@ -196,6 +243,22 @@ impl Engine {
             held: Vec::new(),
             flush_due: fua,
             failed: false,
+            trim: None,
+        }
+    }
+
+    /// A trim of blocks `lbas` of volume `vol` (with bands), to be taken
+    /// step by step (`StagedWrite`).
+    pub(super) fn stage_trim(self: &Arc<Engine>, vol: u32, lbas: std::ops::Range<u64>) -> StagedWrite {
+        StagedWrite {
+            engine: self.clone(),
+            vol,
+            recs: Vec::new(),
+            next: 0,
+            held: Vec::new(),
+            flush_due: false,
+            failed: false,
+            trim: Some(TrimCursor { next: lbas.start, end: lbas.end }),
         }
     }
 }

@@ -72,7 +72,7 @@ pub(super) struct Record {
 pub(super) struct Reserved {
     /// Index in the batch's records.
     pub(super) rec: usize,
-    header_block: u64,
+    pub(super) header_block: u64,
     pub(super) lsn: u64,
     /// Step 2 is done (at reservation for a chunk's first record).
     pub(super) written: bool,
@@ -119,7 +119,7 @@ impl Engine {
     }
 
     /// Wait (without the lock) for a publish or the end of a drain.
-    fn wait_published<'a>(&'a self, mut g: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
+    pub(super) fn wait_published<'a>(&'a self, mut g: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
         g.waiting += 1;
         let mut g = self.published.wait(g).expect("engine lock poisoned");
         g.waiting -= 1;
@@ -185,7 +185,7 @@ impl Engine {
             // 1. Reserve as many records as the log has room for now.
             let mut wave: Vec<Reserved> = Vec::new();
             while next < recs.len() {
-                match self.reserve(&mut g, vol, next, &mut recs[next]) {
+                match self.reserve(&mut g, vol, next, &mut recs[next], true) {
                     Ok(Some(r)) => wave.push(r),
                     Ok(None) => break,
                     Err(e) => {
@@ -202,9 +202,7 @@ impl Engine {
             }
             drop(g);
             #[cfg(test)]
-            if let Some(f) = BETWEEN_RESERVE_AND_WRITE.with(|h| h.take()) {
-                f();
-            }
+            between_reserve_and_write();
             // 2. Write them, without the lock; 3. publish them.
             let written;
             (g, written) = self.write_and_publish(vol, recs, &wave);
@@ -268,6 +266,11 @@ impl Engine {
     /// An error stops the engine's changes.
     pub(super) fn publish(&self, g: &mut Inner, vol: u32, rec: &mut Record, r: &Reserved) -> Result<(), VolumeError> {
         rec.entries = self.done(g, r);
+        if rec.entries.first().is_some_and(|e| e.tombstone) {
+            // A trim's record (trims.rs).
+            let unmapped = g.unmap_record(vol, r.header_block, &rec.entries);
+            return g.stop_on_device_error(unmapped);
+        }
         let mapped = Self::map_record(g, vol, r.header_block, rec.entries.iter().map(|e| (e.lba, e.crc)));
         g.stop_on_device_error(mapped)?;
         g.stats.user_write_bytes += rec.entries.len() as u64 * BS;
@@ -295,7 +298,9 @@ impl Engine {
 
     /// Step 1: reserve room for record `rec` (number `index` of its batch)
     /// in the log and write its header into its buffer; None when room
-    /// needs a compaction while records are in flight. An error stops the
+    /// needs a compaction while records are in flight (or, `after_assist`,
+    /// while a writer takes a compaction step: `log_space_or_busy`). A
+    /// record of tombstones (and no data) is a trim's. An error stops the
     /// engine's changes.
     pub(super) fn reserve(
         &self,
@@ -303,11 +308,16 @@ impl Engine {
         vol: u32,
         index: usize,
         rec: &mut Record,
+        after_assist: bool,
     ) -> Result<Option<Reserved>, VolumeError> {
         let need = (rec.buf.len() / BLOCK_BYTES) as u64;
-        let place = self.log_space_or_busy(g, need, true);
+        let place = self.log_space_or_busy(g, need, after_assist);
         let Some((chunk, off)) = g.stop_on_device_error(place)? else { return Ok(None) };
-        let h = g.next_header(RecordKind::Write, vol, chunk, std::mem::take(&mut rec.entries));
+        let kind = match rec.entries.first() {
+            Some(e) if e.tombstone => RecordKind::Trim,
+            _ => RecordKind::Write,
+        };
+        let h = g.next_header(kind, vol, chunk, std::mem::take(&mut rec.entries));
         encode_header(&mut rec.buf[..BLOCK_BYTES], &h);
         g.log.lsn += 1;
         let (lsn, seq) = (g.log.lsn, g.seq);
@@ -380,7 +390,7 @@ const BUF_KEPT_BYTES_MAX: usize = 1 << 20;
 
 /// A buffer of `len` bytes (contents undefined: every byte is written
 /// before the buffer goes to a device).
-fn take_buf(len: usize) -> IoBuf {
+pub(super) fn take_buf(len: usize) -> IoBuf {
     let kept = BUFS.with(|b| {
         let mut b = b.borrow_mut();
         let i = b.iter().position(|x| x.capacity() >= len)?;
@@ -406,10 +416,24 @@ pub(super) fn give_buf(buf: IoBuf) {
 
 #[cfg(test)]
 thread_local! {
-    /// Run once by the thread's next batch between reserving its records
-    /// and writing them (tests stage races with it).
+    /// Run once by the thread's next batch (or trim record) between
+    /// reserving its records and writing them (tests stage races with it).
     static BETWEEN_RESERVE_AND_WRITE: std::cell::Cell<Option<Box<dyn FnOnce()>>> =
         const { std::cell::Cell::new(None) };
+}
+
+/// `f` runs once, in this thread's next write batch (or trim record)
+/// between its reservation and its device write.
+#[cfg(test)]
+pub(super) fn after_reserving(f: impl FnOnce() + 'static) {
+    BETWEEN_RESERVE_AND_WRITE.with(|h| h.set(Some(Box::new(f))));
+}
+
+#[cfg(test)]
+pub(super) fn between_reserve_and_write() {
+    if let Some(f) = BETWEEN_RESERVE_AND_WRITE.with(|h| h.take()) {
+        f();
+    }
 }
 
 #[cfg(test)]
@@ -418,10 +442,6 @@ mod tests {
     use crate::testkit::{pattern, small_world};
     use crate::{CompactorConfig, Volume};
     use std::sync::Mutex;
-
-    fn after_reserving(f: impl FnOnce() + 'static) {
-        BETWEEN_RESERVE_AND_WRITE.with(|h| h.set(Some(Box::new(f))));
-    }
 
     fn read(v: &EngineVolume, lba: u64) -> Vec<u8> {
         let mut b = vec![0u8; BLOCK_BYTES];

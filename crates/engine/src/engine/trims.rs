@@ -1,0 +1,209 @@
+//! Trims (and write-zeroes, which is a trim with bands) through the
+//! concurrent write path: no drain, no global stop.
+//!
+//! Owns: cutting a trimmed range into tombstone records at reservation
+//! (`TrimCursor`), the rule that orders a trim after the records in flight
+//! that rewrite its blocks, and unmapping a published tombstone record
+//! (`Inner::unmap_record`).
+//!
+//! A trim logs a tombstone for each block the map holds (never for an
+//! unmapped one: tombstones stay live while their block is unmapped, and
+//! GC carries every live one forward). Its records are header-only and
+//! take the writers' three steps (writers.rs): reserved under the lock,
+//! written without it, published under it. Which blocks are mapped is
+//! read under the same hold of the lock as the reservation, a part of the
+//! range at a time (`SCAN_MAX` blocks per hold).
+//!
+//! Invariants:
+//! - **A trim waits for the records in flight that rewrite its blocks.** A
+//!   part is reserved only when no record in flight holds a block of it
+//!   (else the trimmer waits for a publish). Without the rule a write
+//!   reserved before the trim, still in flight, would find the block
+//!   unmapped when it completes and publish over the trim, and a block
+//!   unmapped at the trim's reservation but written by that record would
+//!   get no tombstone at all. The test
+//!   `a_trim_waits_for_a_write_in_flight_of_its_blocks` catches the
+//!   mutation.
+//! - **A write reserved after the trim wins**, whatever order the two
+//!   complete in: publishing the tombstones skips a block whose map entry
+//!   is a newer cache copy (`Inner::supersedes`, as for data), and replay
+//!   keeps the highest sequence number.
+//! - **Relocations** see a trim's blocks like a write's (its entries are in
+//!   `Log::inflight`): a copy the trim unmaps is not moved while the trim
+//!   is in flight (relocation_gate.rs).
+
+use super::writers::{give_buf, take_buf, Record, Reserved};
+use super::*;
+use crate::layout::Entry;
+
+/// Blocks of the range whose mapping one hold of the lock reads.
+const SCAN_MAX: u64 = 1 << 16;
+
+/// What is left of a trimmed range.
+pub(super) struct TrimCursor {
+    pub(super) next: u64,
+    pub(super) end: u64,
+}
+
+/// The cursor's next part, read under the lock.
+pub(super) enum TrimPart {
+    /// Nothing is left.
+    Done,
+    /// A record in flight rewrites a block of the part: wait for a publish.
+    Waits,
+    /// A tombstone record for the mapped blocks of `next..end` (none are
+    /// mapped: no record, `entries` empty).
+    Part { entries: Vec<Entry>, end: u64 },
+}
+
+impl TrimCursor {
+    /// The next part of volume `vol`'s range: up to `RECORD_BLOCKS_MAX`
+    /// mapped blocks within `SCAN_MAX` blocks.
+    pub(super) fn next_part(&self, g: &Inner, vol: u32) -> Result<TrimPart, VolumeError> {
+        if self.next >= self.end {
+            return Ok(TrimPart::Done);
+        }
+        let l2p = &g.vols[vol as usize].l2p;
+        let (mut entries, mut lba) = (Vec::new(), self.next);
+        let stop = self.end.min(self.next.saturating_add(SCAN_MAX));
+        while lba < stop && entries.len() < RECORD_BLOCKS_MAX {
+            if !l2p.get(lba as usize)?.is_none() {
+                entries.push(Entry { lba, crc: 0, tombstone: true });
+            }
+            lba += 1;
+        }
+        let part = self.next..lba;
+        let waits = (g.log.inflight.values()).any(|f| f.vol == vol && f.entries.iter().any(|e| part.contains(&e.lba)));
+        Ok(if waits { TrimPart::Waits } else { TrimPart::Part { entries, end: lba } })
+    }
+}
+
+impl Inner {
+    /// Unmap the blocks of published tombstone record `entries` (header at
+    /// cache block `header_block`), but those a later reservation wrote
+    /// meanwhile.
+    pub(super) fn unmap_record(&mut self, vol: u32, header_block: u64, entries: &[Entry]) -> Result<(), VolumeError> {
+        for e in entries {
+            let old = self.vols[vol as usize].l2p.get(e.lba as usize)?;
+            if old.is_none() || self.supersedes(old, header_block) {
+                continue;
+            }
+            self.vols[vol as usize].l2p.set(e.lba as usize, Loc::NONE, 0)?;
+            self.invalidate(old);
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Trim blocks `lbas` of volume `vol` (with bands) through the
+    /// concurrent path, a record at a time. On a simulated clock, under the
+    /// drained lock instead (`trim_logged`), as writes do.
+    pub(super) fn trim_concurrent(&self, vol: u32, lbas: std::ops::Range<u64>) -> Result<(), VolumeError> {
+        let mut cur = TrimCursor { next: lbas.start, end: lbas.end };
+        let mut g = self.lock_for_request();
+        loop {
+            if !self.may_reserve(&g)? {
+                g = self.wait_published(g);
+                continue;
+            }
+            if g.sim.is_some() {
+                let mut g = self.drained(g);
+                let r = self.trim_logged(&mut g, vol, cur.next..cur.end, true);
+                let r = g.stop_on_device_error(r);
+                self.after_change(&g);
+                return r;
+            }
+            let (entries, end) = match cur.next_part(&g, vol)? {
+                TrimPart::Done => return Ok(()),
+                TrimPart::Waits => {
+                    g = self.wait_published(g);
+                    continue;
+                }
+                TrimPart::Part { entries, end } => (entries, end),
+            };
+            if entries.is_empty() {
+                cur.next = end;
+                continue;
+            }
+            let mut recs = [Record { entries, buf: take_buf(BLOCK_BYTES) }];
+            let r = self.reserve(&mut g, vol, 0, &mut recs[0], false);
+            let Some(r): Option<Reserved> = r? else {
+                // Room only once a record in flight is published.
+                give_buf(std::mem::replace(&mut recs[0].buf, IoBuf::empty()));
+                g = self.wait_published(g);
+                continue;
+            };
+            cur.next = end;
+            drop(g);
+            #[cfg(test)]
+            super::writers::between_reserve_and_write();
+            let written;
+            (g, written) = self.write_and_publish(vol, &mut recs, &[r]);
+            let [rec] = recs;
+            give_buf(rec.buf);
+            written?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{flushed_and_reopened, pattern, read_block as read, small_world};
+    use crate::Volume;
+
+    /// A write reserved before a trim of its block and completed after it:
+    /// the trim waits for it, so the block ends trimmed, in the map and
+    /// after replay. (Without the wait the trim, finding nothing in its way
+    /// under the lock, completes first and the late write publishes over
+    /// it.)
+    #[test]
+    fn a_trim_waits_for_a_write_in_flight_of_its_blocks() {
+        let w = small_world(&[256]);
+        w.volumes[0].write(9 * BS, &pattern(0, 9, 1), false).unwrap();
+        let (e, v) = (w.engine.clone(), w.engine.volume("v0").unwrap());
+        let trimmer: std::sync::Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>> = Default::default();
+        let slot = trimmer.clone();
+        super::super::writers::after_reserving(move || {
+            *slot.lock().unwrap() = Some(std::thread::spawn(move || v.trim(8 * BS, 4 * BS).unwrap()));
+            // Until the trimmer waits for this write, or (wrongly) is done.
+            let t0 = std::time::Instant::now();
+            while e.lock_raw().waiting == 0 && t0.elapsed() < std::time::Duration::from_secs(5) {
+                std::thread::yield_now();
+            }
+        });
+        w.volumes[0].write(9 * BS, &pattern(0, 9, 2), false).unwrap();
+        trimmer.lock().unwrap().take().expect("started").join().unwrap();
+        assert!(read(&w.volumes[0], 9) == vec![0u8; BLOCK_BYTES], "the write in flight covered the later trim");
+        w.engine.check_invariants();
+        let e = flushed_and_reopened(w);
+        assert!(read(&e.volume("v0").unwrap(), 9) == vec![0u8; BLOCK_BYTES], "replay brought the block back");
+    }
+
+    /// A write reserved after a trim of its block wins, whichever of the
+    /// two completes first: here the trim is reserved and paused, the write
+    /// runs to the end on another thread, then the trim publishes.
+    #[test]
+    fn a_write_after_a_trim_in_flight_wins() {
+        let w = small_world(&[256]);
+        for lba in 0..16 {
+            w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+        }
+        let v = w.engine.volume("v0").unwrap();
+        super::super::writers::after_reserving(move || {
+            std::thread::spawn(move || v.write(5 * BS, &pattern(0, 5, 2), false).unwrap()).join().unwrap();
+        });
+        w.volumes[0].trim(0, 16 * BS).unwrap();
+        for lba in 0..16 {
+            let want = if lba == 5 { pattern(0, 5, 2) } else { vec![0u8; BLOCK_BYTES] };
+            assert!(read(&w.volumes[0], lba) == want, "block {lba}");
+        }
+        w.engine.check_invariants();
+        let v = flushed_and_reopened(w).volume("v0").unwrap();
+        for lba in 0..16 {
+            let want = if lba == 5 { pattern(0, 5, 2) } else { vec![0u8; BLOCK_BYTES] };
+            assert!(read(&v, lba) == want, "after replay: block {lba}");
+        }
+    }
+}
