@@ -210,7 +210,7 @@ impl Engine {
                     }
                 } else {
                     for e in &h.entries {
-                        if inner.vols[vol].l2p.try_get(e.lba)? == Some(Loc::NONE) {
+                        if inner.vols[vol].l2p.tombstone_live(e.lba, h.seq)? {
                             tombs[vol].push(e.lba);
                         }
                     }

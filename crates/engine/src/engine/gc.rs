@@ -97,7 +97,12 @@ impl Engine {
     /// valid left costs no copies and is always taken first (plain
     /// cost-benefit would prefer an older half-full band to a younger empty
     /// one: a sequentially rewritten tenant's zones die whole, a moment
-    /// after they are old enough to be chosen).
+    /// after they are old enough to be chosen). First of all a band that
+    /// holds no tombstone either: it is reclaimed without reading or
+    /// writing anything, where one with tombstones may need a GC band to
+    /// carry the live ones to. With no band free, choosing the latter first
+    /// ended in no space while dozens of empty bands waited (`sluice sim
+    /// --swarm` seed 1980).
     fn gc_victim(inner: &Inner) -> Option<BandId> {
         let usable = inner.band_usable();
         let now = inner.seq;
@@ -120,7 +125,12 @@ impl Engine {
             .map(|(i, b)| {
                 let u = b.valid as f64 / usable as f64;
                 let age = (now - b.closed_seq) as f64 + 1.0;
-                (i, if b.valid == 0 { f64::INFINITY } else { (1.0 - u) * age / (1.0 + u) })
+                let score = match (b.valid, b.tombstones) {
+                    (0, 0) => f64::INFINITY,
+                    (0, _) => f64::MAX,
+                    _ => (1.0 - u) * age / (1.0 + u),
+                };
+                (i, score)
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| BandId(i as u32))
@@ -233,7 +243,7 @@ impl Engine {
                     }
                 }
                 for e in h.entries.iter().filter(|e| e.tombstone) {
-                    if l2p.try_get(e.lba)? == Some(Loc::NONE) {
+                    if l2p.tombstone_live(e.lba, h.seq)? {
                         g.2.push(e.lba);
                     }
                 }

@@ -159,8 +159,12 @@ impl Engine {
             inner.vols[vol as usize].cache.home_gen += 1;
         }
         for part in mapped.chunks(RECORD_BLOCKS_MAX) {
+            // The tombstones' sequence (one record), kept in the map's
+            // entries (`l2p::tombstone_tag`); in place, none.
+            let mut seq = None;
             if !in_place {
                 self.log_tombstones(inner, vol, part)?;
+                seq = Some(inner.seq);
             }
             for &lba in part {
                 let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
@@ -170,7 +174,10 @@ impl Engine {
                         inner.vols[vol as usize].cache.stats.discarded_dirty_bytes += BS;
                     }
                 }
-                inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
+                match seq {
+                    Some(seq) => inner.vols[vol as usize].l2p.unmap(lba as usize, seq)?,
+                    None => inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0)?,
+                }
                 inner.invalidate(old);
             }
             if in_place {
@@ -505,6 +512,11 @@ impl Engine {
             if loc.is_none() {
                 let e = Entry { lba, crc: 0, tombstone: true };
                 self.log_record(&mut inner, vol, RecordKind::Trim, vec![e], &[])?;
+                if !inner.in_place() {
+                    // The copy just logged is the newest (`l2p::tombstone_tag`).
+                    let seq = inner.seq;
+                    inner.vols[vol as usize].l2p.unmap(lba as usize, seq)?;
+                }
             } else {
                 let mut b = vec![0u8; BLOCK_BYTES];
                 self.read_blocks(&[loc], &[crc], lba * BS, &mut b, None)?;

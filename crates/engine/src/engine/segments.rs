@@ -14,7 +14,10 @@
 //!    only move current blocks, so the copy is newer than every stale one.
 //!    Trims are records too, and their tombstones are carried forward by
 //!    compaction and GC (read back from the media) while the LBA stays
-//!    unmapped, so a stale copy can never win after a crash.
+//!    unmapped, so a stale copy can never win after a crash. Only the
+//!    LBA's newest tombstone is carried (its tag is in the L2P entry,
+//!    `l2p::tombstone_tag`), and the copy takes the tag of its new
+//!    sequence here: an older tombstone loses to the newer one anyway.
 //! 3. A compacted chunk is freed, and a GC victim discarded, only after both
 //!    devices have flushed: the copies on the capacity device, and on the
 //!    cache every record that superseded an entry being dropped (a rewrite
@@ -131,6 +134,9 @@ impl Engine {
             let mut entries: Vec<Entry> =
                 rest[..n].iter().map(|&(lba, crc, _)| Entry { lba, crc, tombstone: false }).collect();
             entries.extend(rest_t[..t].iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }));
+            for &lba in &rest_t[..t] {
+                inner.vols[vol as usize].l2p.retag(lba, inner.seq)?;
+            }
             let mut buf = inner.take_buf((padded * BS) as usize);
             let h = Header {
                 kind: RecordKind::Segment,

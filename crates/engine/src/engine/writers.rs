@@ -74,6 +74,8 @@ pub(super) struct Reserved {
     pub(super) rec: usize,
     pub(super) header_block: u64,
     pub(super) lsn: u64,
+    /// Its sequence number.
+    pub(super) seq: u64,
     /// Step 2 is done (at reservation for a chunk's first record).
     pub(super) written: bool,
 }
@@ -268,7 +270,7 @@ impl Engine {
         rec.entries = self.done(g, r);
         if rec.entries.first().is_some_and(|e| e.tombstone) {
             // A trim's record (trims.rs).
-            let unmapped = g.unmap_record(vol, r.header_block, &rec.entries);
+            let unmapped = g.unmap_record(vol, r, &rec.entries);
             return g.stop_on_device_error(unmapped);
         }
         let mapped = Self::map_record(g, vol, r.header_block, rec.entries.iter().map(|e| (e.lba, e.crc)));
@@ -329,7 +331,7 @@ impl Engine {
         g.stats.cache_write_bytes += need * BS;
         g.stats.cache_header_bytes += BS;
         let header_block = chunk.0 as u64 * g.blocks_per_chunk() + off;
-        let mut r = Reserved { rec: index, header_block, lsn, written: false };
+        let mut r = Reserved { rec: index, header_block, lsn, seq, written: false };
         if off == 0 {
             // A chunk's first record names its generation in recovery:
             // written before the lock goes, so that no later record of the

@@ -201,6 +201,18 @@ impl Resident {
     }
 }
 
+/// The tag an unmapped entry's CRC slot keeps: the low 32 bits of its
+/// newest tombstone's sequence, never 0 (0 means not known). Compaction
+/// and GC then carry only that tombstone forward and drop older ones: an
+/// LBA written and trimmed again and again left a live tombstone per trim,
+/// every one carried while the LBA stayed unmapped, until the log and the
+/// bands held nothing else (`sluice sim --swarm` seeds 170, 300, 530, 1066
+/// and 1980 ended with no space). A tag shared by two sequences 2^32 apart
+/// only keeps an older tombstone live, which is harmless.
+pub(super) fn tombstone_tag(seq: u64) -> u32 {
+    (seq as u32).max(1)
+}
+
 /// One volume's map: an entry and a CRC per block, all in DRAM or paged.
 ///
 /// Every access returns a `Result`: a paged map may fault a page in from
@@ -293,6 +305,34 @@ impl L2p {
     /// A new copy of the block (or `Loc::NONE` and 0: none).
     pub(super) fn set(&mut self, lba: usize, loc: Loc, crc: u32) -> MapResult<()> {
         self.put(lba, self.width.encode(loc), Some(crc))
+    }
+
+    /// Unmap block `lba`, whose newest tombstone (the one just logged, or
+    /// the one a replay found winning) has sequence `seq`: the entry's CRC
+    /// slot keeps that sequence's tag (`tombstone_tag`).
+    pub(super) fn unmap(&mut self, lba: usize, seq: u64) -> MapResult<()> {
+        self.set(lba, Loc::NONE, tombstone_tag(seq))
+    }
+
+    /// Whether a tombstone of block `lba` logged (or last moved) under
+    /// sequence `seq` is live: the block is unmapped and this is its newest
+    /// tombstone, or which one is newest is not known (tag 0: an image
+    /// from before tags, or an in-place volume). False past the volume.
+    pub(super) fn tombstone_live(&self, lba: u64, seq: u64) -> MapResult<bool> {
+        if lba >= self.len as u64 {
+            return Ok(false);
+        }
+        let (loc, tag) = self.entry(lba as usize)?;
+        Ok(loc.is_none() && (tag == 0 || tag == tombstone_tag(seq)))
+    }
+
+    /// Live tombstone of unmapped block `lba` moved by compaction or GC
+    /// under sequence `seq`: the copy moved is now the newest.
+    pub(super) fn retag(&mut self, lba: u64, seq: u64) -> MapResult<()> {
+        match self.try_get(lba)? {
+            Some(l) if l.is_none() => self.unmap(lba as usize, seq),
+            _ => Ok(()),
+        }
     }
 
     /// The same data moved elsewhere: its CRC stays.

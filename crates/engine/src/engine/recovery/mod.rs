@@ -261,12 +261,12 @@ fn scan_with(
                 if flags & PAST_GAP != 0 {
                     past_gap.push(owner);
                 }
-                let tombstone = crc == TOMBSTONE_CRC && res.seq_at(loc).1;
-                if tombstone {
+                let (seq, at_header) = res.seq_at(loc);
+                if crc == TOMBSTONE_CRC && at_header {
                     if let Some(pb) = loc.capacity_block() {
                         live[(pb / bpb) as usize] = true;
                     }
-                    res.vols[vi].l2p.set(lba, Loc::NONE, 0).map_err(map_error)?;
+                    res.vols[vi].l2p.unmap(lba, seq).map_err(map_error)?;
                     continue;
                 }
                 if let Some(cb) = loc.cache_block() {
