@@ -76,6 +76,7 @@ mod l2p;
 mod lifecycle;
 mod log;
 mod marks;
+mod pending;
 mod placement;
 mod pool;
 mod read;
@@ -167,7 +168,7 @@ struct Inner {
     /// first, and the remaps that wait for them (`Engine::settle`): the
     /// background compactor's last step, or writers' compaction steps
     /// (assist.rs). Not persisted.
-    pending: Vec<step_io::Pending>,
+    pending: Vec<pending::Pending>,
     /// Steps left pending so far (`Inner::pending_since`).
     pendings_made: u64,
     /// Where a bounded compaction step stopped in the oldest full chunk

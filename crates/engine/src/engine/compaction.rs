@@ -13,8 +13,9 @@
 //! chunk's end with writes queued leaves the chunk to the next step (its
 //! cursor at the chunk's end), which settles them and frees it.
 
+use super::pending::{Deferred, PENDING_STEPS_MAX};
 use super::segments::Data;
-use super::step_io::{Deferred, PreRead, Window, PENDING_STEPS_MAX};
+use super::step_io::{PreRead, Window};
 use super::*;
 use crate::layout::{record_at, RecordKind};
 

@@ -10,8 +10,9 @@
 //! outside the lock that looked a block up before the move sees that its
 //! data may be gone.
 
+use super::pending::Deferred;
 use super::segments::{segment_blocks, Data, Moved};
-use super::step_io::{Deferred, PreRead, Window};
+use super::step_io::{PreRead, Window};
 use super::*;
 use crate::layout::decode_header;
 

@@ -31,7 +31,7 @@
 //! number of tombstones bounded by the number of unmapped blocks.
 
 use super::bands::{band_has_room, Stream};
-use super::step_io::{Deferred, Fill, QueuedWrite};
+use super::pending::{Deferred, Fill, QueuedWrite};
 use super::*;
 use crate::layout::{Entry, Header, RecordKind};
 
