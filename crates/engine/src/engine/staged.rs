@@ -41,6 +41,8 @@ pub struct StagedWrite {
     /// A trim: what is left of its range (its records are cut from it at
     /// each reservation, and pushed onto `recs`).
     trim: Option<TrimCursor>,
+    /// A trim's records (by number) and the blocks each unmaps.
+    trim_lbas: std::collections::HashMap<usize, Vec<u64>>,
 }
 
 /// One step of a [`StagedWrite`].
@@ -104,6 +106,12 @@ impl StagedWrite {
             out.push(WriteStep::Flush);
         }
         out
+    }
+
+    /// The blocks trim record `record` unmaps (a tombstone each; empty for
+    /// a write's record).
+    pub fn trim_record_lbas(&self, record: usize) -> &[u64] {
+        self.trim_lbas.get(&record).map_or(&[], Vec::as_slice)
     }
 
     /// Whether a record of this write is reserved and not yet published.
@@ -185,6 +193,7 @@ impl StagedWrite {
             return Ok(Stepped::TrimReserved { record: None, first, end });
         }
         let index = self.recs.len();
+        let lbas = entries.iter().map(|e| e.lba).collect();
         self.recs.push(Record { entries, buf: IoBuf::zeroed(BLOCK_BYTES) });
         let Some(r) = e.reserve(&mut g, self.vol, index, &mut self.recs[index], false)? else {
             self.recs.pop();
@@ -193,6 +202,7 @@ impl StagedWrite {
         cur.next = end;
         self.held.push(r);
         self.next = self.recs.len();
+        self.trim_lbas.insert(index, lbas);
         Ok(Stepped::TrimReserved { record: Some(index), first, end })
     }
 
@@ -244,6 +254,7 @@ impl Engine {
             flush_due: fua,
             failed: false,
             trim: None,
+            trim_lbas: Default::default(),
         }
     }
 
@@ -259,6 +270,7 @@ impl Engine {
             flush_due: false,
             failed: false,
             trim: Some(TrimCursor { next: lbas.start, end: lbas.end }),
+            trim_lbas: Default::default(),
         }
     }
 }

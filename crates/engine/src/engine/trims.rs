@@ -28,6 +28,10 @@
 //!   complete in: publishing the tombstones skips a block whose map entry
 //!   is a newer cache copy (`Inner::supersedes`, as for data), and replay
 //!   keeps the highest sequence number.
+//! - **A trim always ends.** Nothing holds new writes back while a part
+//!   waits, so a part whose blocks are always in flight somewhere would
+//!   wait for ever; after `WAITS_MAX` publishes the trim drains the log
+//!   and finishes under the lock, as every trim did before.
 //! - **Relocations** see a trim's blocks like a write's (its entries are in
 //!   `Log::inflight`): a copy the trim unmaps is not moved while the trim
 //!   is in flight (relocation_gate.rs).
@@ -102,37 +106,53 @@ impl Engine {
     pub(super) fn trim_concurrent(&self, vol: u32, lbas: std::ops::Range<u64>) -> Result<(), VolumeError> {
         let mut cur = TrimCursor { next: lbas.start, end: lbas.end };
         let mut g = self.lock_for_request();
+        // Publishes this part has waited for (`WAITS_MAX`).
+        let mut waits = 0;
         loop {
             if !self.may_reserve(&g)? {
                 g = self.wait_published(g);
                 continue;
             }
-            if g.sim.is_some() {
+            if g.sim.is_some() || waits > WAITS_MAX {
+                // Under the drained lock, which holds new reservations back.
                 let mut g = self.drained(g);
                 let r = self.trim_logged(&mut g, vol, cur.next..cur.end, true);
                 let r = g.stop_on_device_error(r);
                 self.after_change(&g);
                 return r;
             }
-            let (entries, end) = match cur.next_part(&g, vol)? {
+            let part = cur.next_part(&g, vol);
+            let (entries, end) = match g.stop_on_device_error(part)? {
                 TrimPart::Done => return Ok(()),
                 TrimPart::Waits => {
+                    waits += 1;
                     g = self.wait_published(g);
                     continue;
                 }
                 TrimPart::Part { entries, end } => (entries, end),
             };
+            waits = 0;
             if entries.is_empty() {
+                // Nothing mapped there: the lock goes between parts.
                 cur.next = end;
+                drop(g);
+                g = self.lock_for_request();
                 continue;
             }
             let mut recs = [Record { entries, buf: take_buf(BLOCK_BYTES) }];
             let r = self.reserve(&mut g, vol, 0, &mut recs[0], false);
-            let Some(r): Option<Reserved> = r? else {
-                // Room only once a record in flight is published.
-                give_buf(std::mem::replace(&mut recs[0].buf, IoBuf::empty()));
-                g = self.wait_published(g);
-                continue;
+            let r = match r {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    // Room only once a record in flight is published.
+                    give_buf(std::mem::replace(&mut recs[0].buf, IoBuf::empty()));
+                    g = self.wait_published(g);
+                    continue;
+                }
+                Err(e) => {
+                    give_buf(std::mem::replace(&mut recs[0].buf, IoBuf::empty()));
+                    return Err(e);
+                }
             };
             cur.next = end;
             drop(g);
@@ -146,6 +166,13 @@ impl Engine {
         }
     }
 }
+
+/// Publishes a trim's part may wait for before the trim drains the log
+/// instead (and finishes under the lock, `trim_logged`): writes that keep
+/// a block of the part in flight all the time (a journal written at a
+/// queue depth of two or more) would otherwise hold it back for ever, as
+/// nothing stops new reservations while it waits.
+const WAITS_MAX: usize = 64;
 
 #[cfg(test)]
 mod tests {

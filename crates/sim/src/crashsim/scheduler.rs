@@ -98,16 +98,19 @@ impl Sim {
             // until its record (if any) is published may still read as
             // before.
             Ok(crate::Stepped::TrimReserved { record, first, end }) => {
-                let range = t.blocks.len()..t.blocks.len() + (end - first) as usize;
-                t.blocks.extend((first..end).map(|lba| (lba, 0)));
                 for lba in first..end {
-                    let m = &mut self.model[v][lba as usize];
-                    m.put(0);
-                    if record.is_some() {
-                        m.unpublished.push(0);
-                    }
+                    self.model[v][lba as usize].put(0);
                 }
+                // The blocks the record unmaps (those the map held) may
+                // read as before until it is published; the rest were
+                // unmapped already.
                 if let Some(record) = record {
+                    let lbas = t.staged.trim_record_lbas(record).to_vec();
+                    let range = t.blocks.len()..t.blocks.len() + lbas.len();
+                    for &lba in &lbas {
+                        self.model[v][lba as usize].unpublished.push(0);
+                        t.blocks.push((lba, 0));
+                    }
                     t.records.insert(record, range);
                 }
             }
