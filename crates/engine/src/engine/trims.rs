@@ -208,6 +208,60 @@ mod tests {
         assert!(read(&e.volume("v0").unwrap(), 9) == vec![0u8; BLOCK_BYTES], "replay brought the block back");
     }
 
+    /// A part whose block stays in flight while other writes keep
+    /// publishing: after `WAITS_MAX` publishes the trim drains the log
+    /// (which holds the other writer back) and finishes under the lock, and
+    /// the block ends trimmed (the write in flight was reserved first).
+    #[test]
+    fn a_trim_held_back_by_a_block_in_flight_drains_and_ends() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let cfg = crate::testkit::small_config();
+        let (_, capacity) = crate::testkit::small_device_bytes(&[512]);
+        // A log long enough for the other writer's writes meanwhile: no
+        // compaction while the paused record of an unmapped block is in
+        // flight (relocations would wait for it).
+        let cache = Arc::new(sluice_media::MemoryDevice::new(64 * cfg.chunk_bytes, 4096));
+        let capacity = Arc::new(sluice_media::MemoryDevice::new(capacity, 4096));
+        let w = crate::testkit::small_world_with(cache, capacity, &[512], cfg);
+        let (e, t, b) = (w.engine.clone(), w.engine.volume("v0").unwrap(), w.engine.volume("v0").unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let drained = Arc::new(AtomicBool::new(false));
+        let threads: Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>> = Default::default();
+        let (s2, d2, th) = (stop.clone(), drained.clone(), threads.clone());
+        super::super::writers::after_reserving(move || {
+            let mut th = th.lock().unwrap();
+            th.push(std::thread::spawn(move || t.trim(0, 16 * BS).unwrap()));
+            let s3 = s2.clone();
+            th.push(std::thread::spawn(move || {
+                for i in 0u64.. {
+                    if s3.load(Ordering::Relaxed) || i == 1500 {
+                        break;
+                    }
+                    let lba = 100 + i % 300;
+                    b.write(lba * BS, &pattern(0, lba, 1 + i / 300), false).unwrap();
+                }
+            }));
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < std::time::Duration::from_secs(20) {
+                if e.lock_raw().draining > 0 {
+                    d2.store(true, Ordering::Relaxed);
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            s2.store(true, Ordering::Relaxed);
+        });
+        w.volumes[0].write(5 * BS, &pattern(0, 5, 1), false).unwrap();
+        for h in threads.lock().unwrap().drain(..) {
+            h.join().unwrap();
+        }
+        assert!(drained.load(Ordering::Relaxed), "the trim never drained the log");
+        assert!(read(&w.volumes[0], 5) == vec![0u8; BLOCK_BYTES], "the write reserved before the trim covered it");
+        w.engine.check_invariants();
+        let v = flushed_and_reopened(w).volume("v0").unwrap();
+        assert!(read(&v, 5) == vec![0u8; BLOCK_BYTES], "replay brought the block back");
+    }
+
     /// A write reserved after a trim of its block wins, whichever of the
     /// two completes first: here the trim is reserved and paused, the write
     /// runs to the end on another thread, then the trim publishes.
