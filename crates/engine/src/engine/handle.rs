@@ -246,7 +246,7 @@ impl EngineVolume {
             // across the device write (writers.rs).
             let recs = writers::records_of(&blocks, &crcs, self.record_blocks_max);
             let (r, bufs) = self.engine.write_concurrent(self.id, recs, fua);
-            bufs.into_iter().for_each(writers::give_buf);
+            bufs.into_iter().for_each(pool::give_thread_buf);
             return r;
         }
         let mut deferred = Vec::new();

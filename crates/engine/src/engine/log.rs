@@ -66,7 +66,7 @@ impl Engine {
     ) -> Result<(), VolumeError> {
         for mut rec in writers::records_of(writes, crcs, inner.record_blocks_max()) {
             let r = self.append_record(inner, vol, &mut rec);
-            writers::give_buf(rec.buf);
+            pool::give_thread_buf(rec.buf);
             r?;
         }
         if fua {

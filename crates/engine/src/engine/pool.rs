@@ -2,7 +2,9 @@
 //!
 //! Owns: the buffers compaction, GC and log appends borrow for one device
 //! request each (they move megabytes per call; a fresh allocation would cost
-//! a zeroed page per 4 KiB).
+//! a zeroed page per 4 KiB), and each writer thread's own record buffers
+//! (`take_thread_buf`), which the concurrent write path fills without the
+//! engine lock.
 //!
 //! Invariants: at most `BUFS_MAX` buffers are kept, and together at most the
 //! byte bound the caller passes to `give`; a buffer handed out has exactly
@@ -14,7 +16,7 @@
 //! two and a request takes the smallest pooled buffer of 1–2× its size, so a
 //! small record never takes the buffer the next chunk read needs.
 
-use super::{Inner, BS};
+use super::{Inner, BLOCK_BYTES, BS};
 use crate::volume::VolumeError;
 use sluice_media::device::sync_io;
 use sluice_media::{BlockDevice, IoBuf, IoOp, IoRequest};
@@ -89,4 +91,41 @@ impl Inner {
         let bytes_max = 4 * ((self.gc_window_blocks() * BS) as usize).next_power_of_two();
         self.pool.give(b, bytes_max);
     }
+}
+
+thread_local! {
+    /// Each writer thread's record buffers, kept between batches: a fresh
+    /// aligned, zeroed buffer per batch costs more than copying into it,
+    /// and a pool shared by every writer would be one more lock.
+    static BUFS: std::cell::RefCell<Vec<IoBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Buffers kept per thread, and the largest kept.
+const BUFS_KEPT: usize = 4;
+const BUF_KEPT_BYTES_MAX: usize = 1 << 20;
+
+/// A buffer of `len` bytes from this thread's own (contents undefined:
+/// every byte is written before the buffer goes to a device).
+pub(super) fn take_thread_buf(len: usize) -> IoBuf {
+    let kept = BUFS.with(|b| {
+        let mut b = b.borrow_mut();
+        let i = b.iter().position(|x| x.capacity() >= len)?;
+        Some(b.swap_remove(i))
+    });
+    let mut buf = kept.unwrap_or_else(|| IoBuf::zeroed(len.next_power_of_two().max(2 * BLOCK_BYTES)));
+    buf.set_len(len);
+    buf
+}
+
+/// A record buffer back to the thread's pool.
+pub(super) fn give_thread_buf(buf: IoBuf) {
+    if buf.capacity() == 0 || buf.capacity() > BUF_KEPT_BYTES_MAX {
+        return;
+    }
+    BUFS.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < BUFS_KEPT {
+            b.push(buf);
+        }
+    });
 }

@@ -11,7 +11,7 @@
 //! record reserved is published, or given up only once the engine has
 //! stopped taking changes (an LSN handed out cannot be taken back).
 
-use super::trims::{TrimCursor, TrimPart};
+use super::trims::{TrimCursor, TrimStep};
 use super::writers::{records_of, Record, Reserved};
 use super::*;
 
@@ -90,6 +90,12 @@ pub enum Stepped {
 }
 
 impl StagedWrite {
+    /// A write of `recs` (none, for a trim: `trim` cuts them) not started.
+    fn new(engine: Arc<Engine>, vol: u32, recs: Vec<Record>, fua: bool, trim: Option<TrimCursor>) -> StagedWrite {
+        let (next, held, flush_due, failed, trim_lbas) = (0, Vec::new(), fua, false, Default::default());
+        StagedWrite { engine, vol, recs, next, held, flush_due, failed, trim, trim_lbas }
+    }
+
     /// The steps that may come next (none: done).
     pub fn steps(&self) -> Vec<WriteStep> {
         if self.failed {
@@ -173,8 +179,8 @@ impl StagedWrite {
         }
     }
 
-    /// A trim's Reserve step: its next part, cut under the lock as the
-    /// threaded trim cuts it (`Engine::trim_concurrent`).
+    /// A trim's Reserve step: its next part, cut and reserved by the code
+    /// the threaded trim runs (`Engine::reserve_trim_part`).
     fn reserve_trim(&mut self) -> Result<Stepped, VolumeError> {
         let e = &*self.engine;
         let mut g = e.lock_raw();
@@ -182,28 +188,20 @@ impl StagedWrite {
             return Ok(Stepped::Busy);
         }
         let cur = self.trim.as_mut().expect("a trim");
-        let first = cur.next;
-        let (entries, end) = match cur.next_part(&g, self.vol)? {
-            TrimPart::Done => unreachable!("a Reserve step is offered while the range lasts"),
-            TrimPart::Waits => return Ok(Stepped::Busy),
-            TrimPart::Part { entries, end } => (entries, end),
-        };
-        if entries.is_empty() {
-            cur.next = end;
-            return Ok(Stepped::TrimReserved { record: None, first, end });
-        }
         let index = self.recs.len();
-        let lbas = entries.iter().map(|e| e.lba).collect();
-        self.recs.push(Record { entries, buf: IoBuf::zeroed(BLOCK_BYTES) });
-        let Some(r) = e.reserve(&mut g, self.vol, index, &mut self.recs[index], false)? else {
-            self.recs.pop();
-            return Ok(Stepped::Busy);
-        };
-        cur.next = end;
-        self.held.push(r);
-        self.next = self.recs.len();
-        self.trim_lbas.insert(index, lbas);
-        Ok(Stepped::TrimReserved { record: Some(index), first, end })
+        match e.reserve_trim_part(&mut g, self.vol, cur, index)? {
+            TrimStep::Done => unreachable!("a Reserve step is offered while the range lasts"),
+            TrimStep::Waits | TrimStep::NoRoom => Ok(Stepped::Busy),
+            TrimStep::Skipped { first, end } => Ok(Stepped::TrimReserved { record: None, first, end }),
+            TrimStep::Reserved { rec, r, first, end } => {
+                let lbas = g.log.inflight[&r.lsn].entries.iter().map(|e| e.lba).collect();
+                self.recs.push(rec);
+                self.held.push(r);
+                self.next = self.recs.len();
+                self.trim_lbas.insert(index, lbas);
+                Ok(Stepped::TrimReserved { record: Some(index), first, end })
+            }
+        }
     }
 
     /// End the write where it is (see the type's doc): no more
@@ -245,32 +243,12 @@ impl Engine {
         max: usize,
         fua: bool,
     ) -> StagedWrite {
-        StagedWrite {
-            engine: self.clone(),
-            vol,
-            recs: records_of(writes, crcs, max),
-            next: 0,
-            held: Vec::new(),
-            flush_due: fua,
-            failed: false,
-            trim: None,
-            trim_lbas: Default::default(),
-        }
+        StagedWrite::new(self.clone(), vol, records_of(writes, crcs, max), fua, None)
     }
 
     /// A trim of blocks `lbas` of volume `vol` (with bands), to be taken
     /// step by step (`StagedWrite`).
     pub(super) fn stage_trim(self: &Arc<Engine>, vol: u32, lbas: std::ops::Range<u64>) -> StagedWrite {
-        StagedWrite {
-            engine: self.clone(),
-            vol,
-            recs: Vec::new(),
-            next: 0,
-            held: Vec::new(),
-            flush_due: false,
-            failed: false,
-            trim: Some(TrimCursor { next: lbas.start, end: lbas.end }),
-            trim_lbas: Default::default(),
-        }
+        StagedWrite::new(self.clone(), vol, Vec::new(), false, Some(TrimCursor { next: lbas.start, end: lbas.end }))
     }
 }

@@ -36,7 +36,8 @@
 //!   `Log::inflight`): a copy the trim unmaps is not moved while the trim
 //!   is in flight (relocation_gate.rs).
 
-use super::writers::{give_buf, take_buf, Record, Reserved};
+use super::pool::{give_thread_buf, take_thread_buf};
+use super::writers::{Record, Reserved};
 use super::*;
 use crate::layout::Entry;
 
@@ -50,7 +51,7 @@ pub(super) struct TrimCursor {
 }
 
 /// The cursor's next part, read under the lock.
-pub(super) enum TrimPart {
+enum TrimPart {
     /// Nothing is left.
     Done,
     /// A record in flight rewrites a block of the part: wait for a publish.
@@ -63,7 +64,7 @@ pub(super) enum TrimPart {
 impl TrimCursor {
     /// The next part of volume `vol`'s range: up to `RECORD_BLOCKS_MAX`
     /// mapped blocks within `SCAN_MAX` blocks.
-    pub(super) fn next_part(&self, g: &Inner, vol: u32) -> Result<TrimPart, VolumeError> {
+    fn next_part(&self, g: &Inner, vol: u32) -> Result<TrimPart, VolumeError> {
         if self.next >= self.end {
             return Ok(TrimPart::Done);
         }
@@ -99,7 +100,64 @@ impl Inner {
     }
 }
 
+/// What `Engine::reserve_trim_part` did.
+pub(super) enum TrimStep {
+    /// Nothing is left of the range.
+    Done,
+    /// A record in flight rewrites a block of the next part: wait for a
+    /// publish.
+    Waits,
+    /// No room in the log until a record in flight is published.
+    NoRoom,
+    /// Blocks `first..end` hold nothing mapped: passed over, no record.
+    Skipped { first: u64, end: u64 },
+    /// Record `rec` (its header written, its tombstones in flight),
+    /// reserved as `r`, for blocks `first..end`.
+    Reserved { rec: Record, r: Reserved, first: u64, end: u64 },
+}
+
 impl Engine {
+    /// Step 1 of a trim, under the lock: cut the next part of `cur`'s range
+    /// of volume `vol` and reserve its tombstone record (number `index` of
+    /// the caller's records). The cursor moves on only past a part that is
+    /// reserved or holds nothing mapped. The threaded trim and the
+    /// simulation's staged one both take it (`StagedWrite`). An error stops
+    /// the engine's changes.
+    pub(super) fn reserve_trim_part(
+        &self,
+        g: &mut Inner,
+        vol: u32,
+        cur: &mut TrimCursor,
+        index: usize,
+    ) -> Result<TrimStep, VolumeError> {
+        let part = cur.next_part(g, vol);
+        let (entries, end) = match g.stop_on_device_error(part)? {
+            TrimPart::Done => return Ok(TrimStep::Done),
+            TrimPart::Waits => return Ok(TrimStep::Waits),
+            TrimPart::Part { entries, end } => (entries, end),
+        };
+        let first = cur.next;
+        if entries.is_empty() {
+            cur.next = end;
+            return Ok(TrimStep::Skipped { first, end });
+        }
+        let mut rec = Record { entries, buf: take_thread_buf(BLOCK_BYTES) };
+        match self.reserve(g, vol, index, &mut rec, false) {
+            Ok(Some(r)) => {
+                cur.next = end;
+                Ok(TrimStep::Reserved { rec, r, first, end })
+            }
+            Ok(None) => {
+                give_thread_buf(rec.buf);
+                Ok(TrimStep::NoRoom)
+            }
+            Err(e) => {
+                give_thread_buf(rec.buf);
+                Err(e)
+            }
+        }
+    }
+
     /// Trim blocks `lbas` of volume `vol` (with bands) through the
     /// concurrent path, a record at a time. On a simulated clock, under the
     /// drained lock instead (`trim_logged`), as writes do.
@@ -121,47 +179,36 @@ impl Engine {
                 self.after_change(&g);
                 return r;
             }
-            let part = cur.next_part(&g, vol);
-            let (entries, end) = match g.stop_on_device_error(part)? {
-                TrimPart::Done => return Ok(()),
-                TrimPart::Waits => {
+            let (rec, r) = match self.reserve_trim_part(&mut g, vol, &mut cur, 0)? {
+                TrimStep::Done => return Ok(()),
+                TrimStep::Waits => {
                     waits += 1;
                     g = self.wait_published(g);
                     continue;
                 }
-                TrimPart::Part { entries, end } => (entries, end),
-            };
-            waits = 0;
-            if entries.is_empty() {
-                // Nothing mapped there: the lock goes between parts.
-                cur.next = end;
-                drop(g);
-                g = self.lock_for_request();
-                continue;
-            }
-            let mut recs = [Record { entries, buf: take_buf(BLOCK_BYTES) }];
-            let r = self.reserve(&mut g, vol, 0, &mut recs[0], false);
-            let r = match r {
-                Ok(Some(r)) => r,
-                Ok(None) => {
-                    // Room only once a record in flight is published.
-                    give_buf(std::mem::replace(&mut recs[0].buf, IoBuf::empty()));
+                TrimStep::NoRoom => {
+                    waits = 0;
                     g = self.wait_published(g);
                     continue;
                 }
-                Err(e) => {
-                    give_buf(std::mem::replace(&mut recs[0].buf, IoBuf::empty()));
-                    return Err(e);
+                TrimStep::Skipped { .. } => {
+                    // Nothing mapped there: the lock goes between parts.
+                    waits = 0;
+                    drop(g);
+                    g = self.lock_for_request();
+                    continue;
                 }
+                TrimStep::Reserved { rec, r, .. } => (rec, r),
             };
-            cur.next = end;
+            waits = 0;
             drop(g);
             #[cfg(test)]
             super::writers::between_reserve_and_write();
+            let mut recs = [rec];
             let written;
             (g, written) = self.write_and_publish(vol, &mut recs, &[r]);
             let [rec] = recs;
-            give_buf(rec.buf);
+            give_thread_buf(rec.buf);
             written?;
         }
     }

@@ -57,6 +57,7 @@
 //!   see the log as when every write ran under the lock.
 
 use super::assist::{Assist, StepGain};
+use super::pool::take_thread_buf;
 use super::*;
 use crate::layout::{Entry, RecordKind};
 use std::sync::MutexGuard;
@@ -357,7 +358,7 @@ pub(super) fn records_of(writes: &[(u64, &[u8])], crcs: &[u32], max: usize) -> V
         .iter()
         .flat_map(|&(lba0, data)| data.chunks(BLOCK_BYTES).enumerate().map(move |(i, b)| (lba0 + i as u64, b)));
     let flush = |cur: &mut Vec<(u64, &[u8], u32)>, out: &mut Vec<Record>| {
-        let mut buf = take_buf((1 + cur.len()) * BLOCK_BYTES);
+        let mut buf = take_thread_buf((1 + cur.len()) * BLOCK_BYTES);
         for (i, (_, d, _)) in cur.iter().enumerate() {
             buf[(1 + i) * BLOCK_BYTES..(2 + i) * BLOCK_BYTES].copy_from_slice(d);
         }
@@ -377,43 +378,6 @@ pub(super) fn records_of(writes: &[(u64, &[u8])], crcs: &[u32], max: usize) -> V
         flush(&mut cur, &mut out);
     }
     out
-}
-
-thread_local! {
-    /// Each writer thread's record buffers, kept between batches: a fresh
-    /// aligned, zeroed buffer per batch costs more than copying into it,
-    /// and a pool shared by every writer would be one more lock.
-    static BUFS: std::cell::RefCell<Vec<IoBuf>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Buffers kept per thread, and the largest kept.
-const BUFS_KEPT: usize = 4;
-const BUF_KEPT_BYTES_MAX: usize = 1 << 20;
-
-/// A buffer of `len` bytes (contents undefined: every byte is written
-/// before the buffer goes to a device).
-pub(super) fn take_buf(len: usize) -> IoBuf {
-    let kept = BUFS.with(|b| {
-        let mut b = b.borrow_mut();
-        let i = b.iter().position(|x| x.capacity() >= len)?;
-        Some(b.swap_remove(i))
-    });
-    let mut buf = kept.unwrap_or_else(|| IoBuf::zeroed(len.next_power_of_two().max(2 * BLOCK_BYTES)));
-    buf.set_len(len);
-    buf
-}
-
-/// A record buffer back to the thread's pool.
-pub(super) fn give_buf(buf: IoBuf) {
-    if buf.capacity() == 0 || buf.capacity() > BUF_KEPT_BYTES_MAX {
-        return;
-    }
-    BUFS.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < BUFS_KEPT {
-            b.push(buf);
-        }
-    });
 }
 
 #[cfg(test)]
@@ -441,15 +405,9 @@ pub(super) fn between_reserve_and_write() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::{pattern, small_world};
+    use crate::testkit::{flushed_and_reopened, pattern, read_block as read, small_world};
     use crate::{CompactorConfig, Volume};
     use std::sync::Mutex;
-
-    fn read(v: &EngineVolume, lba: u64) -> Vec<u8> {
-        let mut b = vec![0u8; BLOCK_BYTES];
-        v.read(lba * BS, &mut b).unwrap();
-        b
-    }
 
     /// Two writes of one block: the first reserved writes last. The map
     /// keeps the later reservation's data, as replay (by sequence number)
@@ -466,10 +424,7 @@ mod tests {
         w.volumes[0].write(7 * BS, &pattern(0, 7, 1), false).unwrap();
         assert!(read(&w.volumes[0], 7) == pattern(0, 7, 2), "the earlier reservation's data won");
         w.engine.check_invariants();
-        w.volumes[0].flush().unwrap();
-        let (cache, capacity) = w.engine.devices();
-        drop(w);
-        let e = Engine::open(cache, capacity).unwrap();
+        let e = flushed_and_reopened(w);
         assert!(e.recovered_in().is_some(), "an unclean stop");
         assert!(read(&e.volume("v0").unwrap(), 7) == pattern(0, 7, 2), "replay disagrees with the map");
     }
@@ -523,10 +478,7 @@ mod tests {
             assert!(w.engine.stats().chunks_compacted > 5);
             w.engine.check_invariants();
             // Replay agrees after an unclean stop.
-            w.volumes[0].flush().unwrap();
-            let (cache, capacity) = w.engine.devices();
-            drop(w);
-            let e = Engine::open(cache, capacity).unwrap();
+            let e = flushed_and_reopened(w);
             let v = e.volume("v0").unwrap();
             for lba in 0..256u64 {
                 assert!(read(&v, lba) == expect(lba), "after replay: block {lba} (compactor: {compactor})");
@@ -597,10 +549,7 @@ mod tests {
                     );
                 }
             }
-            w.volumes[0].flush().unwrap();
-            let (cache, capacity) = w.engine.devices();
-            drop(w);
-            let e = Engine::open(cache, capacity).unwrap();
+            let e = flushed_and_reopened(w);
             for (vol, &n) in SIZES.iter().enumerate() {
                 let v = e.volume(&format!("v{vol}")).unwrap();
                 for lba in 0..n {
