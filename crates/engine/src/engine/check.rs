@@ -116,9 +116,10 @@ impl Engine {
                     for (i, &(lba, _, crc)) in mapped[k..k + n].iter().enumerate() {
                         if crc32c(&data[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]) != crc {
                             // Already reported as a damaged log copy?
-                            let known = damage.iter().any(
-                                |d| matches!(d, Damage::LogBlock { volume, lba: l, .. } if *volume == v.name && *l == lba as u64),
-                            );
+                            let known = damage.iter().any(|d| {
+                                matches!(d, Damage::LogBlock { volume, lba: l, .. } | Damage::Block { volume, lba: l, .. }
+                                    if *volume == v.name && *l == lba as u64)
+                            });
                             if !known {
                                 damage.push(Damage::Block {
                                     volume: v.name.clone(),

@@ -197,6 +197,23 @@ impl Engine {
         Ok(())
     }
 
+    /// Log tombstones again for unmapped `lbas` of `vol` (with bands): each
+    /// new one is its block's newest (`l2p::tombstone_tag`), so an older
+    /// copy of the tombstone may leave the media (a band emptied,
+    /// salvage.rs).
+    pub(super) fn relog_tombstones(&self, inner: &mut Inner, vol: u32, lbas: &[u64]) -> Result<(), VolumeError> {
+        debug_assert!(!inner.in_place(), "in place, tombstones carry no tag");
+        for part in lbas.chunks(RECORD_BLOCKS_MAX) {
+            self.log_tombstones(inner, vol, part)?;
+            let seq = inner.seq;
+            for &lba in part {
+                assert!(inner.vols[vol as usize].l2p.get(lba as usize)?.is_none(), "a tombstone of a mapped block");
+                inner.vols[vol as usize].l2p.unmap(lba as usize, seq)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Append one log record with one device write: a header of `kind`
     /// listing `entries`, then `data` (the blocks of its non-tombstone
     /// entries, in pieces). Returns the cache block of the header.

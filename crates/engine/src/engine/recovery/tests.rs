@@ -236,3 +236,65 @@ fn check_finds_blocks_damaged_at_rest_and_a_damaged_checkpoint() {
         assert!(b == pattern(0, lba, 3), "block {lba}");
     }
 }
+
+/// A torn segment copy that lost is written again by the reopen
+/// (`relog`), from the copy that won. Recovery trusts durable segments'
+/// data unread, so a winner on the capacity device damaged at rest was
+/// met only by that rewrite, which failed the reopen halfway, after it had
+/// written (`sluice sim --flips --seed-start 3447269777`: a GC copy torn
+/// by the crash, its victim's copy flipped). It is damage found by the
+/// scan: the reopen refuses it having written nothing, `check` names it,
+/// and salvage trims it.
+#[test]
+fn a_damaged_winner_of_a_torn_copy_is_refused_before_anything_is_written() {
+    let w = small_world(&[256]);
+    let mut rng = sluice_media::rng::SplitMix64(5);
+    for i in 0..1500 {
+        let lba = if i < 256 { i } else { rng.below(256) };
+        w.volumes[0].write(lba * BS, &pattern(0, lba, i), false).unwrap();
+    }
+    w.volumes[0].flush().unwrap();
+    // GC steps until one moves a block, its victim left as it was: the
+    // copies it wrote are newer than any flush or mark, so a crash may
+    // tear them.
+    let moved = w.engine.stats().gc_bytes;
+    while w.engine.stats().gc_bytes == moved {
+        assert!(w.engine.collect_some(1).unwrap(), "a GC step");
+    }
+    assert!(w.engine.lock().gc_cursor.is_some(), "the victim is not done");
+    let tag = crate::persist::engine_tag(&w.engine.uuid());
+    let (cache, capacity) = w.engine.devices();
+    drop(w);
+    let segs: Vec<(u64, Header)> =
+        headers(&*capacity, tag).into_iter().filter(|(_, h)| h.kind == RecordKind::Segment).collect();
+    let (gc_at, gc) =
+        segs.iter().filter(|(_, h)| h.stream == crate::layout::STREAM_GC).max_by_key(|(_, h)| h.seq).unwrap();
+    let lba = gc.entries.iter().find(|e| !e.tombstone).expect("GC moved a block").lba;
+    // The copy it moved: the newest other one.
+    let (won_at, won) = segs
+        .iter()
+        .filter(|(_, h)| h.seq < gc.seq)
+        .filter_map(|(at, h)| {
+            let i = h.entries.iter().filter(|e| !e.tombstone).position(|e| e.lba == lba)?;
+            Some((at + 1 + i as u64, h.seq))
+        })
+        .max_by_key(|&(_, seq)| seq)
+        .unwrap();
+    assert!(won < gc.seq);
+    flip(&*capacity, gc_at + 1, 9); // torn by the crash
+    flip(&*capacity, won_at, 9); // damaged at rest
+    let image = |d: &Arc<dyn BlockDevice>| read_at(&**d, 0, d.info().capacity_bytes as usize).unwrap().to_vec();
+    let before = (image(&cache), image(&capacity));
+    let d = damage_of(Engine::open(cache.clone(), capacity.clone()));
+    let named = Damage::Block { volume: "v0".into(), lba, device: "capacity", offset: won_at * BS };
+    assert_eq!(d, vec![named.clone()]);
+    assert!(before == (image(&cache), image(&capacity)), "the refused reopen wrote");
+    assert_eq!(Engine::check(cache.clone(), capacity.clone()).unwrap().damage, vec![named]);
+    let e = Engine::open_with(cache.clone(), capacity.clone(), OpenOptions { salvage: true }).unwrap();
+    let mut b = vec![0u8; BLOCK_BYTES];
+    e.volume("v0").unwrap().read(lba * BS, &mut b).unwrap();
+    assert!(b == vec![0u8; BLOCK_BYTES], "salvage trims the damaged block");
+    drop(e);
+    // Accepted for good: the next reopen finds nothing.
+    Engine::open(cache, capacity).unwrap().check_invariants();
+}
