@@ -136,10 +136,6 @@ struct Vol {
     /// Kept in DRAM beside the place (4 B per block) so that a read costs
     /// one device I/O, not a second one for the header.
     l2p: L2p,
-    open_band: Option<BandId>,
-    /// The band this stream filled last and its epoch (closed, or left full
-    /// by a recovery): the next band it opens names it (`Band::prev`).
-    last_band: Option<(BandId, u64)>,
     /// Data bytes of this volume compaction and GC wrote to the capacity
     /// device since the engine was opened (not persisted): per-tenant
     /// capacity write amplification.
@@ -383,14 +379,12 @@ impl Inner {
                 .map(|((name, _), l2p)| Vol {
                     name: name.clone(),
                     l2p,
-                    open_band: None,
-                    last_band: None,
                     moved: Moves::default(),
                     cache: Default::default(),
                 })
                 .collect(),
             log: Log::empty(chunk_count, blocks_per_chunk),
-            bands: Bands::empty(band_count),
+            bands: Bands::empty(band_count, sb.volumes.len()),
             cap: CapWrites::default(),
             gc_cursor: None,
             pending: Vec::new(),
@@ -471,9 +465,8 @@ impl Inner {
                 vc.classes.count(class, false);
                 vc.dirty_blocks -= dirty as u64;
             }
-        } else if let Some(pb) = loc.capacity_block() {
-            let b = (pb / self.blocks_per_band()) as usize;
-            self.bands[b].valid -= 1;
+        } else if let Some(b) = self.band_of(loc) {
+            self.bands.drop_valid(b);
         }
     }
 }

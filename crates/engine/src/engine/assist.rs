@@ -79,7 +79,7 @@ impl StepGain {
     }
 
     fn free(g: &Inner) -> usize {
-        g.log.free.len() + g.bands.free.len()
+        g.log.free.len() + g.bands.free_len()
     }
 
     pub(super) fn after_step(&mut self, g: &Inner) {
@@ -143,7 +143,7 @@ impl Engine {
         // band under the lock as it opens one), alternating with compaction
         // unless bands are below it. (From a band earlier, tiny engines ran
         // out of space: `sluice sim --swarm` seed 2.)
-        let (free_bands, gc_min) = (g.bands.free.len(), g.cfg.gc_free_bands_min);
+        let (free_bands, gc_min) = (g.bands.free_len(), g.cfg.gc_free_bands_min);
         let gc_due = g.gc_cursor.is_some() || free_bands <= gc_min;
         let gc = gc_due && (free_bands < gc_min || !g.assist_last_gc);
         g.assist_last_gc = gc;

@@ -2,7 +2,7 @@
 //! (docs/format.md). Written only by `Engine::shutdown`; read by `Engine::open`
 //! when the superblock says clean.
 
-use super::bands::TOMBSTONES_UNKNOWN;
+use super::bands::{BandRecord, Stream, GC_STREAMS};
 use super::l2p::PAGE_ENTRIES;
 use super::*;
 
@@ -38,13 +38,15 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     w.opt_u32(inner.log.open.map(|(c, _)| c.0));
     w.u64(inner.log.open.map_or(0, |(_, o)| o));
     // Only the first GC stream's bands: shutdown closes the others' (`Engine::close_extra_streams`).
-    debug_assert!(inner.bands.gc_open[1..].iter().all(Option::is_none));
-    w.opt_u32(inner.bands.gc_open[0].map(|b| b.0));
-    put_last(&mut w, inner.bands.gc_last[0]);
+    debug_assert!((1..GC_STREAMS).all(|k| inner.stream_band(Stream::Gc(k)).0.is_none()));
+    let (gc_open, gc_last) = inner.stream_band(Stream::Gc(0));
+    w.opt_u32(gc_open.map(|b| b.0));
+    put_last(&mut w, gc_last);
     w.u32(inner.vols.len() as u32);
-    for v in &inner.vols {
-        w.opt_u32(v.open_band.map(|b| b.0));
-        put_last(&mut w, v.last_band);
+    for (slot, v) in inner.vols.iter().enumerate() {
+        let (open, last) = inner.stream_band(Stream::User(slot));
+        w.opt_u32(open.map(|b| b.0));
+        put_last(&mut w, last);
         let width = v.l2p.width().bytes() as u8;
         if let Some((on_media, crcs)) = v.l2p.media_pages() {
             // A paged map: its pages are in the cache device's map region
@@ -80,18 +82,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u32(list.len() as u32);
         list.iter().for_each(|&c| w.u32(c.0));
     }
-    w.u32(inner.bands.len() as u32);
-    for b in inner.bands.iter() {
-        w.u8(b.state.on_media());
-        w.u32(b.valid);
-        w.u64(b.written);
-        w.u64(b.closed_seq);
-        w.u64(b.epoch);
-        w.u64(b.prev.0);
-        w.u64(b.prev.1);
-    }
-    w.u32(inner.bands.free.len() as u32);
-    inner.bands.free.iter().for_each(|&b| w.u32(b.0));
+    inner.bands.encode(&mut w);
     w.0
 }
 
@@ -145,9 +136,10 @@ pub(super) fn decode_checkpoint(
         return Err(bad(&r));
     }
     let mut vols = Vec::with_capacity(nv);
+    let mut user_streams = Vec::with_capacity(nv);
     for ((name, size), mut l2p) in sb.volumes.iter().zip(maps) {
         let open_band = r.opt_u32()?.map(BandId);
-        let last_band = get_last(&mut r)?;
+        user_streams.push((open_band, get_last(&mut r)?));
         let width = l2p_width(&sb);
         let (paged, entry_bytes) = {
             let b = r.u8()?;
@@ -175,14 +167,7 @@ pub(super) fn decode_checkpoint(
                 l2p.set_stored(lba, raw, crc).map_err(|()| bad(&r))?;
             }
         }
-        vols.push(Vol {
-            name: name.clone(),
-            l2p,
-            open_band,
-            last_band,
-            moved: Moves::default(),
-            cache: Default::default(),
-        });
+        vols.push(Vol { name: name.clone(), l2p, moved: Moves::default(), cache: Default::default() });
     }
     let bpc = (cfg.chunk_bytes / BS) as usize;
     let nc = r.u32()? as usize;
@@ -217,30 +202,7 @@ pub(super) fn decode_checkpoint(
     }
     let [full_chunks, free_chunks] = lists;
     let nb = r.u32()? as usize;
-    let mut bands = Vec::with_capacity(nb);
-    for _ in 0..nb {
-        let state = BandState::from_media(r.u8()?).ok_or(CheckpointError(r.at()))?;
-        let valid = r.u32()?;
-        let written = r.u64()?;
-        let closed_seq = r.u64()?;
-        let epoch = r.u64()?;
-        let prev = (r.u64()?, r.u64()?);
-        // Not in the checkpoint: GC reads such a band to find its tombstones.
-        let tombstones = if written == 0 { 0 } else { TOMBSTONES_UNKNOWN };
-        bands.push(Band {
-            state,
-            valid,
-            written,
-            closed_seq,
-            gen: 0,
-            tombstones,
-            epoch,
-            prev,
-            born: 0,
-            short: false,
-            by_gc: false,
-        });
-    }
+    let bands = (0..nb).map(|_| BandRecord::decode(&mut r)).collect::<Result<Vec<_>, _>>()?;
     let n = r.u32()? as usize;
     let mut free_bands = VecDeque::with_capacity(n);
     for _ in 0..n {
@@ -261,14 +223,7 @@ pub(super) fn decode_checkpoint(
             flushed_lsn: lsn,
             inflight: Default::default(),
         },
-        bands: Bands {
-            list: bands,
-            free: free_bands,
-            gc_open: [gc_band, None, None],
-            gc_last: [gc_last_band, None, None],
-            quarantine: Vec::new(),
-            closed_since_mark: Vec::new(),
-        },
+        bands: Bands::from_checkpoint(bands, free_bands, user_streams, (gc_band, gc_last_band)),
         cap: CapWrites { flushed_seq: seq, ..CapWrites::default() },
         gc_cursor: None,
         pending: Vec::new(),

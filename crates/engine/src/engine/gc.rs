@@ -46,7 +46,7 @@ impl Inner {
     /// no tombstone is left in it (`Band::tombstones`).
     fn gc_skips_reading(&self, v: BandId) -> bool {
         let b = &self.bands[v];
-        b.valid == 0 && b.tombstones == 0
+        b.valid() == 0 && b.tombstones() == 0
     }
 
     /// Blocks a GC step reads at `pos` of a victim `written` blocks long: a
@@ -73,10 +73,10 @@ impl Inner {
         if self.gc_skips_reading(v) {
             return None;
         }
-        let written = self.bands[v].written;
+        let written = self.bands[v].written();
         let len = self.gc_read_blocks(pos, blocks_max, written);
         let offset = (v.0 as u64 * self.blocks_per_band() + pos) * BS;
-        let gen = self.bands[v].gen;
+        let gen = self.bands[v].gen();
         (len > 0).then_some(Window { cache: false, offset, len: (len * BS) as usize, gen, headers_only: false })
     }
 }
@@ -118,15 +118,15 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(|&(i, b)| {
-                b.state == BandState::Full
-                    && (b.valid as u64) < usable
-                    && !inner.bands.quarantine.contains(&BandId(i as u32))
+                b.state() == BandState::Full
+                    && (b.valid() as u64) < usable
+                    && !inner.bands.is_quarantined(BandId(i as u32))
                     && !avoid.contains(&BandId(i as u32))
             })
             .map(|(i, b)| {
-                let u = b.valid as f64 / usable as f64;
-                let age = (now - b.closed_seq) as f64 + 1.0;
-                let score = match (b.valid, b.tombstones) {
+                let u = b.valid() as f64 / usable as f64;
+                let age = (now - b.closed_seq()) as f64 + 1.0;
+                let score = match (b.valid(), b.tombstones()) {
                     (0, 0) => f64::INFINITY,
                     (0, _) => f64::MAX,
                     _ => (1.0 - u) * age / (1.0 + u),
@@ -161,16 +161,15 @@ impl Engine {
         let blocks_max = blocks_max.max(1);
         let Some(cursor) = inner.gc_next() else { return Ok(GcStep::Idle) };
         inner.gc_cursor = Some(cursor);
-        let victim = &mut inner.bands[cursor.victim.index()];
-        if victim.state == BandState::Full {
-            victim.to(BandState::Full, BandState::Victim);
+        if inner.bands[cursor.victim].state() == BandState::Full {
+            inner.bands.start_victim(cursor.victim);
         }
-        assert_eq!(victim.state, BandState::Victim, "GC walks a full band");
+        assert_eq!(inner.bands[cursor.victim].state(), BandState::Victim, "GC walks a full band");
         let GcCursor { victim: v, mut pos } = cursor;
         let bpb = inner.blocks_per_band();
         let unit = inner.cfg.write_unit_bytes / BS;
         let first = v.0 as u64 * bpb;
-        let written = inner.bands[v].written;
+        let written = inner.bands[v].written();
         // A victim with no valid block and no tombstone holds nothing to
         // move: reclaim it without reading it.
         if inner.gc_skips_reading(v) {
@@ -203,7 +202,7 @@ impl Engine {
                 self.settle_deferred(inner, d)?;
             }
             let len = inner.gc_read_blocks(pos, blocks_max, written);
-            let gen = inner.bands[v].gen;
+            let gen = inner.bands[v].gen();
             let win = self.read_window(
                 inner,
                 pre,
@@ -268,7 +267,7 @@ impl Engine {
                     if g.0.is_empty() && g.2.is_empty() {
                         continue;
                     }
-                    let (s, born) = (inner.gc_stream(v), inner.bands[v].born);
+                    let (s, born) = (inner.gc_stream(v), inner.bands[v].born());
                     let what = if deferred.is_some() { Data::Deferred } else { Data::Here(&g.1) };
                     let moved =
                         self.write_segments(inner, vol as u32, (s, born), (&g.0, what), &g.2, deferred.as_mut())?;
@@ -297,7 +296,7 @@ impl Engine {
             return Ok(GcStep::Progress);
         }
         inner.defer_pending(deferred);
-        assert_eq!(inner.bands[v].valid, 0, "victim fully relocated");
+        assert_eq!(inner.bands[v].valid(), 0, "victim fully relocated");
         // Rule 3: relocations, and whatever made the victim's dropped entries
         // stale, are durable before the victim is discarded.
         if inner.cap.dirty {
@@ -305,19 +304,11 @@ impl Engine {
         }
         self.write_mark(inner, None, Some(v))?;
         self.flush_cache(inner)?;
-        // Reads outside the lock that still hold a location in the victim
-        // must see that its data may be gone.
-        inner.bands[v].gen += 1;
-        inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
-        zoned::reclaim_band(&*self.capacity, inner.geo.zoned, first * BS, inner.cfg.band_bytes)?;
-        // The discard is durable only after the next capacity flush, which
-        // the next mark must follow (until then the reclaim mark stands).
-        inner.cap.dirty = true;
-        inner.gc_cursor = None;
+        // (Until the discard is durable, the reclaim mark stands.)
         inner.learn_lifespan(v);
-        inner.bands[v].to(BandState::Victim, BandState::Free);
+        self.discard_band(inner, v)?;
+        inner.gc_cursor = None;
         inner.sim_freed(None, Some(v));
-        inner.bands.free.push_back(v);
         inner.stats.bands_reclaimed += 1;
         Ok(GcStep::Reclaimed)
     }

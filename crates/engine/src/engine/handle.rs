@@ -55,7 +55,7 @@ impl Engine {
             log_chunk_bytes: inner.cfg.chunk_bytes,
             cache_valid_bytes: cache_valid * BS,
             bands: inner.bands.len() as u64,
-            bands_free: inner.bands.free.len() as u64,
+            bands_free: inner.bands.free_len() as u64,
             band_bytes: inner.cfg.band_bytes,
             failed: inner.failed,
             cache_device: self.cache.stats(),

@@ -42,10 +42,10 @@ impl Inner {
                 } else if let Some(pb) = loc.capacity_block() {
                     let (b, i) = ((pb / bpb) as usize, pb % bpb);
                     assert!(
-                        i < self.bands[b].written,
+                        i < self.bands[b].written(),
                         "capacity block {pb} of volume {vi} LBA {lba} past its band's pointer"
                     );
-                    assert_ne!(self.bands[b].state, BandState::Free);
+                    assert_ne!(self.bands[b].state(), BandState::Free);
                     band_valid[b] += 1;
                 }
             });
@@ -62,15 +62,9 @@ impl Inner {
                 "only current blocks are clean"
             );
         }
-        for (b, band) in self.bands.iter().enumerate() {
-            assert_eq!(band.valid, band_valid[b], "band {b} valid count");
-        }
+        // Valid counts, the free list, every open band exactly one
+        // stream's (none is stranded).
+        self.bands.check(&band_valid);
         self.check_classes();
-        // Every open band is exactly one stream's: none is stranded.
-        let mut owned: Vec<BandId> = self.streams_open().collect();
-        owned.sort_unstable();
-        let open: Vec<BandId> =
-            (0..self.bands.len() as u32).map(BandId).filter(|&b| self.bands[b].state == BandState::Open).collect();
-        assert_eq!(owned, open, "open bands are the streams' bands");
     }
 }

@@ -181,13 +181,11 @@ impl Engine {
                 // (Voided bands nothing won in are free already, and discarded
                 // as stale ones.)
                 voided = r.voided.iter().map(|&b| BandId(b)).collect();
-                voided.retain(|&b| r.inner.bands[b].state != BandState::Free);
+                voided.retain(|&b| r.inner.bands[b].state() != BandState::Free);
                 lasts = Some(r.last_bands);
                 // Damaged bands out of reach before anything is written.
                 let inner = &mut r.inner;
-                inner.bands.quarantine = Damage::bands(&r.damage).into_iter().map(BandId).collect();
-                inner.bands.quarantine.extend(&voided);
-                inner.bands.free.retain(|b| !inner.bands.quarantine.contains(b));
+                inner.bands.quarantine(Damage::bands(&r.damage).into_iter().map(BandId).chain(voided.iter().copied()));
                 // Before changing any band: a fresh mark (no band is open
                 // now), durable, so that a crash in what follows never
                 // leaves the last mark expecting segments of a band reset,

@@ -136,8 +136,8 @@ pub(super) fn write_mark_now(
     let mut m = inner.next_mark(None, None);
     for mb in last.map_or(&[][..], |l| &l.bands[..]) {
         let band = &inner.bands[mb.band as usize];
-        if band.state.holds_all() && band.epoch == mb.epoch && m.bands.len() < MARK_BANDS_MAX {
-            let written = if mb.written == RECLAIMED { RECLAIMED } else { mb.written.min(band.written as u32) };
+        if band.state().holds_all() && band.epoch() == mb.epoch && m.bands.len() < MARK_BANDS_MAX {
+            let written = if mb.written == RECLAIMED { RECLAIMED } else { mb.written.min(band.written() as u32) };
             m.bands.push(MarkedBand { written, ..*mb });
         }
     }
@@ -153,31 +153,32 @@ fn put_mark(cache: &dyn BlockDevice, m: &Mark, tag: u32) -> Result<(), DeviceErr
 impl Inner {
     /// The next mark (see `Engine::write_mark`); takes its generation.
     fn next_mark(&mut self, freeing: Option<ChunkId>, reclaiming: Option<BandId>) -> Mark {
-        let closed = std::mem::take(&mut self.bands.closed_since_mark);
+        let closed = self.bands.take_closed_since_mark();
         // Open bands are the volumes' (or their streams') and GC's: listing
         // them costs the volume count, not the band count (a million bands
         // on a 64 TiB device).
-        let mut listed: Vec<BandId> = self.streams_open().collect();
-        listed.extend(closed.iter().copied().filter(|&b| self.bands[b].state.holds_all()));
+        let mut listed: Vec<BandId> = self.bands.streams_open().collect();
+        listed.extend(closed.iter().copied().filter(|&b| self.bands[b].state().holds_all()));
         // Each stream's last full band too: the band its stream opens next
         // names it, but until that one's first segment is known durable
         // (`recovery/bands.rs`, chains), only the mark says how far it must read.
-        let last: Vec<(BandId, u64)> = self.streams_last().collect();
+        let last: Vec<(BandId, u64)> = self.bands.streams_last().collect();
         let last = last.into_iter();
-        listed
-            .extend(last.filter(|&(b, e)| self.bands[b].state.holds_all() && self.bands[b].epoch == e).map(|(b, _)| b));
+        listed.extend(
+            last.filter(|&(b, e)| self.bands[b].state().holds_all() && self.bands[b].epoch() == e).map(|(b, _)| b),
+        );
         listed.sort_unstable();
         listed.dedup();
         let mut bands: Vec<MarkedBand> = listed
             .into_iter()
-            .filter(|&b| self.bands[b].state != BandState::Free)
+            .filter(|&b| self.bands[b].state() != BandState::Free)
             .map(|b| {
                 let band = &self.bands[b];
-                MarkedBand { band: b.0, written: band.written as u32, epoch: band.epoch }
+                MarkedBand { band: b.0, written: band.written() as u32, epoch: band.epoch() }
             })
             .collect();
         if let Some(v) = reclaiming {
-            bands.insert(0, MarkedBand { band: v.0, written: RECLAIMED, epoch: self.bands[v].epoch });
+            bands.insert(0, MarkedBand { band: v.0, written: RECLAIMED, epoch: self.bands[v].epoch() });
         }
         // More open bands than a block lists (a volume count near the
         // superblock's limit): the rest are simply not covered.

@@ -219,14 +219,13 @@ impl Inner {
     /// Applies each remap whose block is still where it was copied from;
     /// returns how many were dropped (their copies are garbage).
     fn apply_remaps(&mut self, remaps: &[Remap]) -> Result<u64, VolumeError> {
-        let bpb = self.blocks_per_band();
         let mut dropped = 0;
         for &(vol, lba, from, to) in remaps {
             if self.vols[vol as usize].l2p.get(lba as usize)? == from {
                 self.vols[vol as usize].l2p.relocate(lba as usize, to)?;
                 self.invalidate(from);
-                let pb = to.capacity_block().expect("a remap goes to the capacity device");
-                self.bands[(pb / bpb) as usize].valid += 1;
+                let b = self.band_of(to).expect("a remap goes to the capacity device");
+                self.bands.add_valid(b);
             } else {
                 dropped += 1;
             }

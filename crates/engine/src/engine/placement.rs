@@ -149,10 +149,10 @@ impl Inner {
         }
         let Some(pb) = old.capacity_block() else { return 1 };
         let band = &self.bands[(pb / self.blocks_per_band()) as usize];
-        if band.by_gc {
+        if band.by_gc() {
             return 1;
         }
-        let lifespan = self.user_clock().saturating_sub(band.born);
+        let lifespan = self.user_clock().saturating_sub(band.born());
         match self.lifespans.ell() {
             None => 0,
             Some(ell) => u8::from(lifespan >= ell),
@@ -165,10 +165,10 @@ impl Inner {
             return Stream::Gc(0);
         }
         let band = &self.bands[v];
-        if band.short {
+        if band.short() {
             return Stream::Gc(0);
         }
-        let age = self.user_clock().saturating_sub(band.born);
+        let age = self.user_clock().saturating_sub(band.born());
         match self.lifespans.ell() {
             Some(ell) if age >= ell.saturating_mul(4) => Stream::Gc(2),
             _ => Stream::Gc(1),
@@ -178,8 +178,8 @@ impl Inner {
     /// GC reclaimed band `v`: a short-lived one teaches ℓ its lifespan.
     pub(super) fn learn_lifespan(&mut self, v: BandId) {
         let band = &self.bands[v];
-        if band.short && band.born != u64::MAX {
-            let lifespan = self.user_clock().saturating_sub(band.born);
+        if band.short() && band.born() != u64::MAX {
+            let lifespan = self.user_clock().saturating_sub(band.born());
             self.lifespans.reclaimed(lifespan);
         }
     }

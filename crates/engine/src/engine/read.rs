@@ -29,7 +29,7 @@ impl Inner {
         if let Some(cb) = l.cache_block() {
             self.log.chunks[(cb / self.blocks_per_chunk()) as usize].epoch
         } else if let Some(pb) = l.capacity_block() {
-            self.bands[(pb / self.blocks_per_band()) as usize].gen
+            self.bands[(pb / self.blocks_per_band()) as usize].gen()
         } else {
             0
         }

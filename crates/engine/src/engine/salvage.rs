@@ -30,7 +30,7 @@ impl Engine {
         // Out of reach (`Engine::open_with` put them in quarantine before
         // anything was written): what is written below may compact, and
         // must neither open nor collect one of these.
-        debug_assert!(bands.iter().all(|b| inner.bands.quarantine.contains(b) && !inner.bands.free.contains(b)));
+        assert!(bands.iter().all(|&b| inner.bands.is_quarantined(b)), "damaged bands are quarantined first");
         let vol_id = |inner: &Inner, name: &str| inner.vols.iter().position(|v| v.name == name).map(|i| i as u32);
         for d in damage {
             if let Damage::LogBlock { volume, lba, .. } | Damage::Block { volume, lba, .. } = d {
@@ -51,7 +51,7 @@ impl Engine {
     pub(super) fn empty_bands(&self, inner: &mut Inner, bands: &[BandId]) -> Result<(), VolumeError> {
         let bpb = inner.blocks_per_band();
         for &b in bands {
-            if !inner.bands.quarantine.contains(&b) {
+            if !inner.bands.is_quarantined(b) {
                 continue; // emptied already (damaged and voided both)
             }
             let mut held = Vec::new();
@@ -76,21 +76,13 @@ impl Engine {
             // Rule 3: what replaces the band's entries is durable before
             // the band is discarded.
             self.flush_cache(inner)?;
-            assert_eq!(inner.bands[b].valid, 0, "every block of a salvaged band moved");
-            inner.bands[b].gen += 1;
-            inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
-            let len = inner.cfg.band_bytes;
-            zoned::reclaim_band(&*self.capacity, inner.geo.zoned, b.0 as u64 * bpb * BS, len)?;
-            let band = &mut inner.bands[b];
-            (band.written, band.tombstones, band.epoch) = (0, 0, 0);
+            assert_eq!(inner.bands[b].valid(), 0, "every block of a salvaged band moved");
             // (Free already if nothing in it won in recovery.)
-            if band.state != BandState::Free {
-                band.to(BandState::Full, BandState::Free);
-            }
-            inner.bands.free.push_back(b);
+            self.discard_band(inner, b)?;
         }
-        inner.bands.quarantine.retain(|q| !bands.contains(q));
         if !bands.is_empty() {
+            // The mark describes flushed capacity state: the discards too.
+            self.flush_capacity(inner)?;
             self.write_mark(inner, None, None)?;
         }
         Ok(())
@@ -103,7 +95,7 @@ impl Engine {
     /// which salvage accepted the loss.
     fn band_live_tombstones(&self, inner: &Inner, b: BandId) -> Result<Vec<Vec<u64>>, VolumeError> {
         let (bpb, unit) = (inner.blocks_per_band(), inner.cfg.write_unit_bytes / BS);
-        let (written, epoch) = (inner.bands[b].written, inner.bands[b].epoch);
+        let (written, epoch) = (inner.bands[b].written(), inner.bands[b].epoch());
         let mut live = vec![Vec::new(); inner.vols.len()];
         let mut pos = 0;
         while pos < written {
@@ -162,12 +154,12 @@ mod tests {
             w.engine.flush_capacity(&mut inner).unwrap();
             let holding: Vec<super::BandId> = (0..inner.bands.len() as u32)
                 .map(super::BandId)
-                .filter(|&b| inner.bands[b].state == super::BandState::Full)
+                .filter(|&b| inner.bands[b].state() == super::BandState::Full)
                 .filter(|&b| w.engine.band_live_tombstones(&inner, b).unwrap()[0].contains(&5))
                 .collect();
             assert_eq!(holding.len(), 1, "one band holds block 5's live tombstone");
             assert_ne!(holding[0].0 as u64, data_band, "the tombstone and the data it hides share a band");
-            inner.bands.quarantine.push(holding[0]);
+            inner.bands.quarantine([holding[0]]);
             w.engine.empty_bands(&mut inner, &holding).unwrap();
         }
         assert!(read_block(v, 5) == vec![0u8; 4096], "the trimmed block reads back data");

@@ -124,12 +124,11 @@ impl Engine {
                 }
             }
             let band = self.open_band(inner, s)?;
-            inner.bands[band].born = inner.bands[band].born.min(born);
-            let wp = inner.bands[band].written;
-            let room = usable - wp;
+            let room = usable - inner.bands[band].written();
             let n = (rest.len() as u64).min(room - 1).min(RECORD_BLOCKS_MAX as u64) as usize;
             let t = rest_t.len().min(RECORD_BLOCKS_MAX - n);
             let padded = segment_blocks(n as u64, unit).min(room);
+            let wp = inner.bands.append(band, padded, t as u32, born, usable);
             inner.seq += 1;
             let mut entries: Vec<Entry> =
                 rest[..n].iter().map(|&(lba, crc, _)| Entry { lba, crc, tombstone: false }).collect();
@@ -142,20 +141,18 @@ impl Engine {
                 kind: RecordKind::Segment,
                 seq: inner.seq,
                 volume: vol,
-                epoch: inner.bands[band].epoch,
+                epoch: inner.bands[band].epoch(),
                 flushed_seq: inner.cap.flushed_seq,
                 engine: inner.tag,
                 stream: s.on_media(),
                 lsn: 0,
                 head_lsn: 0,
                 flushed_lsn: 0,
-                prev_epoch: inner.bands[band].prev.0,
-                prev_end: inner.bands[band].prev.1,
+                prev_epoch: inner.bands[band].prev().0,
+                prev_end: inner.bands[band].prev().1,
                 entries,
             };
             encode_header(&mut buf[..BLOCK_BYTES], &h);
-            let b = &mut inner.bands[band];
-            b.tombstones = b.tombstones.saturating_add(t as u32);
             buf[(n + 1) * BLOCK_BYTES..].fill(0);
             let fill = match data {
                 Data::Here(d) => {
@@ -186,14 +183,13 @@ impl Engine {
                     None => {
                         inner.vols[vol as usize].l2p.relocate(lba as usize, to)?;
                         inner.invalidate(loc);
-                        inner.bands[band].valid += 1;
+                        inner.bands.add_valid(band);
                     }
                 }
                 moved += 1;
             }
-            inner.bands[band].written += padded;
-            if inner.bands[band].written == usable {
-                inner.close_band(band, s);
+            if inner.bands[band].written() == usable {
+                inner.bands.close(band, s, inner.seq);
             }
             rest = &rest[n..];
             rest_t = &rest_t[t..];

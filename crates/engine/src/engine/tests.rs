@@ -176,8 +176,8 @@ fn lifetime_placement_separates_blocks_rewritten_young() {
     for lba in 0..200u64 {
         let Some(pb) = inner.vols[0].l2p.get(lba as usize).unwrap().capacity_block() else { continue };
         let band = &inner.bands[(pb / bpb) as usize];
-        assert!(!band.by_gc, "nothing was collected yet");
-        assert_eq!(band.short, lba < 48, "block {lba}");
+        assert!(!band.by_gc(), "nothing was collected yet");
+        assert_eq!(band.short(), lba < 48, "block {lba}");
         if lba < 48 {
             short += 1;
         } else {
@@ -196,7 +196,7 @@ fn lifetime_placement_separates_blocks_rewritten_young() {
         v.write(lba * 4096, &pattern(0, lba, i), false).unwrap();
         let inner = w.engine.lock();
         for (k, u) in used.iter_mut().enumerate() {
-            *u |= inner.bands.gc_open[k].is_some();
+            *u |= inner.stream_band(crate::engine::bands::Stream::Gc(k)).0.is_some();
         }
     }
     let inner = w.engine.lock();

@@ -363,7 +363,7 @@ mod tag_tests {
             }
         }
         let g = w.engine.lock();
-        let tombs: u64 = g.bands.iter().map(|b| b.tombstones as u64).sum();
+        let tombs: u64 = g.bands.iter().map(|b| b.tombstones() as u64).sum();
         assert!(g.stats.bands_reclaimed > 1000, "GC ran: {} bands", g.stats.bands_reclaimed);
         assert!(tombs <= 16 * 32, "{tombs} tombstones in the bands for 32 trimmed blocks");
         drop(g);

@@ -310,7 +310,7 @@ impl Engine {
     fn due(&self, inner: &Inner, last: Work) -> (bool, bool) {
         let start = self.bg.start_chunks.load(Ordering::Relaxed);
         let compact_due = inner.log.free.len() < start && !inner.log.full.is_empty();
-        let (free_bands, gc_min) = (inner.bands.free.len(), inner.cfg.gc_free_bands_min);
+        let (free_bands, gc_min) = (inner.bands.free_len(), inner.cfg.gc_free_bands_min);
         // In place there are no bands, and nothing to collect.
         let gc_due = !inner.in_place() && (inner.gc_cursor.is_some() || free_bands <= gc_min + GC_AHEAD_BANDS);
         // Urgent GC goes first for at most as many victims in a row as there

@@ -125,9 +125,9 @@ pub(super) fn reconcile(dev: &dyn BlockDevice, inner: &Inner) -> Result<(), Devi
         debug_assert_eq!(zone.start, start);
         let written = zone.write_pointer > zone.start && zone.state != ZoneState::Empty;
         let full = zone.state == ZoneState::Full;
-        if band.state == BandState::Free && written {
+        if band.state() == BandState::Free && written {
             zone_op(dev, ZoneAction::Reset, start)?;
-        } else if band.state == BandState::Full && !full {
+        } else if band.state() == BandState::Full && !full {
             zone_op(dev, ZoneAction::Finish, start)?;
         }
     }

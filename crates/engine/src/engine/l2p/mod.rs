@@ -582,9 +582,7 @@ mod tests {
         let top_band = {
             let mut inner = e.lock();
             assert_eq!(inner.vols[0].l2p.width(), Width::Wide);
-            let down: std::collections::VecDeque<crate::engine::BandId> =
-                inner.bands.free.iter().rev().copied().collect();
-            inner.bands.free = down;
+            inner.bands.free_from_the_end();
             inner.bands.len() as u64 - 1
         };
         let v = e.volume("v").expect("volume");

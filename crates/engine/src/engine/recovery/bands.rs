@@ -49,8 +49,7 @@ pub(crate) struct LastBands {
 
 impl LastBands {
     pub(crate) fn apply(self, inner: &mut Inner) {
-        inner.vols.iter_mut().zip(self.vols).for_each(|(v, l)| v.last_band = l);
-        inner.bands.gc_last = self.gc;
+        inner.bands.set_lasts(self.vols, self.gc);
     }
 }
 
@@ -136,8 +135,7 @@ pub(super) fn walk_bands(r: &SegmentReader, bands: &mut Bands) -> Result<BandsFo
             pos = next;
         }
         w.stop = pos;
-        bands[band as usize].written = pos;
-        bands[band as usize].epoch = w.epoch.unwrap_or(0);
+        bands.found_walk(BandId(band), pos, w.epoch.unwrap_or(0));
         out.walks.push(w);
     }
     Ok(out)
@@ -328,10 +326,8 @@ pub(super) fn offer_segments(
                 }
                 data_i += 1;
             }
-            let b = &mut bands[band];
-            b.state = BandState::Full;
-            b.closed_seq = b.closed_seq.max(h.seq);
-            b.tombstones = b.tombstones.saturating_add(h.entries.iter().filter(|e| e.tombstone).count() as u32);
+            let tombstones = h.entries.iter().filter(|e| e.tombstone).count() as u32;
+            bands.found_segment(BandId(band as u32), h.seq, tombstones);
         }
     }
 
@@ -344,7 +340,7 @@ pub(super) fn last_bands(walks: &[BandWalk], bands: &Bands, streams: usize, void
     let mut last_bands = LastBands { vols: vec![None; streams], gc: [None; GC_STREAMS] };
     for (b, w) in walks.iter().enumerate() {
         let (Some(e), Some(f)) = (w.epoch, w.first) else { continue };
-        if bands[b].state != BandState::Full || voided.contains(&(b as u32)) {
+        if bands[b].state() != BandState::Full || voided.contains(&(b as u32)) {
             continue;
         }
         let gc_class = STREAM_GC.wrapping_sub(f.stream) as usize;

@@ -284,7 +284,7 @@ fn scan_with(
                     ch.valid += 1;
                     ch.dirty += 1;
                 } else if let Some(pb) = loc.capacity_block() {
-                    inner.bands[(pb / bpb) as usize].valid += 1;
+                    inner.bands.add_valid(BandId((pb / bpb) as u32));
                     live[(pb / bpb) as usize] = true;
                 }
             }
@@ -299,28 +299,16 @@ fn scan_with(
     // before the crash. Kept Full, its dead tombstones (their LBAs are
     // unmapped) would have GC copy them into a GC band, taking the free band
     // it frees: with every free band brought back that way, none is left.
-    for (b, band) in inner.bands.iter_mut().enumerate() {
-        if !live[b] {
-            band.state = BandState::Free;
-        }
-    }
-    chunk_epochs.sort_unstable();
-    inner.log.full = chunk_epochs.iter().map(|&(_, c)| ChunkId(c)).collect();
-    inner.log.free =
-        (1..chunk_count as u32).map(ChunkId).filter(|&c| inner.log.chunks[c].state == ChunkState::Free).collect();
     // Free bands that still hold segments (dead ones, or a previous
     // generation whose discard was lost) are discarded before reuse: a new
     // generation's torn first segments must never leave an older one's
     // durable segments to be read as this band's.
-    let stale_bands: Vec<u32> = (0..band_count as u32)
-        .filter(|&b| inner.bands[b as usize].state == BandState::Free && found.walks[b as usize].stop > 0)
-        .collect();
-    for b in inner.bands.iter_mut().filter(|b| b.state == BandState::Free) {
-        b.written = 0;
-        b.tombstones = 0;
-    }
-    inner.bands.free =
-        (0..band_count as u32).map(BandId).filter(|&b| inner.bands[b].state == BandState::Free).collect();
+    let walked: Vec<u64> = found.walks.iter().map(|w| w.stop).collect();
+    let stale_bands = inner.bands.recovered(&live, &walked);
+    chunk_epochs.sort_unstable();
+    inner.log.full = chunk_epochs.iter().map(|&(_, c)| ChunkId(c)).collect();
+    inner.log.free =
+        (1..chunk_count as u32).map(ChunkId).filter(|&c| inner.log.chunks[c].state == ChunkState::Free).collect();
     let last_bands = last_bands(&found.walks, &inner.bands, inner.vols.len(), &voided);
     // Far above everything seen (`SEQ_RESTART_GAP`), and above the previous
     // recovery's restart, recorded in the superblock before anything was
