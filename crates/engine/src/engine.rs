@@ -84,6 +84,7 @@ mod recovery;
 mod relocation_gate;
 mod salvage;
 mod segments;
+mod sequence;
 mod sim_gate;
 mod staged;
 mod stats;
@@ -171,7 +172,7 @@ struct Inner {
     /// (`Engine::compact_step`); not persisted, like `gc_cursor`.
     compact_cursor: Option<CompactCursor>,
     /// The engine's write sequence: every record and segment takes the next.
-    seq: u64,
+    seq: sequence::Sequence,
     stats: EngineStats,
     /// Reusable I/O buffers (pool.rs).
     pool: BufPool,
@@ -392,7 +393,7 @@ impl Inner {
             compact_cursor: None,
             placement: BandPlacement::PerVolume,
             lifespans: Default::default(),
-            seq: 0,
+            seq: sequence::Sequence::at(0),
             stats: EngineStats::default(),
             pool: BufPool::default(),
             tag: sb.engine_tag(),

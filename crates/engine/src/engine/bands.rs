@@ -654,9 +654,9 @@ impl Engine {
                 let (written, usable) = (inner.bands[b].written, inner.band_usable());
                 if !inner.geo.zoned && written + 1 < usable {
                     write_at(&*self.capacity, start + written * BS, &[0u8; BLOCK_BYTES])?;
-                    inner.cap.dirty = true;
+                    inner.cap.wrote();
                 }
-                inner.bands.close(b, s, inner.seq);
+                inner.bands.close(b, s, inner.seq.last());
             }
         }
         Ok(())
@@ -673,7 +673,7 @@ impl Engine {
         if let Some(b) = cur {
             let start = b.0 as u64 * inner.cfg.band_bytes;
             zoned::finish_band(&*self.capacity, inner.geo.zoned, start)?;
-            inner.bands.close(b, s, inner.seq);
+            inner.bands.close(b, s, inner.seq.last());
         }
         if !s.is_gc() {
             // Bounded: a victim that frees no more than its relocation takes
@@ -689,9 +689,9 @@ impl Engine {
         if inner.bands.free_len() == 0 {
             return Err(VolumeError::NoSpace);
         }
-        inner.seq += 1;
         let short = s == Stream::User(0) && inner.placement == BandPlacement::Lifetime;
-        Ok(inner.bands.open(s, inner.seq, short).expect("a band is free"))
+        let epoch = inner.seq.next();
+        Ok(inner.bands.open(s, epoch, short).expect("a band is free"))
     }
 
     /// Discard band `b` — a GC victim relocated, or a quarantined band
@@ -706,7 +706,7 @@ impl Engine {
         inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
         let len = inner.cfg.band_bytes;
         zoned::reclaim_band(&*self.capacity, inner.geo.zoned, b.0 as u64 * len, len)?;
-        inner.cap.dirty = true;
+        inner.cap.wrote();
         Ok(())
     }
 }

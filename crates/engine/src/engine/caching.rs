@@ -407,7 +407,7 @@ impl Engine {
     ) -> Result<(), VolumeError> {
         inner.vols[vol].cache.home_gen += 1;
         let bytes = result?;
-        inner.cap.dirty = true;
+        inner.cap.wrote();
         inner.stats.capacity_write_bytes += bytes;
         if fua {
             self.flush_capacity(inner)?;

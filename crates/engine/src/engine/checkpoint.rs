@@ -31,7 +31,7 @@ const PAGED: u8 = 0x80;
 
 pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     let mut w = Writer::default();
-    w.u64(inner.seq);
+    w.u64(inner.seq.last());
     w.u64(inner.log.lsn);
     w.u64(inner.mark_gen);
     inner.stats.words().iter().for_each(|&x| w.u64(x));
@@ -224,12 +224,12 @@ pub(super) fn decode_checkpoint(
             inflight: Default::default(),
         },
         bands: Bands::from_checkpoint(bands, free_bands, user_streams, (gc_band, gc_last_band)),
-        cap: CapWrites { flushed_seq: seq, ..CapWrites::default() },
+        cap: CapWrites::at_checkpoint(seq),
         gc_cursor: None,
         pending: Vec::new(),
         pendings_made: 0,
         compact_cursor: None,
-        seq,
+        seq: super::sequence::Sequence::at(seq),
         stats: EngineStats::from_words(words),
         pool: BufPool::default(),
         tag: sb.engine_tag(),

@@ -251,7 +251,7 @@ impl Engine {
         let at = inner.home(vol, lba0) * BS;
         inner.sim_wait(None, None);
         write_at(&*self.capacity, at, data)?;
-        inner.cap.dirty = true;
+        inner.cap.wrote();
         inner.stats.capacity_write_bytes += data.len() as u64;
         inner.vols[vol].cache.home_gen += 1;
         Ok(())
@@ -298,7 +298,7 @@ impl Engine {
             }
             inner.sim_wait(None, None);
             write_at(&*self.capacity, homes[i].0 * BS, &run)?;
-            inner.cap.dirty = true;
+            inner.cap.wrote();
             inner.stats.capacity_write_bytes += run.len() as u64;
             for h in &homes[i..i + n] {
                 let vc = &mut inner.vols[h.1 as usize].cache;
@@ -329,7 +329,7 @@ impl Engine {
                 return Ok(CompactStep::Progress);
             }
         }
-        if inner.cap.dirty {
+        if inner.cap.is_dirty() {
             self.flush_capacity(inner)?;
         }
         let keep = self.to_retain(inner, c)?;
@@ -433,7 +433,7 @@ impl Engine {
                 n += self.clean_chunk(inner, c, u64::MAX)?;
             }
         }
-        if inner.cap.dirty {
+        if inner.cap.is_dirty() {
             self.flush_capacity(inner)?;
         }
         Ok(n)

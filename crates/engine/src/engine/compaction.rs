@@ -300,7 +300,7 @@ impl Engine {
         }
         // Rule 3: the copies, and whatever superseded the chunk's dropped
         // entries, are durable before the chunk can be reused.
-        if inner.cap.dirty {
+        if inner.cap.is_dirty() {
             self.flush_capacity(inner)?;
         }
         self.free_oldest(inner, c)

@@ -95,7 +95,7 @@ impl Engine {
             // Skipped only if nothing was reserved since the last flush: a
             // record published above one still in flight is past the
             // snapshot, and needs the device flush all the same.
-            let new = (inner.seq, inner.log.lsn) != (inner.cache_flushed_seq, inner.log.flushed_lsn);
+            let new = (inner.seq.last(), inner.log.lsn) != (inner.cache_flushed_seq, inner.log.flushed_lsn);
             (seq, lsn, new)
         };
         // A file's fdatasync directly (not queued behind the log writes
@@ -115,7 +115,7 @@ impl Engine {
             // can go straight home: flush if any capacity write happened
             // since the last capacity flush (every one sets `dirty`). In
             // place no record is ever in flight (writes log under the lock).
-            if inner.in_place() && (inner.cap.dirty || inner.cap.inflight > 0) {
+            if inner.in_place() && (inner.cap.is_dirty() || inner.cap.inflight() > 0) {
                 self.flush_capacity(&mut inner)?;
             }
             Ok(())

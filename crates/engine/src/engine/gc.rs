@@ -106,7 +106,7 @@ impl Engine {
     /// --swarm` seed 1980).
     fn gc_victim(inner: &Inner) -> Option<BandId> {
         let usable = inner.band_usable();
-        let now = inner.seq;
+        let now = inner.seq.last();
         // Bands holding blocks that records in flight rewrite wait
         // (writers.rs: `relocations_clear`).
         let avoid = match inner.log.inflight.is_empty() {
@@ -299,7 +299,7 @@ impl Engine {
         assert_eq!(inner.bands[v].valid(), 0, "victim fully relocated");
         // Rule 3: relocations, and whatever made the victim's dropped entries
         // stale, are durable before the victim is discarded.
-        if inner.cap.dirty {
+        if inner.cap.is_dirty() {
             self.flush_capacity(inner)?;
         }
         self.write_mark(inner, None, Some(v))?;

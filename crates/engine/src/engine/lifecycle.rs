@@ -229,7 +229,7 @@ impl Engine {
         // Every torn copy now loses to a newer one, and no voided band is
         // left: watermarks may pass them, and claims name them.
         let mut inner = engine.lock();
-        inner.cap.flushed_ceiling = None;
+        inner.cap.lift_ceiling();
         if let Some(l) = lasts {
             l.apply(&mut inner);
         }

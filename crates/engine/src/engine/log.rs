@@ -18,10 +18,9 @@ impl Inner {
     /// The header of the next log record, of `kind`, for `vol`, in `chunk`
     /// (it takes the next sequence number; the caller numbers the LSN).
     pub(super) fn next_header(&mut self, kind: RecordKind, vol: u32, chunk: ChunkId, entries: Vec<Entry>) -> Header {
-        self.seq += 1;
         Header {
             kind,
-            seq: self.seq,
+            seq: self.seq.next(),
             volume: vol,
             epoch: self.log.chunks[chunk].epoch,
             flushed_seq: self.cache_flushed_seq,
@@ -164,7 +163,7 @@ impl Engine {
             let mut seq = None;
             if !in_place {
                 self.log_tombstones(inner, vol, part)?;
-                seq = Some(inner.seq);
+                seq = Some(inner.seq.last());
             }
             for &lba in part {
                 let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
@@ -205,7 +204,7 @@ impl Engine {
         debug_assert!(!inner.in_place(), "in place, tombstones carry no tag");
         for part in lbas.chunks(RECORD_BLOCKS_MAX) {
             self.log_tombstones(inner, vol, part)?;
-            let seq = inner.seq;
+            let seq = inner.seq.last();
             for &lba in part {
                 assert!(inner.vols[vol as usize].l2p.get(lba as usize)?.is_none(), "a tombstone of a mapped block");
                 inner.vols[vol as usize].l2p.unmap(lba as usize, seq)?;
@@ -313,10 +312,10 @@ impl Engine {
         }
         let c = inner.log.free.pop_front().expect("compaction keeps free chunks");
         assert_eq!(inner.log.chunks[c].valid, 0);
-        inner.seq += 1;
+        let epoch = inner.seq.next();
         let ch = &mut inner.log.chunks[c];
         ch.to(ChunkState::Free, ChunkState::Open);
-        ch.epoch = inner.seq;
+        ch.epoch = epoch;
         inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
         // The record about to be written into it is its first.
         ch.first_lsn = inner.log.lsn + 1;
@@ -531,7 +530,7 @@ impl Engine {
                 self.log_record(&mut inner, vol, RecordKind::Trim, vec![e], &[])?;
                 if !inner.in_place() {
                     // The copy just logged is the newest (`l2p::tombstone_tag`).
-                    let seq = inner.seq;
+                    let seq = inner.seq.last();
                     inner.vols[vol as usize].l2p.unmap(lba as usize, seq)?;
                 }
             } else {

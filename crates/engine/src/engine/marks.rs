@@ -207,7 +207,7 @@ impl Engine {
         freeing: Option<ChunkId>,
         reclaiming: Option<BandId>,
     ) -> Result<(), VolumeError> {
-        debug_assert!(!inner.cap.dirty, "a mark describes flushed capacity state");
+        debug_assert!(!inner.cap.is_dirty(), "a mark describes flushed capacity state");
         let m = inner.next_mark(freeing, reclaiming);
         Ok(put_mark(&*self.cache, &m, inner.tag)?)
     }

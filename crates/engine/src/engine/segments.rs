@@ -45,18 +45,73 @@ pub(super) struct CapWrites {
     /// depth and reap them all before flushing, so a device with internal
     /// parallelism (NAND dies) works on many at once. Zero outside a
     /// compaction or GC pass.
-    pub(super) inflight: usize,
+    inflight: usize,
     /// Segments were written since the device's last flush: freeing a chunk
     /// or discarding a GC victim flushes it first (rule 3). Kept here rather
     /// than per pass, so a pass that failed halfway (NoSpace) and is resumed
     /// later still flushes what it wrote before the error.
-    pub(super) dirty: bool,
+    dirty: bool,
     /// Highest sequence made durable on the capacity device by a completed flush.
-    pub(super) flushed_seq: u64,
+    flushed_seq: u64,
     /// After a recovery that found torn segments: segment headers claim no
     /// watermark at or above the first of them until `relog` has written
     /// their blocks again, or a later recovery would trust what is torn.
-    pub(super) flushed_ceiling: Option<u64>,
+    flushed_ceiling: Option<u64>,
+}
+
+/// Its fields are private to this module: other modules say what they did
+/// (`wrote`) and ask (`is_dirty`, `flushed_seq`), and recovery and the
+/// checkpoint build it.
+impl CapWrites {
+    /// After a clean open: everything up to the checkpoint's sequence is durable.
+    pub(super) fn at_checkpoint(seq: u64) -> CapWrites {
+        CapWrites { flushed_seq: seq, ..CapWrites::default() }
+    }
+
+    /// After a recovery: durable up to the watermark the headers carry,
+    /// but never claiming `ceiling` or above (the first torn segment) until
+    /// `lift_ceiling`.
+    pub(super) fn recovered(watermark: u64, ceiling: Option<u64>) -> CapWrites {
+        let flushed_seq = watermark.min(ceiling.unwrap_or(u64::MAX));
+        CapWrites { flushed_seq, flushed_ceiling: ceiling, ..CapWrites::default() }
+    }
+
+    /// Every torn copy now loses to a newer one (the reopen's repairs are
+    /// done): watermarks may pass them.
+    pub(super) fn lift_ceiling(&mut self) {
+        self.flushed_ceiling = None;
+    }
+
+    /// Something was written to the capacity device (a segment, a home
+    /// block, a band's zeroed tail, a discard): durable only after the
+    /// next flush, which a chunk's free, a victim's discard and a mark wait for.
+    pub(super) fn wrote(&mut self) {
+        self.dirty = true;
+    }
+
+    pub(super) fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Segment writes submitted under the lock and not yet reaped.
+    pub(super) fn inflight(&self) -> usize {
+        self.inflight
+    }
+
+    /// Highest sequence made durable on the capacity device.
+    pub(super) fn flushed_seq(&self) -> u64 {
+        self.flushed_seq
+    }
+
+    /// A flush of the device completed with everything up to `seq`
+    /// written: the watermark moves there (never past the ceiling, never
+    /// back).
+    fn flushed(&mut self, seq: u64) {
+        assert_eq!(self.inflight, 0, "a flush with segment writes in flight claims them");
+        let to = self.flushed_ceiling.map_or(seq, |c| seq.min(c));
+        assert!(to >= self.flushed_seq, "the capacity watermark goes back from {} to {to}", self.flushed_seq);
+        (self.flushed_seq, self.dirty) = (to, false);
+    }
 }
 
 /// A block moved to the capacity device: its LBA, the CRC it was logged
@@ -129,20 +184,20 @@ impl Engine {
             let t = rest_t.len().min(RECORD_BLOCKS_MAX - n);
             let padded = segment_blocks(n as u64, unit).min(room);
             let wp = inner.bands.append(band, padded, t as u32, born, usable);
-            inner.seq += 1;
+            let seq = inner.seq.next();
             let mut entries: Vec<Entry> =
                 rest[..n].iter().map(|&(lba, crc, _)| Entry { lba, crc, tombstone: false }).collect();
             entries.extend(rest_t[..t].iter().map(|&lba| Entry { lba, crc: 0, tombstone: true }));
             for &lba in &rest_t[..t] {
-                inner.vols[vol as usize].l2p.retag(lba, inner.seq)?;
+                inner.vols[vol as usize].l2p.retag(lba, seq)?;
             }
             let mut buf = inner.take_buf((padded * BS) as usize);
             let h = Header {
                 kind: RecordKind::Segment,
-                seq: inner.seq,
+                seq,
                 volume: vol,
                 epoch: inner.bands[band].epoch(),
-                flushed_seq: inner.cap.flushed_seq,
+                flushed_seq: inner.cap.flushed_seq(),
                 engine: inner.tag,
                 stream: s.on_media(),
                 lsn: 0,
@@ -169,7 +224,7 @@ impl Engine {
             match deferred.as_deref_mut() {
                 Some(d) => {
                     d.queued.push(QueuedWrite { req: IoRequest::write(first * BS, buf, 0), fill });
-                    inner.cap.dirty = true;
+                    inner.cap.wrote();
                 }
                 None => self.submit_capacity(inner, first * BS, buf)?,
             }
@@ -189,7 +244,7 @@ impl Engine {
                 moved += 1;
             }
             if inner.bands[band].written() == usable {
-                inner.bands.close(band, s, inner.seq);
+                inner.bands.close(band, s, seq);
             }
             rest = &rest[n..];
             rest_t = &rest_t[t..];
@@ -211,7 +266,7 @@ impl Engine {
         }
         self.capacity.submit(IoRequest::write(offset, buf, 0));
         inner.cap.inflight += 1;
-        inner.cap.dirty = true;
+        inner.cap.wrote();
         Ok(())
     }
 
@@ -261,10 +316,9 @@ impl Engine {
     pub(super) fn flush_capacity(&self, inner: &mut Inner) -> Result<(), VolumeError> {
         // The flushed watermark covers every segment written so far.
         self.drain_capacity(inner)?;
-        let seq = inner.seq;
+        let seq = inner.seq.last();
         flush(&*self.capacity)?;
-        inner.cap.flushed_seq = inner.cap.flushed_ceiling.map_or(seq, |c| seq.min(c));
-        inner.cap.dirty = false;
+        inner.cap.flushed(seq);
         Ok(())
     }
 }

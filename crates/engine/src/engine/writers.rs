@@ -87,7 +87,7 @@ impl Inner {
     pub(super) fn written_upto(&self) -> (u64, u64) {
         match self.log.inflight.first_key_value() {
             Some((&lsn, f)) => (f.seq - 1, lsn - 1),
-            None => (self.seq, self.log.lsn),
+            None => (self.seq.last(), self.log.lsn),
         }
     }
 
@@ -323,7 +323,7 @@ impl Engine {
         let h = g.next_header(kind, vol, chunk, std::mem::take(&mut rec.entries));
         encode_header(&mut rec.buf[..BLOCK_BYTES], &h);
         g.log.lsn += 1;
-        let (lsn, seq) = (g.log.lsn, g.seq);
+        let (lsn, seq) = (g.log.lsn, h.seq);
         g.log.inflight.insert(lsn, super::log::InFlight { seq, vol, chunk, entries: h.entries });
         if let Some(hs) = g.log.chunks[chunk].headers.as_mut() {
             hs.push(off as u32);

@@ -315,17 +315,16 @@ fn scan_with(
     // written with it: a recovery that finds nothing newer than the last
     // one (what was written since was lost) must not hand out the same
     // numbers again.
-    inner.seq = seq_max.max(inner.sb.seq_floor) + SEQ_RESTART_GAP;
-    inner.sb.seq_floor = inner.seq;
-    inner.cache_flushed_seq = inner.seq;
+    let restart = inner.seq.restart_above(seq_max.max(inner.sb.seq_floor), SEQ_RESTART_GAP);
+    inner.sb.seq_floor = restart;
+    inner.cache_flushed_seq = restart;
     // Segments written from now on claim what is known durable; with torn
     // ones on the media, never as far as the first torn one (see
     // `Inner::cap_flushed_ceiling`).
     // Voided bands likewise, until they are discarded.
     let voided_min = voided.iter().filter_map(|&b| found.walks[b as usize].first.map(|f| f.seq));
     let torn_min = torn.iter().map(|&(_, _, seq)| seq).chain(voided_min).min();
-    inner.cap.flushed_ceiling = torn_min.map(|s| s - 1);
-    inner.cap.flushed_seq = found.watermark.min(inner.cap.flushed_ceiling.unwrap_or(u64::MAX));
+    inner.cap = CapWrites::recovered(found.watermark, torn_min.map(|s| s - 1));
     inner.log.flushed_lsn = inner.log.lsn;
     inner.check_invariants_unless_paged();
     // A torn segment stays on the media with a sequence above the copy that
