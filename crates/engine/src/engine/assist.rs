@@ -79,7 +79,7 @@ impl StepGain {
     }
 
     fn free(g: &Inner) -> usize {
-        g.log.free.len() + g.bands.free_len()
+        g.log.free_len() + g.bands.free_len()
     }
 
     pub(super) fn after_step(&mut self, g: &Inner) {
@@ -102,12 +102,12 @@ impl Engine {
     /// wall clock, with bands. `again`: it stepped already for this batch
     /// (then only at the log's minimum).
     pub(super) fn assist_due(&self, g: &Inner, again: bool) -> bool {
-        let (free, min) = (g.log.free.len(), g.cfg.log_free_chunks_min);
+        let (free, min) = (g.log.free_len(), g.cfg.log_free_chunks_min);
         free <= min + ASSIST_CHUNKS
             && (!again || free <= min)
             && g.writer_steps
             && !g.assisting
-            && !g.log.full.is_empty()
+            && g.log.oldest_full().is_some()
             && g.sim.is_none()
             && !g.in_place()
             && !self.bg.on.load(Ordering::Relaxed)

@@ -422,7 +422,7 @@ impl Engine {
     /// `SPILL_CLEAN_BLOCKS_MIN`), so the log drains as fast as writes spill.
     /// Cleaning sooner would write home data about to be deleted.
     fn clean_for_spill(&self, inner: &mut Inner, blocks: u64) -> Result<(), VolumeError> {
-        let Some(&c) = inner.log.full.front() else { return Ok(()) };
+        let Some(c) = inner.log.oldest_full() else { return Ok(()) };
         let head = (c, inner.log.chunks[c].epoch);
         if inner.spill.head != Some(head) {
             inner.spill = SpillDebt { head: Some(head), blocks: 0 };

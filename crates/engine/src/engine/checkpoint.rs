@@ -35,8 +35,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
     w.u64(inner.log.lsn);
     w.u64(inner.mark_gen);
     inner.stats.words().iter().for_each(|&x| w.u64(x));
-    w.opt_u32(inner.log.open.map(|(c, _)| c.0));
-    w.u64(inner.log.open.map_or(0, |(_, o)| o));
+    inner.log.encode_open(&mut w);
     // Only the first GC stream's bands: shutdown closes the others' (`Engine::close_extra_streams`).
     debug_assert!((1..GC_STREAMS).all(|k| inner.stream_band(Stream::Gc(k)).0.is_none()));
     let (gc_open, gc_last) = inner.stream_band(Stream::Gc(0));
@@ -78,10 +77,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u64(c.first_lsn);
         put_p2l(&mut w, &c.p2l);
     }
-    for list in [&inner.log.full, &inner.log.free] {
-        w.u32(list.len() as u32);
-        list.iter().for_each(|&c| w.u32(c.0));
-    }
+    inner.log.encode_lists(&mut w);
     inner.bands.encode(&mut w);
     w.0
 }
@@ -214,15 +210,7 @@ pub(super) fn decode_checkpoint(
     let mut inner = Inner {
         cfg,
         vols,
-        log: Log {
-            chunks,
-            free: free_chunks,
-            full: full_chunks,
-            open: open_c.map(|c| (c, open_off)),
-            lsn,
-            flushed_lsn: lsn,
-            inflight: Default::default(),
-        },
+        log: Log::from_checkpoint(chunks, full_chunks, free_chunks, open_c.map(|c| (c, open_off)), lsn),
         bands: Bands::from_checkpoint(bands, free_bands, user_streams, (gc_band, gc_last_band)),
         cap: CapWrites::at_checkpoint(seq),
         gc_cursor: None,

@@ -86,14 +86,14 @@ impl Inner {
     /// than every later write is to spill).
     pub(super) fn log_needs_cleaning(&self, blocks: u64) -> bool {
         !self.log_has_room(blocks)
-            && self.log.full.front().is_some_and(|&c| 2 * self.log.chunks[c].dirty as u64 >= self.blocks_per_chunk())
+            && self.log.oldest_full().is_some_and(|c| 2 * self.log.chunks[c].dirty as u64 >= self.blocks_per_chunk())
     }
 
     /// Whether one record of `blocks` can be logged without reclaiming a
     /// chunk: the open chunk has room, or a free chunk is above the reserve.
     pub(super) fn log_has_room(&self, blocks: u64) -> bool {
-        self.log.open.is_some_and(|(_, off)| off + 1 + blocks <= self.blocks_per_chunk())
-            || self.log.free.len() > self.cfg.log_free_chunks_min
+        self.log.open().is_some_and(|(_, off)| off + 1 + blocks <= self.blocks_per_chunk())
+            || self.log.free_len() > self.cfg.log_free_chunks_min
     }
 }
 
@@ -211,7 +211,7 @@ impl Inner {
         let (dirty, total) = self.dirty_blocks();
         let over = dirty as f64 > c.dirty_setpoint * total as f64;
         let aged_ok = idle >= c.idle;
-        self.log.full.iter().copied().find_map(|id| {
+        self.log.full().find_map(|id| {
             let ch = &self.log.chunks[id];
             if ch.dirty == 0 {
                 return None;
@@ -319,7 +319,7 @@ impl Engine {
     /// durable, drop the chunk's copies (they read from home now) and free
     /// it, after the mark that moves the log's head past it.
     pub(super) fn reclaim_step(&self, inner: &mut Inner, blocks_max: u64) -> Result<CompactStep, VolumeError> {
-        let Some(&c) = inner.log.full.front() else { return Ok(CompactStep::Idle) };
+        let Some(c) = inner.log.oldest_full() else { return Ok(CompactStep::Idle) };
         if inner.log.chunks[c].state == ChunkState::Sealed {
             inner.log.chunks[c].to(ChunkState::Sealed, ChunkState::Compacting);
         }
@@ -426,7 +426,7 @@ impl Engine {
     /// chunk last), and make the homes durable: the disk alone is then a
     /// complete copy of every volume. Returns the blocks written.
     pub(super) fn clean_all(&self, inner: &mut Inner) -> Result<u64, VolumeError> {
-        let order: Vec<ChunkId> = inner.log.full.iter().copied().chain(inner.log.open.map(|(c, _)| c)).collect();
+        let order: Vec<ChunkId> = inner.log.full().chain(inner.log.open().map(|(c, _)| c)).collect();
         let mut n = 0;
         for c in order {
             while inner.log.chunks[c].dirty > 0 {

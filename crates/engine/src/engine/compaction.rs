@@ -42,7 +42,7 @@ impl Inner {
     /// Where the next compaction step starts: the oldest full chunk, at the
     /// cursor a bounded step left in it (else its start).
     fn compact_next(&self) -> Option<CompactCursor> {
-        let &chunk = self.log.full.front()?;
+        let chunk = self.log.oldest_full()?;
         let pos = self.compact_cursor.filter(|k| k.chunk == chunk).map_or(0, |k| k.pos);
         Some(CompactCursor { chunk, pos })
     }
@@ -110,7 +110,7 @@ impl Engine {
     /// capacity device, flush it, free the chunk (finishing the chunk a
     /// bounded step left half done, if any).
     pub(super) fn compact_oldest(&self, inner: &mut Inner) -> Result<(), VolumeError> {
-        assert!(!inner.log.full.is_empty(), "a full chunk exists when the log is short of space");
+        assert!(inner.log.oldest_full().is_some(), "a full chunk exists when the log is short of space");
         while self.compact_step(inner, u64::MAX, &mut None, false)? != CompactStep::Freed {}
         Ok(())
     }
@@ -313,11 +313,9 @@ impl Engine {
     pub(super) fn free_oldest(&self, inner: &mut Inner, c: ChunkId) -> Result<CompactStep, VolumeError> {
         self.write_mark(inner, Some(c), None)?;
         self.flush_cache(inner)?;
-        assert_eq!(inner.log.full.pop_front(), Some(c));
+        inner.log.free_oldest(c);
         inner.compact_cursor = None;
-        inner.log.chunks[c].to(ChunkState::Compacting, ChunkState::Free);
         inner.sim_freed(Some(c), None);
-        inner.log.free.push_back(c);
         inner.stats.chunks_compacted += 1;
         Ok(CompactStep::Freed)
     }

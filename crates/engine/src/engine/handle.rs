@@ -51,7 +51,7 @@ impl Engine {
             stats: inner.stats,
             host_waf: inner.stats.host_waf(),
             log_chunks: chunks,
-            log_chunks_free: inner.log.free.len() as u64,
+            log_chunks_free: inner.log.free_len() as u64,
             log_chunk_bytes: inner.cfg.chunk_bytes,
             cache_valid_bytes: cache_valid * BS,
             bands: inner.bands.len() as u64,

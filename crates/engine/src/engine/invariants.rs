@@ -53,6 +53,7 @@ impl Inner {
                 return;
             }
         }
+        self.log.check_lists();
         for (c, ch) in self.log.chunks.iter().enumerate() {
             assert_eq!(ch.valid, chunk_valid[c], "chunk {c} valid count");
             let dirty = ch.p2l.iter().zip(&ch.clean).filter(|(o, &clean)| o.0 != u32::MAX && !clean).count();

@@ -267,7 +267,7 @@ impl Engine {
         }
         inner.stats.cache_write_bytes += need * BS;
         inner.stats.cache_header_bytes += BS;
-        inner.log.open = Some((chunk, off + need));
+        inner.log.advance(chunk, off, need);
         (Ok(header_block), c.buf)
     }
 
@@ -295,10 +295,7 @@ impl Engine {
                 if off + need <= inner.blocks_per_chunk() {
                     return Ok(Some((c, off)));
                 }
-                inner.log.chunks[c].to(ChunkState::Open, ChunkState::Sealed);
-                inner.log.chunks[c].sealed_at = Some(std::time::Instant::now());
-                inner.log.full.push_back(c);
-                inner.log.open = None;
+                inner.log.seal_open();
             }
             if inner.log.free.len() > inner.cfg.log_free_chunks_min {
                 break;
@@ -310,23 +307,11 @@ impl Engine {
             }
             self.compact_oldest(inner)?;
         }
-        let c = inner.log.free.pop_front().expect("compaction keeps free chunks");
-        assert_eq!(inner.log.chunks[c].valid, 0);
-        let epoch = inner.seq.next();
-        let ch = &mut inner.log.chunks[c];
-        ch.to(ChunkState::Free, ChunkState::Open);
-        ch.epoch = epoch;
+        // A reused place: lock-free reads that looked before must read again.
         inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
+        let epoch = inner.seq.next();
         // The record about to be written into it is its first.
-        ch.first_lsn = inner.log.lsn + 1;
-        ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
-        ch.clean.iter_mut().for_each(|c| *c = false);
-        ch.class.iter_mut().for_each(|c| *c = 0);
-        ch.hot.iter_mut().for_each(|h| *h = false);
-        let mut headers = ch.headers.take().unwrap_or_default();
-        headers.clear();
-        ch.headers = Some(headers);
-        inner.log.open = Some((c, 0));
+        let c = inner.log.open_next(epoch, inner.log.lsn + 1);
         Ok(Some((c, 0)))
     }
 }
@@ -364,12 +349,16 @@ impl std::ops::IndexMut<ChunkId> for Vec<Chunk> {
 
 /// The log's state: every chunk, which are free (oldest freed first), which
 /// are full (oldest first: compaction's queue), the open one, and the LSNs.
+///
+/// The chunk lists and the open chunk are private to this module: a chunk
+/// moves between them only through `open_next`, `seal_open`, `advance`
+/// and `free_oldest`, which assert the chunk's state and contents.
 pub(super) struct Log {
     pub(super) chunks: Vec<Chunk>,
-    pub(super) free: VecDeque<ChunkId>,
-    pub(super) full: VecDeque<ChunkId>,
+    free: VecDeque<ChunkId>,
+    full: VecDeque<ChunkId>,
     /// The chunk records are appended to, and the next block in it.
-    pub(super) open: Option<(ChunkId, u64)>,
+    open: Option<(ChunkId, u64)>,
     /// The last log record's number (LSN), and the highest one made durable
     /// by a completed cache flush.
     pub(super) lsn: u64,
@@ -390,6 +379,133 @@ pub(super) struct InFlight {
 }
 
 impl Log {
+    /// Free chunks.
+    pub(super) fn free_len(&self) -> usize {
+        self.free.len()
+    }
+    /// Full chunks, oldest first (compaction's queue).
+    pub(super) fn full(&self) -> impl Iterator<Item = ChunkId> + '_ {
+        self.full.iter().copied()
+    }
+    pub(super) fn oldest_full(&self) -> Option<ChunkId> {
+        self.full.front().copied()
+    }
+    /// The chunk records are appended to, and the next block in it.
+    pub(super) fn open(&self) -> Option<(ChunkId, u64)> {
+        self.open
+    }
+
+    /// Open → Sealed: the open chunk is full; it joins the end of
+    /// compaction's queue.
+    fn seal_open(&mut self) {
+        let (c, _) = self.open.take().expect("a chunk is open");
+        self.chunks[c].to(ChunkState::Open, ChunkState::Sealed);
+        self.chunks[c].sealed_at = Some(std::time::Instant::now());
+        self.full.push_back(c);
+    }
+
+    /// Free → Open: the oldest free chunk, emptied, becomes the open one,
+    /// generation `epoch`, its first record numbered `first_lsn`.
+    fn open_next(&mut self, epoch: u64, first_lsn: u64) -> ChunkId {
+        assert!(self.open.is_none(), "one chunk is open at a time");
+        let c = self.free.pop_front().expect("compaction keeps free chunks");
+        let ch = &mut self.chunks[c];
+        assert!(ch.valid == 0 && ch.dirty == 0, "chunk {c} is free but holds current blocks");
+        ch.to(ChunkState::Free, ChunkState::Open);
+        ch.epoch = epoch;
+        ch.first_lsn = first_lsn;
+        ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
+        ch.clean.iter_mut().for_each(|c| *c = false);
+        ch.class.iter_mut().for_each(|c| *c = 0);
+        ch.hot.iter_mut().for_each(|h| *h = false);
+        let mut headers = ch.headers.take().unwrap_or_default();
+        headers.clear();
+        ch.headers = Some(headers);
+        self.open = Some((c, 0));
+        c
+    }
+
+    /// A record of `blocks` blocks was placed in the open chunk `c` at `off`.
+    pub(super) fn advance(&mut self, c: ChunkId, off: u64, blocks: u64) {
+        assert_eq!(self.open, Some((c, off)), "records are placed at the open chunk's pointer");
+        assert!(off + blocks <= self.chunks[c].p2l.len() as u64, "a record past chunk {c}'s end");
+        self.open = Some((c, off + blocks));
+    }
+
+    /// Compacting → Free: `c`, the oldest full chunk, holds nothing
+    /// current (its blocks live elsewhere durably); it joins the end of
+    /// the free list.
+    pub(super) fn free_oldest(&mut self, c: ChunkId) {
+        assert_eq!(self.full.front(), Some(&c), "chunks are freed oldest first");
+        let ch = &mut self.chunks[c];
+        assert!(ch.valid == 0 && ch.dirty == 0, "chunk {c} freed holding current blocks");
+        ch.to(ChunkState::Compacting, ChunkState::Free);
+        self.full.pop_front();
+        self.free.push_back(c);
+    }
+
+    /// Recovery: the chunks holding records at or above the head are
+    /// `full` (Sealed, in epoch order); every other chunk but chunk 0 is
+    /// Free; none is open.
+    pub(super) fn recovered(&mut self, full: Vec<ChunkId>) {
+        assert!(full.iter().all(|&c| self.chunks[c].state == ChunkState::Sealed), "recovery seals what it keeps");
+        self.full = full.into();
+        self.free =
+            (1..self.chunks.len() as u32).map(ChunkId).filter(|&c| self.chunks[c].state == ChunkState::Free).collect();
+        self.open = None;
+    }
+
+    /// The log a checkpoint describes: its chunks, lists and open chunk
+    /// (`encode_open`, `encode_lists`), every record up to `lsn` durable.
+    pub(super) fn from_checkpoint(
+        chunks: Vec<Chunk>,
+        full: VecDeque<ChunkId>,
+        free: VecDeque<ChunkId>,
+        open: Option<(ChunkId, u64)>,
+        lsn: u64,
+    ) -> Log {
+        Log { chunks, free, full, open, lsn, flushed_lsn: lsn, inflight: Default::default() }
+    }
+
+    /// The checkpoint's open chunk, then (later in it) the full and free lists.
+    pub(super) fn encode_open(&self, w: &mut crate::persist::Writer) {
+        w.opt_u32(self.open.map(|(c, _)| c.0));
+        w.u64(self.open.map_or(0, |(_, o)| o));
+    }
+    pub(super) fn encode_lists(&self, w: &mut crate::persist::Writer) {
+        for list in [&self.full, &self.free] {
+            w.u32(list.len() as u32);
+            list.iter().for_each(|&c| w.u32(c.0));
+        }
+    }
+
+    /// The lists as `check_invariants` wants them: every chunk but 0 is on
+    /// exactly one list, or open, as its state says.
+    pub(super) fn check_lists(&self) {
+        let mut seen = vec![0u8; self.chunks.len()];
+        for &c in self.free.iter().chain(&self.full) {
+            seen[c.index()] += 1;
+        }
+        if let Some((c, off)) = self.open {
+            seen[c.index()] += 1;
+            assert_eq!(self.chunks[c].state, ChunkState::Open, "the open chunk {c}");
+            assert!(off <= self.chunks[c].p2l.len() as u64);
+        }
+        for &c in &self.free {
+            assert_eq!(self.chunks[c].state, ChunkState::Free, "chunk {c} on the free list");
+            assert!(self.chunks[c].valid == 0 && self.chunks[c].dirty == 0, "free chunk {c} holds current blocks");
+        }
+        for &c in &self.full {
+            assert!(
+                matches!(self.chunks[c].state, ChunkState::Sealed | ChunkState::Compacting),
+                "chunk {c} on the full list"
+            );
+        }
+        for (c, &n) in seen.iter().enumerate().skip(1) {
+            assert_eq!(n, 1, "chunk {c} is on {n} lists");
+        }
+    }
+
     /// Every chunk free but chunk 0, which holds the superblock and the
     /// capacity marks.
     pub(super) fn empty(chunk_count: u64, blocks_per_chunk: usize) -> Log {

@@ -185,7 +185,7 @@ impl Inner {
         bands.truncate(MARK_BANDS_MAX);
         let head_lsn = match freeing {
             Some(c) => {
-                let next = self.log.full.iter().copied().find(|&x| x != c).or(self.log.open.map(|(o, _)| o));
+                let next = self.log.full().find(|&x| x != c).or(self.log.open().map(|(o, _)| o));
                 next.map_or(self.log.lsn + 1, |n| self.log.chunks[n].first_lsn)
             }
             None => self.head_lsn(),

@@ -68,7 +68,7 @@ impl Inner {
         if self.log.inflight.is_empty() {
             return true;
         }
-        let chunk = self.log.full.front().is_some_and(|&c| self.relocation_waits(Source::Chunk(c)));
+        let chunk = self.log.oldest_full().is_some_and(|c| self.relocation_waits(Source::Chunk(c)));
         let band = self.gc_cursor.is_some_and(|k| self.relocation_waits(Source::Band(k.victim)));
         !chunk && !band
     }

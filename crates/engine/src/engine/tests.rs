@@ -559,7 +559,7 @@ fn a_lock_free_read_of_a_reused_place_is_read_again_under_the_lock() {
         h.set(Some(Box::new(move || {
             for _ in 0..10_000 {
                 vol1.write(4096, &b, false).unwrap();
-                if engine.lock().log.open == Some((ChunkId(1), 2)) {
+                if engine.lock().log.open() == Some((ChunkId(1), 2)) {
                     flag.set(true);
                     return;
                 }

@@ -225,7 +225,7 @@ impl Engine {
         }
         let (chunks, floor, free) = {
             let inner = self.lock();
-            (inner.log.chunks.len() - 1, inner.cfg.log_free_chunks_min, inner.log.free.len())
+            (inner.log.chunks.len() - 1, inner.cfg.log_free_chunks_min, inner.log.free_len())
         };
         let start = ((chunks as f64 * cfg.start_free).ceil() as usize).max(floor + 2);
         let setpoint = (chunks as f64 * cfg.setpoint_free).max(floor as f64 + 1.0);
@@ -309,7 +309,7 @@ impl Engine {
     /// the lock.
     fn due(&self, inner: &Inner, last: Work) -> (bool, bool) {
         let start = self.bg.start_chunks.load(Ordering::Relaxed);
-        let compact_due = inner.log.free.len() < start && !inner.log.full.is_empty();
+        let compact_due = inner.log.free_len() < start && inner.log.oldest_full().is_some();
         let (free_bands, gc_min) = (inner.bands.free_len(), inner.cfg.gc_free_bands_min);
         // In place there are no bands, and nothing to collect.
         let gc_due = !inner.in_place() && (inner.gc_cursor.is_some() || free_bands <= gc_min + GC_AHEAD_BANDS);
@@ -397,7 +397,7 @@ impl Engine {
         let r = self.compact_step(&mut inner, step_blocks, &mut pre, true);
         let step = inner.stop_on_device_error(r)?;
         self.bg.gc_reclaims_in_a_row.store(0, Ordering::Relaxed);
-        self.bg.free_chunks.store(inner.log.free.len(), Ordering::Relaxed);
+        self.bg.free_chunks.store(inner.log.free_len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
         let compacted = inner.stats.chunks_compacted;
         self.finish_step(inner, made)?;
@@ -519,7 +519,7 @@ impl Engine {
         if !self.bg.on.load(Ordering::Relaxed) {
             return;
         }
-        let free = inner.log.free.len();
+        let free = inner.log.free_len();
         self.bg.free_chunks.store(free, Ordering::SeqCst);
         if free < self.bg.start_chunks.load(Ordering::Relaxed) && self.bg.asleep.load(Ordering::SeqCst) {
             // The compactor sets `asleep` holding `stop` until its wait

@@ -166,7 +166,7 @@ impl Engine {
                 (g, r) = self.assist(g);
                 gain.after_step(&g);
                 assisted = true;
-                if r? == Assist::Blocked && done && g.log.free.len() <= min {
+                if r? == Assist::Blocked && done && g.log.free_len() <= min {
                     // No room, and a step only once a record is published.
                     g = self.wait_published(g);
                 }
@@ -328,7 +328,7 @@ impl Engine {
         if let Some(hs) = g.log.chunks[chunk].headers.as_mut() {
             hs.push(off as u32);
         }
-        g.log.open = Some((chunk, off + need));
+        g.log.advance(chunk, off, need);
         g.stats.cache_write_bytes += need * BS;
         g.stats.cache_header_bytes += BS;
         let header_block = chunk.0 as u64 * g.blocks_per_chunk() + off;

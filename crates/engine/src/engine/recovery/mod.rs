@@ -306,9 +306,7 @@ fn scan_with(
     let walked: Vec<u64> = found.walks.iter().map(|w| w.stop).collect();
     let stale_bands = inner.bands.recovered(&live, &walked);
     chunk_epochs.sort_unstable();
-    inner.log.full = chunk_epochs.iter().map(|&(_, c)| ChunkId(c)).collect();
-    inner.log.free =
-        (1..chunk_count as u32).map(ChunkId).filter(|&c| inner.log.chunks[c].state == ChunkState::Free).collect();
+    inner.log.recovered(chunk_epochs.iter().map(|&(_, c)| ChunkId(c)).collect());
     let last_bands = last_bands(&found.walks, &inner.bands, inner.vols.len(), &voided);
     // Far above everything seen (`SEQ_RESTART_GAP`), and above the previous
     // recovery's restart, recorded in the superblock before anything was
