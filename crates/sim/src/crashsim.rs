@@ -316,6 +316,10 @@ pub struct SimOptions {
     /// reads run between any two steps, and power is lost between any two
     /// (module doc).
     pub concurrent: bool,
+    /// Check every invariant of the engine's state after every operation
+    /// (with nothing staged), not every 101st: the first operation that
+    /// breaks one is named, not a later read that meets the damage.
+    pub strict: bool,
 }
 
 impl SimOptions {
@@ -330,6 +334,7 @@ impl SimOptions {
             (self.in_place, " --in-place"),
             (self.lifetime, " --lifetime"),
             (self.concurrent, " --concurrent"),
+            (self.strict, " --strict"),
         ]
         .iter()
         .filter(|f| f.0)
@@ -349,6 +354,7 @@ impl Default for SimOptions {
             in_place: false,
             lifetime: false,
             concurrent: false,
+            strict: false,
         }
     }
 }
@@ -839,7 +845,7 @@ fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Re
             return Err(sim.fail(op, "device error with no fault injected".into()));
         }
         // (The invariants take the drained lock: only with nothing staged.)
-        if op % 101 == 0 && sim.tasks.is_empty() {
+        if (sim.opts.strict || op % 101 == 0) && sim.tasks.is_empty() {
             sim.world.engine.check_invariants();
             sim.check_zones(op)?;
         }
@@ -956,6 +962,18 @@ mod tests {
     }
 
     const CONCURRENT_SEEDS: u64 = 80;
+
+    /// Every invariant checked after every operation (`sluice sim
+    /// --strict`), on both devices, plain and through the concurrent path.
+    #[test]
+    fn crashes_with_every_invariant_checked_after_every_operation() {
+        let strict = SimOptions { strict: true, ..SimOptions::default() };
+        let total = campaign(both_devices(STRICT_SEEDS), strict);
+        let concurrent = campaign(both_devices(STRICT_SEEDS), SimOptions { concurrent: true, ..strict });
+        assert!(total.crashes > STRICT_SEEDS as usize * 4 && concurrent.crashes > STRICT_SEEDS as usize * 4);
+    }
+
+    const STRICT_SEEDS: u64 = 20;
 
     /// The campaign with every volume's map paged through the cache
     /// device's map region: crashes while pages are being written back,

@@ -150,6 +150,10 @@ enum Cmd {
         /// steps; not with --in-place.
         #[arg(long, conflicts_with = "in_place")]
         concurrent: bool,
+        /// Check every invariant of the engine's state (`check_invariants`)
+        /// after every operation, not every 101st (slower).
+        #[arg(long)]
+        strict: bool,
     },
     /// How big a cache a recorded trace needs (`[[volume]] trace`): its
     /// live data, the trace replayed in virtual time at several cache sizes
@@ -729,7 +733,7 @@ fn sim(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged, in_place, lifetime, concurrent } => {
+        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged, in_place, lifetime, concurrent, strict } => {
             let opts = sluice_sim::crashsim::SimOptions {
                 flips,
                 swarm,
@@ -737,6 +741,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 in_place,
                 lifetime,
                 concurrent,
+                strict,
                 ..Default::default()
             };
             sim(seeds, seed_start, ops, zns, opts)
