@@ -447,24 +447,14 @@ impl Inner {
         r
     }
 
-    /// Forget where a block was (it was overwritten, trimmed or moved).
+    /// Forget where a block was (it was overwritten, trimmed or moved):
+    /// its old place's owner drops it — the log (and in place, the
+    /// volume's cache counters), or its band.
     fn invalidate(&mut self, loc: Loc) {
         if let Some(cb) = loc.cache_block() {
-            let (c, i) = ((cb / self.blocks_per_chunk()) as usize, (cb % self.blocks_per_chunk()) as usize);
-            let ch = &mut self.log.chunks[c];
-            debug_assert_ne!(ch.p2l[i].0, u32::MAX);
-            let (v, class) = (ch.p2l[i].0 as usize, std::mem::take(&mut ch.class[i]));
-            ch.p2l[i].0 = u32::MAX;
-            ch.valid -= 1;
-            // A clean block's home held the same: nothing was left to clean.
-            let dirty = !std::mem::take(&mut ch.clean[i]);
-            if dirty {
-                ch.dirty -= 1;
-            }
+            let dropped = self.log.drop_block(cb);
             if self.cfg.layout == Layout::InPlace {
-                let vc = &mut self.vols[v].cache;
-                vc.classes.count(class, false);
-                vc.dirty_blocks -= dirty as u64;
+                self.vols[dropped.vol as usize].cache.dropped(dropped.class, dropped.dirty);
             }
         } else if let Some(b) = self.band_of(loc) {
             self.bands.drop_valid(b);

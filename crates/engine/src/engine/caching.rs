@@ -199,6 +199,16 @@ struct Stream {
 }
 
 impl VolCache {
+    /// One of the volume's cached blocks (of I/O class `class`, `dirty`
+    /// if not yet cleaned home) left the cache.
+    pub(super) fn dropped(&mut self, class: u8, dirty: bool) {
+        self.classes.count(class, false);
+        if dirty {
+            assert!(self.dirty_blocks > 0, "a dirty block the volume did not count");
+            self.dirty_blocks -= 1;
+        }
+    }
+
     /// The length of the stream a write of `len` bytes at `offset` extends
     /// (or starts, in the least recently used slot).
     fn extend_stream(&mut self, offset: u64, len: u64) -> u64 {

@@ -368,6 +368,15 @@ pub(super) struct Log {
     pub(super) inflight: std::collections::BTreeMap<u64, InFlight>,
 }
 
+/// What a cache block held when it was dropped (`Log::drop_block`).
+pub(super) struct Dropped {
+    pub(super) vol: u32,
+    /// Its class (in place: its I/O class; with bands: its lifetime class).
+    pub(super) class: u8,
+    /// It had not been cleaned home (in place).
+    pub(super) dirty: bool,
+}
+
 /// A record reserved and not yet published.
 pub(super) struct InFlight {
     pub(super) seq: u64,
@@ -504,6 +513,26 @@ impl Log {
         for (c, &n) in seen.iter().enumerate().skip(1) {
             assert_eq!(n, 1, "chunk {c} is on {n} lists");
         }
+    }
+
+    /// Cache block `cb` holds no current block any more: out of its
+    /// chunk's P2L and counts. Returns what it held.
+    pub(super) fn drop_block(&mut self, cb: u64) -> Dropped {
+        let bpc = self.chunks[0].p2l.len() as u64;
+        let (c, i) = ((cb / bpc) as usize, (cb % bpc) as usize);
+        let ch = &mut self.chunks[c];
+        let vol = ch.p2l[i].0;
+        assert!(vol != u32::MAX && ch.valid > 0, "cache block {cb} dropped twice");
+        assert!(ch.state != ChunkState::Free, "cache block {cb} of a free chunk");
+        ch.p2l[i].0 = u32::MAX;
+        ch.valid -= 1;
+        // A clean block's home held the same: nothing was left to clean.
+        let dirty = !std::mem::take(&mut ch.clean[i]);
+        if dirty {
+            assert!(ch.dirty > 0, "chunk {c}: a dirty block not counted");
+            ch.dirty -= 1;
+        }
+        Dropped { vol, class: std::mem::take(&mut ch.class[i]), dirty }
     }
 
     /// Every chunk free but chunk 0, which holds the superblock and the
