@@ -68,6 +68,7 @@ mod config;
 mod flushes;
 mod gc;
 mod handle;
+mod health;
 mod identity;
 #[cfg(test)]
 mod in_place_tests;
@@ -181,12 +182,8 @@ struct Inner {
     /// `sb.engine_tag()`: what every record header this engine writes
     /// carries, and every one it reads must.
     tag: u32,
-    /// Set by `shutdown`: every later request fails.
-    closed: bool,
-    /// Set when a device failed under a change: the in-memory state may be
-    /// ahead of or behind the media, so nothing more is written; reads still
-    /// work. Reopening recovers from the media.
-    failed: bool,
+    /// Whether the engine takes changes, and if not why (health.rs).
+    health: health::Health,
     /// Highest sequence made durable on the cache device by a completed flush.
     cache_flushed_seq: u64,
     /// Generation of the last capacity mark written (`marks.rs`).
@@ -398,8 +395,7 @@ impl Inner {
             pool: BufPool::default(),
             tag: sb.engine_tag(),
             sb,
-            closed: false,
-            failed: false,
+            health: Default::default(),
             cache_flushed_seq: 0,
             mark_gen: 0,
             cfg,
@@ -418,31 +414,18 @@ impl Inner {
         inner
     }
 
-    /// Pass `r` on; if it is a device error (or corrupt data), stop all
-    /// further changes until the engine is reopened (`failed`): the
-    /// in-memory state may be ahead of or behind the media.
     /// Whether the engine takes changes: not once shut down (`ReadOnly`),
-    /// nor after a device error (`Stopped`).
+    /// nor after a stop (`Stopped`).
     fn taking_changes(&self) -> Result<(), VolumeError> {
-        if self.closed {
-            return Err(VolumeError::ReadOnly);
-        }
-        if self.failed {
-            return Err(VolumeError::Stopped);
-        }
-        Ok(())
+        self.health.taking_changes()
     }
 
+    /// Pass `r` on; if it is a device error (or corrupt data, or damage),
+    /// stop all further changes until the engine is reopened: the
+    /// in-memory state may be ahead of or behind the media (health.rs).
     fn stop_on_device_error<T>(&mut self, r: Result<T, VolumeError>) -> Result<T, VolumeError> {
         if let Err(e @ (VolumeError::Io(_) | VolumeError::Corrupt { .. } | VolumeError::Damaged { .. })) = &r {
-            if !self.failed {
-                // Said the moment it happens, with the cause: every later
-                // change fails until a restart recovers from the devices.
-                crate::report::say(format_args!(
-                    "sluice: engine stopped taking changes: {e}; reads go on, restart to recover"
-                ));
-            }
-            self.failed = true;
+            self.health.stop(e);
         }
         r
     }

@@ -537,7 +537,18 @@ fn inline_write_batches_stop_at_refused_and_fua_writes_and_answer_each() {
         wire.extend_from_slice(&header.encode());
         wire.extend_from_slice(&pattern(cookie, 4096));
     }
+    // The first write is held in the volume until every request is in the
+    // server's socket buffer: then the reader finds the rest buffered
+    // together however busy the machine is (a loopback send returns once
+    // its bytes are in the receiver's buffer).
+    vol.hold_writes(true);
     c.send(&wire);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while vol.writes_waiting.load(Ordering::SeqCst) < 1 {
+        assert!(std::time::Instant::now() < deadline, "the first write never reached the volume");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    vol.hold_writes(false);
     for &(cookie, _, offset) in &reqs {
         let expected = match cookie {
             3 => proto::EINVAL,

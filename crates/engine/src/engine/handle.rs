@@ -57,7 +57,8 @@ impl Engine {
             bands: inner.bands.len() as u64,
             bands_free: inner.bands.free_len() as u64,
             band_bytes: inner.cfg.band_bytes,
-            failed: inner.failed,
+            failed: inner.health.is_stopped(),
+            stopped_by: inner.health.cause().map(|e| e.to_string()),
             cache_device: self.cache.stats(),
             capacity_device: self.capacity.stats(),
             volumes,
@@ -93,14 +94,14 @@ impl Engine {
     /// published, and waits for no record's device write; writers.rs).
     pub(super) fn live_raw(&self) -> Result<std::sync::MutexGuard<'_, Inner>, VolumeError> {
         let inner = self.lock_for_request();
-        if inner.closed {
+        if inner.health.is_closed() {
             return Err(VolumeError::ReadOnly);
         }
         Ok(inner)
     }
 
     /// Run a change under the lock; a device error during it stops all
-    /// further changes (`Inner::failed`) until the engine is reopened.
+    /// further changes (`Inner::health`) until the engine is reopened.
     pub(super) fn change<T>(
         &self,
         f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>,
@@ -118,7 +119,7 @@ impl Engine {
         f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>,
     ) -> Result<T, VolumeError> {
         let inner = if remaps_only { self.lock_raw() } else { self.lock_for_relocation() };
-        if inner.closed {
+        if inner.health.is_closed() {
             return Err(VolumeError::ReadOnly);
         }
         self.change_under(inner, f)
@@ -129,7 +130,7 @@ impl Engine {
         mut inner: std::sync::MutexGuard<'_, Inner>,
         f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>,
     ) -> Result<T, VolumeError> {
-        if inner.failed {
+        if inner.health.is_stopped() {
             return Err(VolumeError::Stopped);
         }
         let r = f(self, &mut inner);
@@ -193,6 +194,8 @@ pub struct EngineSnapshot {
     pub band_bytes: u64,
     /// A device failed under a change: writes are refused until reopen.
     pub failed: bool,
+    /// Why (the first error), if it did.
+    pub stopped_by: Option<String>,
     pub cache_device: DeviceStats,
     pub capacity_device: DeviceStats,
     pub volumes: Vec<VolumeSnapshot>,
@@ -351,7 +354,7 @@ impl EngineVolume {
         let permit = e.unlocked_read_permit();
         // Not a request: it does not count as activity (ALRU's idle time).
         let inner = e.lock();
-        if inner.closed {
+        if inner.health.is_closed() {
             return Err(VolumeError::ReadOnly);
         }
         e.read_volume(inner, permit, vol, lba0..lba0 + n, offset, buf).map(|_| ())

@@ -241,23 +241,24 @@ impl Engine {
     /// clean. Later requests fail with `VolumeError::ReadOnly`.
     pub fn shutdown(&self) -> Result<(), EngineError> {
         let mut inner = self.lock();
-        if inner.closed {
+        if inner.health.is_closed() {
             return Ok(());
         }
         // Every path below closes the engine; lock-free reads stop now.
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.fold_read_bytes(&mut inner);
-        if inner.failed {
+        inner.health.close();
+        if inner.health.is_stopped() {
             // The map may not match the media: leave the superblock dirty so
             // the next open recovers from the media instead.
-            inner.closed = true;
             return Err(EngineError::Failed);
         }
-        if self.settle(&mut inner).is_err() {
-            inner.failed = true;
-            inner.closed = true;
-            return Err(EngineError::Failed);
-        }
+        // Any step below failing stops the engine (the superblock stays dirty).
+        let stop = |inner: &mut Inner, e: VolumeError| {
+            inner.health.stop(&e);
+            EngineError::Failed
+        };
+        self.settle(&mut inner).map_err(|e| stop(&mut inner, e))?;
         // Flush, then record that flush in one more (empty) record, flushed
         // too: the watermark otherwise travels only in later records, and a
         // shutdown cut short here would leave the newest records' damage
@@ -266,26 +267,14 @@ impl Engine {
             self.log_record(&mut inner, 0, crate::layout::RecordKind::Gap, Vec::new(), &[])?;
             self.flush_cache(&mut inner)
         });
-        if watermark.is_err() {
-            inner.failed = true;
-            inner.closed = true;
-            return Err(EngineError::Failed);
-        }
+        watermark.map_err(|e| stop(&mut inner, e))?;
         // Paged maps: every dirty page into the cache device's map region,
         // durable before the checkpoint that describes them.
         let pages = (inner.vols.iter_mut().try_for_each(|v| v.l2p.write_pages()))
             .and_then(|()| flush(&*self.cache).map_err(VolumeError::from));
-        if pages.is_err() {
-            inner.failed = true;
-            inner.closed = true;
-            return Err(EngineError::Failed);
-        }
+        pages.map_err(|e| stop(&mut inner, e))?;
         // After the last log record (which may have compacted and collected).
-        if self.close_extra_streams(&mut inner).is_err() {
-            inner.failed = true;
-            inner.closed = true;
-            return Err(EngineError::Failed);
-        }
+        self.close_extra_streams(&mut inner).map_err(|e| stop(&mut inner, e))?;
         let mut body = encode_checkpoint(&inner);
         let (body_bytes, body_crc) = (body.len(), crc32c(&body));
         body.resize(body_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES, 0);
@@ -297,7 +286,6 @@ impl Engine {
         inner.sb.clean = true;
         inner.sb.generation += 1;
         inner.sb.write_to(&*self.cache)?;
-        inner.closed = true;
         Ok(())
     }
 }

@@ -1,0 +1,85 @@
+//! The engine's health: whether it takes changes, and if not, why.
+//!
+//! Owns one state, private, changed by two transitions only:
+//! - `stop(cause)`: a device error, corrupt data or damage under a change.
+//!   The in-memory state may be ahead of or behind the media, so nothing
+//!   more is written (every change fails with `VolumeError::Stopped`);
+//!   reads go on; reopening recovers from the media. The first cause is
+//!   kept (and said once, the moment it happens);
+//! - `close()`: a shutdown, clean or not; every later request fails with
+//!   `VolumeError::ReadOnly`. A stop before it stays recorded, so a
+//!   shutdown of a stopped engine leaves the superblock dirty.
+//!
+//! Invariant: health never returns to serving (a reopen builds a new
+//! engine), and a stopped engine's cause never changes.
+
+use crate::volume::VolumeError;
+
+#[derive(Debug, Default)]
+pub(super) struct Health {
+    /// Why the engine stopped taking changes, if it did.
+    stopped: Option<VolumeError>,
+    closed: bool,
+}
+
+impl Health {
+    /// Whether the engine takes changes: not once shut down (`ReadOnly`),
+    /// nor after a stop (`Stopped`).
+    pub(super) fn taking_changes(&self) -> Result<(), VolumeError> {
+        if self.closed {
+            return Err(VolumeError::ReadOnly);
+        }
+        if self.stopped.is_some() {
+            return Err(VolumeError::Stopped);
+        }
+        Ok(())
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    pub(super) fn is_stopped(&self) -> bool {
+        self.stopped.is_some()
+    }
+
+    /// Why the engine stopped taking changes.
+    pub(super) fn cause(&self) -> Option<&VolumeError> {
+        self.stopped.as_ref()
+    }
+
+    /// Stop taking changes because of `cause` (the first one is kept, and
+    /// said at once: every later change fails until a restart recovers
+    /// from the devices).
+    pub(super) fn stop(&mut self, cause: &VolumeError) {
+        if self.stopped.is_none() {
+            crate::report::say(format_args!(
+                "sluice: engine stopped taking changes: {cause}; reads go on, restart to recover"
+            ));
+            self.stopped = Some(cause.clone());
+        }
+    }
+
+    /// Shut down: every later request fails.
+    pub(super) fn close(&mut self) {
+        self.closed = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_keeps_its_first_cause_and_a_close_keeps_the_stop() {
+        crate::report::quiet();
+        let mut h = Health::default();
+        assert_eq!(h.taking_changes(), Ok(()));
+        h.stop(&VolumeError::NoSpace);
+        h.stop(&VolumeError::Stopped);
+        assert_eq!((h.taking_changes(), h.cause()), (Err(VolumeError::Stopped), Some(&VolumeError::NoSpace)));
+        h.close();
+        assert!(h.is_stopped() && h.is_closed());
+        assert_eq!(h.taking_changes(), Err(VolumeError::ReadOnly));
+    }
+}
