@@ -23,7 +23,7 @@ use sluice_media::device::{flush, write_at};
 use sluice_media::{BlockDevice, DeviceError};
 
 pub const SUPERBLOCK_MAGIC: u32 = 0x534c_5342; // "SLSB"
-pub const SUPERBLOCK_VERSION: u16 = 6;
+pub const SUPERBLOCK_VERSION: u16 = 7;
 pub const LABEL_MAGIC: u32 = 0x534c_4341; // "SLCA"
 pub const NAME_BYTES_MAX: usize = 63;
 /// Fixed part of the superblock before the volume table.
@@ -65,6 +65,12 @@ pub struct Superblock {
     /// (Version 6; versions 4 and 5 kept this byte zero: bands.)
     pub layout: u8,
     pub volumes: Vec<(String, u64)>,
+    /// The format version this superblock was read with (a new one's:
+    /// `SUPERBLOCK_VERSION`, which is what `encode` always writes). Only a
+    /// clean shutdown writes a clean superblock, right after a checkpoint
+    /// in the current format, so a clean superblock's version is its
+    /// checkpoint's (version 7 added the clean bits of cached blocks).
+    pub version: u16,
 }
 
 /// `Superblock::layout`: log-structured bands (zones on a zoned device).
@@ -189,6 +195,7 @@ impl Superblock {
                 _ => return Err(SuperblockError::Malformed),
             },
             volumes,
+            version,
         })
     }
 }
@@ -332,6 +339,7 @@ mod tests {
             checkpoint_crc: 0xdead_beef,
             seq_floor: 1 << 40,
             volumes: vec![("default".into(), 1 << 30), ("tenant-2".into(), 5 << 30)],
+            version: SUPERBLOCK_VERSION,
         }
     }
 
@@ -357,7 +365,8 @@ mod tests {
         v4[4..6].copy_from_slice(&4u16.to_le_bytes());
         let c = crc32c(&v4[..BLOCK_BYTES - 4]);
         v4[BLOCK_BYTES - 4..].copy_from_slice(&c.to_le_bytes());
-        assert_eq!(Superblock::decode(&v4), Ok(sb()));
+        // (It says which version it was, which a clean one's checkpoint is.)
+        assert_eq!(Superblock::decode(&v4), Ok(Superblock { version: 4, ..sb() }));
         let mut v3 = v4.clone();
         v3[4..6].copy_from_slice(&3u16.to_le_bytes());
         let c = crc32c(&v3[..BLOCK_BYTES - 4]);

@@ -12,7 +12,7 @@ use super::*;
 pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, vols: u64, map_bytes: u64) -> u64 {
     let fixed = 8 + 8 + 8 + 11 * 8 + 4 + 8 + 4 + 4 + 8 + 4;
     let per_vol = 4 + 1 + 8 + 4 + 8;
-    let per_chunk = 1 + 8 + 4 + 8 + 12 * (cfg.chunk_bytes / BS) + 4 + 4;
+    let per_chunk = 1 + 8 + 4 + 8 + 12 * (cfg.chunk_bytes / BS) + 8 * (cfg.chunk_bytes / BS).div_ceil(64) + 4 + 4;
     let per_band = 1 + 4 + 8 + 8 + 8 + 8 + 8 + 4;
     fixed + vols * per_vol + map_bytes + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
 }
@@ -76,6 +76,10 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u32(c.valid);
         w.u64(c.first_lsn);
         put_p2l(&mut w, &c.p2l);
+        // In place: which cached blocks their homes hold already (v7).
+        for word in c.clean.chunks(64) {
+            w.u64(word.iter().enumerate().fold(0u64, |x, (i, &clean)| x | (clean as u64) << i));
+        }
     }
     inner.log.encode_lists(&mut w);
     inner.bands.encode(&mut w);
@@ -174,15 +178,26 @@ pub(super) fn decode_checkpoint(
         let valid = r.u32()?;
         let first_lsn = r.u64()?;
         let p2l = get_p2l(&mut r, bpc)?;
-        // Which blocks were clean is not saved: all are cleaned again.
+        // Which cached blocks their homes hold already (from version 7;
+        // before it, all are cleaned again). Only current blocks are clean.
+        let mut clean = vec![false; bpc];
+        if sb.version >= 7 {
+            for word in 0..bpc.div_ceil(64) {
+                let bits = r.u64()?;
+                for (i, c) in clean.iter_mut().enumerate().skip(word * 64).take(64) {
+                    *c = bits >> (i - word * 64) & 1 == 1 && p2l[i].0 != u32::MAX;
+                }
+            }
+        }
+        let dirty = valid.checked_sub(clean.iter().filter(|&&c| c).count() as u32).ok_or_else(|| bad(&r))?;
         chunks.push(Chunk {
             state,
             epoch,
             p2l,
             valid,
             first_lsn,
-            clean: vec![false; bpc],
-            dirty: valid,
+            clean,
+            dirty,
             class: vec![0; bpc],
             hot: vec![false; bpc],
             sealed_at: None,

@@ -34,9 +34,11 @@
 //!   into the log is dropped if the generation moved under it.
 //!
 //! Cleaning runs under the engine lock (like every change here): a bounded
-//! step writes at most `blocks_max` blocks. Clean bits are not persisted:
-//! after any reopen every cached block counts as dirty and is cleaned again
-//! (the same bytes), which is correct and costs only disk writes.
+//! step writes at most `blocks_max` blocks. Clean bits are kept by the
+//! checkpoint, so a clean restart keeps the cache clean; the log does not
+//! record them, so after a crash every cached block counts as dirty and is
+//! cleaned again (the same bytes), which is correct and costs only disk
+//! writes.
 
 use super::compaction::CompactStep;
 use super::*;

@@ -118,6 +118,7 @@ impl Engine {
             l2p_dram_bytes: if paged { cfg.l2p_dram_bytes } else { 0 },
             layout: cfg.layout.on_media(),
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
+            version: crate::persist::SUPERBLOCK_VERSION,
         };
         let label = CapacityLabel {
             uuid,
@@ -284,6 +285,7 @@ impl Engine {
         inner.sb.checkpoint_bytes = body_bytes as u64;
         inner.sb.checkpoint_crc = body_crc;
         inner.sb.clean = true;
+        inner.sb.version = crate::persist::SUPERBLOCK_VERSION;
         inner.sb.generation += 1;
         inner.sb.write_to(&*self.cache)?;
         Ok(())

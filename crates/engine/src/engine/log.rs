@@ -612,9 +612,10 @@ pub(super) struct Chunk {
     pub(super) first_lsn: u64,
     /// In place (cleaning.rs): per block, whether the block's home holds
     /// the same data (cleaned, written through, or promoted by a read), so
-    /// freeing the chunk writes nothing. Not persisted: after a reopen
-    /// every cached block counts as dirty and is cleaned again (the same
-    /// bytes). Unused with bands.
+    /// freeing the chunk writes nothing. Kept by the checkpoint (a clean
+    /// restart keeps it), not by the log: after a crash every cached block
+    /// counts as dirty and is cleaned again (the same bytes). Unused with
+    /// bands.
     pub(super) clean: Vec<bool>,
     /// Current blocks of the chunk that are not `clean`: what cleaning it
     /// must still write home.
