@@ -119,7 +119,9 @@ pub use staged::{StagedWrite, Stepped, WriteStep};
 pub use throttle::Throttle;
 pub use worker::{Compactor, CompactorConfig, CompactorSnapshot};
 
-use checkpoint::{checkpoint_bytes_max, checkpoint_page_bytes, decode_checkpoint, encode_checkpoint, RegionReader};
+use checkpoint::{
+    checkpoint_bytes_max, checkpoint_page_bytes, checkpoint_room, decode_checkpoint, encode_checkpoint, RegionReader,
+};
 use config::{band_count, on_media_config};
 pub use config::{EngineConfig, EngineError, Layout, OpenOptions, VolumeSpec};
 use l2p::region::{chunk_count, l2p_width, new_maps};

@@ -65,11 +65,11 @@ pub struct Superblock {
     /// (Version 6; versions 4 and 5 kept this byte zero: bands.)
     pub layout: u8,
     pub volumes: Vec<(String, u64)>,
-    /// The format version this superblock was read with (a new one's:
-    /// `SUPERBLOCK_VERSION`, which is what `encode` always writes). Only a
-    /// clean shutdown writes a clean superblock, right after a checkpoint
-    /// in the current format, so a clean superblock's version is its
-    /// checkpoint's (version 7 added the clean bits of cached blocks).
+    /// The format version, as read (a new engine's: `SUPERBLOCK_VERSION`),
+    /// and as `encode` writes it. Only a clean shutdown writes a clean
+    /// superblock, right after its checkpoint, and sets the version to that
+    /// checkpoint's: 7 (with the clean bits of cached blocks), or 6 when an
+    /// engine created before version 7 has no room for them.
     pub version: u16,
 }
 
@@ -112,7 +112,8 @@ impl Superblock {
             w += bytes.len();
         };
         put(&SUPERBLOCK_MAGIC.to_le_bytes());
-        put(&SUPERBLOCK_VERSION.to_le_bytes());
+        assert!((4..=SUPERBLOCK_VERSION).contains(&self.version), "superblock version {}", self.version);
+        put(&self.version.to_le_bytes());
         put(&(self.clean as u16).to_le_bytes());
         put(&self.generation.to_le_bytes());
         put(&self.chunk_bytes.to_le_bytes());

@@ -702,11 +702,14 @@ impl Engine {
     /// capacity flush, which the next mark must follow.
     pub(super) fn discard_band(&self, inner: &mut Inner, b: BandId) -> Result<(), VolumeError> {
         assert_eq!(inner.bands[b].valid, 0, "band {b} discarded holding current blocks");
-        inner.bands.discard(b);
         inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
+        // The device first: should it fail, the band is still what it was
+        // (a victim GC's cursor names, or quarantined). Locked reads check
+        // the generation again under the lock, which this holds throughout.
         let len = inner.cfg.band_bytes;
         zoned::reclaim_band(&*self.capacity, inner.geo.zoned, b.0 as u64 * len, len)?;
         inner.cap.wrote();
+        inner.bands.discard(b);
         Ok(())
     }
 }

@@ -17,6 +17,17 @@ pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, 
     fixed + vols * per_vol + map_bytes + 4 + chunks * per_chunk + 8 + 4 + bands * per_band + 4
 }
 
+/// Bytes the checkpoint region holds: from its start to the label (on a
+/// zoned device, whole zones of `usable_blocks` each). Fixed when the engine
+/// was created, by that version's `checkpoint_bytes_max`.
+pub(super) fn checkpoint_room(capacity: &dyn BlockDevice, geo: &CapGeometry, sb: &Superblock) -> u64 {
+    let span = super::identity::label_offset(capacity).saturating_sub(sb.checkpoint_offset);
+    match geo.zoned {
+        true => span / sb.band_bytes * geo.usable_blocks * BS,
+        false => span,
+    }
+}
+
 /// What paged maps of `vol_blocks` blocks in `vols` volumes take in a
 /// checkpoint at most: per volume a page count, a bit per page (whole
 /// 64-bit words) and a CRC per page.
@@ -29,7 +40,9 @@ pub(super) fn checkpoint_page_bytes(vol_blocks: u64, vols: u64) -> u64 {
 /// with this bit set.
 const PAGED: u8 = 0x80;
 
-pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
+/// The checkpoint's body; `clean_bits`: in version 7's format (each
+/// cached block's clean bit after its chunk's P2L), else version 6's.
+pub(super) fn encode_checkpoint(inner: &Inner, clean_bits: bool) -> Vec<u8> {
     let mut w = Writer::default();
     w.u64(inner.seq.last());
     w.u64(inner.log.lsn);
@@ -77,7 +90,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> Vec<u8> {
         w.u64(c.first_lsn);
         put_p2l(&mut w, &c.p2l);
         // In place: which cached blocks their homes hold already (v7).
-        for word in c.clean.chunks(64) {
+        for word in c.clean.chunks(64).filter(|_| clean_bits) {
             w.u64(word.iter().enumerate().fold(0u64, |x, (i, &clean)| x | (clean as u64) << i));
         }
     }

@@ -765,3 +765,43 @@ fn a_clean_restart_keeps_cleaned_blocks_clean() {
         assert!(b == pattern(0, lba, if lba == 150 { 2 } else { 1 }), "block {lba}");
     }
 }
+
+/// An engine created before superblock version 7 sized its checkpoint
+/// region for version 6's checkpoint, which has no clean bits. When
+/// version 7's does not fit, the shutdown writes version 6's (the cache is
+/// all dirty after the restart, as before), never past the region into the
+/// capacity device's label.
+#[test]
+fn a_region_sized_before_version_7_gets_a_version_6_checkpoint() {
+    // Many small chunks: the clean bits take more than a block.
+    let cfg =
+        crate::EngineConfig { layout: crate::Layout::InPlace, chunk_bytes: 8 * BS, ..crate::testkit::small_config() };
+    let (cache, capacity): (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) = (
+        Arc::new(sluice_media::MemoryDevice::new(800 * cfg.chunk_bytes, 4096)),
+        Arc::new(sluice_media::MemoryDevice::new(4 << 20, 4096)),
+    );
+    let w = crate::testkit::small_world_with(cache.clone(), capacity.clone(), &[200], cfg);
+    for lba in 0..100 {
+        w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+    }
+    w.engine.clean(false).unwrap();
+    {
+        let mut inner = w.engine.lock();
+        let blocks = |b: Vec<u8>| (b.len() as u64).div_ceil(BS) * BS;
+        let (v6, v7) = (blocks(encode_checkpoint(&inner, false)), blocks(encode_checkpoint(&inner, true)));
+        assert!(v7 > v6, "the clean bits take a block more: {v6} {v7}");
+        assert_eq!(super::lifecycle::checkpoint_for_room(&inner, v7).1, 7);
+        assert_eq!(super::lifecycle::checkpoint_for_room(&inner, v7 - BS).1, 6);
+        // As an older Sluice would have laid it out: room for version 6's only.
+        inner.sb.checkpoint_offset = label_offset(&*capacity) - v6;
+    }
+    w.engine.shutdown().unwrap();
+    drop(w);
+    let e = Engine::open(cache, capacity).unwrap();
+    assert_eq!(e.lock().sb.version, 6);
+    let r = e.cache_report()[0].clone();
+    assert!(r.cached_bytes > 0 && r.dirty_bytes == r.cached_bytes, "a version 6 checkpoint: all dirty: {r:?}");
+    let mut b = vec![0u8; BLOCK_BYTES];
+    e.volume("v0").unwrap().read(5 * BS, &mut b).unwrap();
+    assert!(b == pattern(0, 5, 1));
+}

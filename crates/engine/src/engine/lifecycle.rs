@@ -276,19 +276,37 @@ impl Engine {
         pages.map_err(|e| stop(&mut inner, e))?;
         // After the last log record (which may have compacted and collected).
         self.close_extra_streams(&mut inner).map_err(|e| stop(&mut inner, e))?;
-        let mut body = encode_checkpoint(&inner);
+        // An engine created by a version before 7 sized its region for
+        // version 6's checkpoint, which has no clean bits: when version 7's
+        // does not fit, version 6's is written (the cache is then all dirty
+        // after the restart, as before), never past the region into the label.
+        let room = checkpoint_room(&*self.capacity, &inner.geo, &inner.sb);
+        let (mut body, version) = checkpoint_for_room(&inner, room);
         let (body_bytes, body_crc) = (body.len(), crc32c(&body));
         body.resize(body_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES, 0);
+        assert!(body.len() as u64 <= room, "the checkpoint region is smaller than its bound");
         let at = inner.sb.checkpoint_offset;
-        zoned::write_region(&*self.capacity, &inner.geo, at, &body)?;
-        flush(&*self.capacity)?;
+        let written = zoned::write_region(&*self.capacity, &inner.geo, at, &body).and_then(|()| flush(&*self.capacity));
+        written.map_err(|e| stop(&mut inner, e.into()))?;
         inner.sb.checkpoint_bytes = body_bytes as u64;
         inner.sb.checkpoint_crc = body_crc;
         inner.sb.clean = true;
-        inner.sb.version = crate::persist::SUPERBLOCK_VERSION;
+        inner.sb.version = version;
         inner.sb.generation += 1;
-        inner.sb.write_to(&*self.cache)?;
+        let marked = inner.sb.write_to(&*self.cache);
+        marked.map_err(|e| stop(&mut inner, e.into()))?;
         Ok(())
+    }
+}
+
+/// The checkpoint to write into a region of `room` bytes, and its version:
+/// 7's, or 6's (no clean bits) when 7's needs more whole blocks than fit.
+pub(super) fn checkpoint_for_room(inner: &Inner, room: u64) -> (Vec<u8>, u16) {
+    let blocks = |b: &Vec<u8>| (b.len() as u64).div_ceil(BS) * BS;
+    let v7 = encode_checkpoint(inner, true);
+    match blocks(&v7) <= room {
+        true => (v7, crate::persist::SUPERBLOCK_VERSION),
+        false => (encode_checkpoint(inner, false), 6),
     }
 }
 
