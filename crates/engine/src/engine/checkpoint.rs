@@ -40,9 +40,10 @@ pub(super) fn checkpoint_page_bytes(vol_blocks: u64, vols: u64) -> u64 {
 /// with this bit set.
 const PAGED: u8 = 0x80;
 
-/// The checkpoint's body; `clean_bits`: in version 7's format (each
-/// cached block's clean bit after its chunk's P2L), else version 6's.
-pub(super) fn encode_checkpoint(inner: &Inner, clean_bits: bool) -> Vec<u8> {
+/// The checkpoint's body in version 7's format, and how long its version 6
+/// prefix is: version 7 only appends the cached blocks' clean bits, so the
+/// prefix is version 6's checkpoint (`checkpoint_for_room`).
+pub(super) fn encode_checkpoint(inner: &Inner) -> (Vec<u8>, usize) {
     let mut w = Writer::default();
     w.u64(inner.seq.last());
     w.u64(inner.log.lsn);
@@ -89,14 +90,17 @@ pub(super) fn encode_checkpoint(inner: &Inner, clean_bits: bool) -> Vec<u8> {
         w.u32(c.valid);
         w.u64(c.first_lsn);
         put_p2l(&mut w, &c.p2l);
-        // In place: which cached blocks their homes hold already (v7).
-        for word in c.clean.chunks(64).filter(|_| clean_bits) {
-            w.u64(word.iter().enumerate().fold(0u64, |x, (i, &clean)| x | (clean as u64) << i));
-        }
     }
     inner.log.encode_lists(&mut w);
     inner.bands.encode(&mut w);
-    w.0
+    let v6 = w.0.len();
+    // Version 7: per chunk, which cached blocks their homes hold already.
+    for c in &inner.log.chunks {
+        for word in c.clean.chunks(64) {
+            w.u64(word.iter().enumerate().fold(0u64, |x, (i, &clean)| x | (clean as u64) << i));
+        }
+    }
+    (w.0, v6)
 }
 
 /// A stream's last band: band u32 (u32::MAX = none), its epoch u64.
@@ -191,26 +195,15 @@ pub(super) fn decode_checkpoint(
         let valid = r.u32()?;
         let first_lsn = r.u64()?;
         let p2l = get_p2l(&mut r, bpc)?;
-        // Which cached blocks their homes hold already (from version 7;
-        // before it, all are cleaned again). Only current blocks are clean.
-        let mut clean = vec![false; bpc];
-        if sb.version >= 7 {
-            for word in 0..bpc.div_ceil(64) {
-                let bits = r.u64()?;
-                for (i, c) in clean.iter_mut().enumerate().skip(word * 64).take(64) {
-                    *c = bits >> (i - word * 64) & 1 == 1 && p2l[i].0 != u32::MAX;
-                }
-            }
-        }
-        let dirty = valid.checked_sub(clean.iter().filter(|&&c| c).count() as u32).ok_or_else(|| bad(&r))?;
+        // (Clean bits, if any, come at the end.)
         chunks.push(Chunk {
             state,
             epoch,
             p2l,
             valid,
             first_lsn,
-            clean,
-            dirty,
+            clean: vec![false; bpc],
+            dirty: valid,
             class: vec![0; bpc],
             hot: vec![false; bpc],
             sealed_at: None,
@@ -231,6 +224,20 @@ pub(super) fn decode_checkpoint(
     let mut free_bands = VecDeque::with_capacity(n);
     for _ in 0..n {
         free_bands.push_back(BandId(r.u32()?));
+    }
+    // Which cached blocks their homes hold already (from version 7;
+    // before it, all are cleaned again). Only current blocks are clean.
+    if sb.version >= 7 {
+        for ch in chunks.iter_mut() {
+            for word in 0..bpc.div_ceil(64) {
+                let bits = r.u64()?;
+                for (i, c) in ch.clean.iter_mut().enumerate().skip(word * 64).take(64) {
+                    *c = bits >> (i - word * 64) & 1 == 1 && ch.p2l[i].0 != u32::MAX;
+                }
+            }
+            let clean = ch.clean.iter().filter(|&&c| c).count() as u32;
+            ch.dirty = ch.valid.checked_sub(clean).ok_or_else(|| bad(&r))?;
+        }
     }
     if r.at() != r.len() {
         return Err(bad(&r));

@@ -300,14 +300,15 @@ impl Engine {
 }
 
 /// The checkpoint to write into a region of `room` bytes, and its version:
-/// 7's, or 6's (no clean bits) when 7's needs more whole blocks than fit.
+/// 7's, or 6's (its prefix, without the clean bits) when 7's needs more
+/// whole blocks than fit. Encoded once either way.
 pub(super) fn checkpoint_for_room(inner: &Inner, room: u64) -> (Vec<u8>, u16) {
-    let blocks = |b: &Vec<u8>| (b.len() as u64).div_ceil(BS) * BS;
-    let v7 = encode_checkpoint(inner, true);
-    match blocks(&v7) <= room {
-        true => (v7, crate::persist::SUPERBLOCK_VERSION),
-        false => (encode_checkpoint(inner, false), 6),
+    let (mut body, v6) = encode_checkpoint(inner);
+    if (body.len() as u64).div_ceil(BS) * BS <= room {
+        return (body, crate::persist::SUPERBLOCK_VERSION);
     }
+    body.truncate(v6);
+    (body, 6)
 }
 
 /// The clean-shutdown checkpoint's body, checked against its CRC.

@@ -671,14 +671,11 @@ impl Engine {
         let mut inner = self.lock();
         for &(vol, lba) in blocks {
             let (loc, crc) = inner.vols[vol as usize].l2p.entry(lba as usize)?;
-            if loc.is_none() {
-                let e = Entry { lba, crc: 0, tombstone: true };
-                self.log_record(&mut inner, vol, RecordKind::Trim, vec![e], &[])?;
-                if !inner.in_place() {
-                    // The copy just logged is the newest (`l2p::tombstone_tag`).
-                    let seq = inner.seq.last();
-                    inner.vols[vol as usize].l2p.unmap(lba as usize, seq)?;
-                }
+            if loc.is_none() && inner.in_place() {
+                self.log_tombstones(&mut inner, vol, &[lba])?;
+            } else if loc.is_none() {
+                // The copy just logged is the newest (`l2p::tombstone_tag`).
+                self.relog_tombstones(&mut inner, vol, &[lba])?;
             } else {
                 let mut b = vec![0u8; BLOCK_BYTES];
                 self.read_blocks(&[loc], &[crc], lba * BS, &mut b, None)?;

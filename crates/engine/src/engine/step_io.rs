@@ -55,7 +55,7 @@ impl Engine {
             // still changes while a record reserved in it before it filled
             // is being written: no pre-read of such a chunk.
             let mut inner = self.lock_raw();
-            if inner.health.is_closed() || inner.health.is_stopped() {
+            if inner.health.taking_changes().is_err() {
                 return None;
             }
             let win = plan(&inner)?;

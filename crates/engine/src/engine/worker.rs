@@ -340,7 +340,7 @@ impl Engine {
         });
         let mut inner = self.lock_for_relocation();
         let made = inner.pendings_made;
-        if inner.health.is_closed() || inner.health.is_stopped() {
+        if inner.health.taking_changes().is_err() {
             return Err(VolumeError::ReadOnly);
         }
         let (gc, compact_due) = self.due(&inner, last);
