@@ -65,6 +65,7 @@ mod classes;
 mod cleaning;
 mod compaction;
 mod config;
+mod disk_identity;
 mod flushes;
 mod gc;
 mod handle;
@@ -83,6 +84,7 @@ mod pool;
 mod read;
 mod recovery;
 mod relocation_gate;
+mod residency;
 mod salvage;
 mod segments;
 mod sequence;
@@ -104,6 +106,7 @@ pub use check::CheckReport;
 pub use classes::{check_io_classes, ClassDirection, ClassStats, IoClass, CLASSES_MAX};
 pub use cleaning::{Cleaning, CleaningMode};
 use compaction::CompactCursor;
+pub use disk_identity::ChangedBlock;
 use gc::GcCursor;
 pub use handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
 use identity::write_label;
@@ -157,6 +160,12 @@ struct Inner {
     vols: Vec<Vol>,
     /// The write log on the cache device (log.rs).
     log: Log,
+    /// In place: what the cache adds to each logged block — clean, class,
+    /// hot — and each chunk's dirty count (residency.rs).
+    residency: residency::Residency,
+    /// Attached to a disk with its data: the disk's identity, kept true as
+    /// the engine writes it (disk_identity.rs). None otherwise.
+    disk_id: Option<disk_identity::DiskIdentity>,
     /// The capacity device's bands (bands.rs).
     bands: Bands,
     /// Segment writes to the capacity device and its flush state (segments.rs).
@@ -242,6 +251,9 @@ pub struct Engine {
     recovered_in: Option<std::time::Duration>,
     /// Damage a salvaging open accepted.
     salvaged: Vec<Damage>,
+    /// Attached: the sampled blocks of the disk found changed on opening,
+    /// and the cached copies (all clean) dropped for it.
+    disk_changed: Option<(Vec<disk_identity::ChangedBlock>, u64)>,
     /// Request metrics, one per volume (shared by every handle to it).
     metrics: Vec<Arc<VolumeMetrics>>,
     /// Background compaction and the write throttle (`start_compactor`).
@@ -296,6 +308,7 @@ impl Engine {
             write_bufs: Mutex::new(BufPool::default()),
             recovered_in,
             salvaged: Vec::new(),
+            disk_changed: None,
             metrics,
             bg: worker::Background::new(),
             epoch: std::time::Instant::now(),
@@ -316,6 +329,13 @@ impl Engine {
 
     /// If this engine was opened after an unclean stop: how long the
     /// recovery from the media took.
+    /// Attached to a disk found changed on opening (the cache held nothing
+    /// dirty, so it stayed attached): the sampled blocks that changed, and
+    /// the cached copies dropped for it (every read goes to the disk).
+    pub fn disk_changed(&self) -> Option<&(Vec<disk_identity::ChangedBlock>, u64)> {
+        self.disk_changed.as_ref()
+    }
+
     pub fn recovered_in(&self) -> Option<std::time::Duration> {
         self.recovered_in
     }
@@ -384,6 +404,8 @@ impl Inner {
                 })
                 .collect(),
             log: Log::empty(chunk_count, blocks_per_chunk),
+            residency: residency::Residency::empty(chunk_count as usize, blocks_per_chunk),
+            disk_id: None,
             bands: Bands::empty(band_count, sb.volumes.len()),
             cap: CapWrites::default(),
             gc_cursor: None,
@@ -439,7 +461,8 @@ impl Inner {
         if let Some(cb) = loc.cache_block() {
             let dropped = self.log.drop_block(cb);
             if self.cfg.layout == Layout::InPlace {
-                self.vols[dropped.vol as usize].cache.dropped(dropped.class, dropped.dirty);
+                let (class, dirty) = self.residency.dropped(cb);
+                self.vols[dropped.vol as usize].cache.dropped(class, dirty);
             }
         } else if let Some(b) = self.band_of(loc) {
             self.bands.drop_valid(b);

@@ -23,7 +23,10 @@ use sluice_media::device::{flush, write_at};
 use sluice_media::{BlockDevice, DeviceError};
 
 pub const SUPERBLOCK_MAGIC: u32 = 0x534c_5342; // "SLSB"
-pub const SUPERBLOCK_VERSION: u16 = 7;
+pub const SUPERBLOCK_VERSION: u16 = 8;
+/// The version an engine not attached writes: version 8 only added the
+/// attached layout, so such an engine stays readable by a version 7 Sluice.
+pub const SUPERBLOCK_VERSION_DETACHED: u16 = 7;
 pub const LABEL_MAGIC: u32 = 0x534c_4341; // "SLCA"
 pub const NAME_BYTES_MAX: usize = 63;
 /// Fixed part of the superblock before the volume table.
@@ -48,7 +51,8 @@ pub struct Superblock {
     pub gc_free_bands_min: u32,
     pub cache_bytes: u64,
     pub capacity_bytes: u64,
-    /// Byte offset and length of the checkpoint on the capacity device.
+    /// Byte offset and length of the checkpoint: on the capacity device, or
+    /// on the cache device when attached (`LAYOUT_ATTACHED`).
     pub checkpoint_offset: u64,
     pub checkpoint_bytes: u64,
     pub checkpoint_crc: u32,
@@ -77,6 +81,11 @@ pub struct Superblock {
 pub const LAYOUT_BANDS: u8 = 0;
 /// `Superblock::layout`: each volume block at its own LBA (a plain disk).
 pub const LAYOUT_IN_PLACE: u8 = 1;
+/// `Superblock::layout`: in place on a disk the engine was attached to with
+/// its data: nothing of Sluice's on the disk (no label, no checkpoint
+/// region); the checkpoint and the disk's identity are on the cache device.
+/// (Version 8.)
+pub const LAYOUT_ATTACHED: u8 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SuperblockError {
@@ -193,6 +202,7 @@ impl Superblock {
             l2p_dram_bytes: u64_at(112),
             layout: match b[120] {
                 l @ (LAYOUT_BANDS | LAYOUT_IN_PLACE) => l,
+                LAYOUT_ATTACHED if version >= 8 => LAYOUT_ATTACHED,
                 _ => return Err(SuperblockError::Malformed),
             },
             volumes,

@@ -71,6 +71,7 @@ pub fn small_config() -> EngineConfig {
         gc_free_bands_min: 2,
         l2p_dram_bytes: 0,
         layout: Default::default(),
+        attached: false,
     }
 }
 

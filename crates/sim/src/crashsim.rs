@@ -196,6 +196,7 @@ fn swarm_world(rng: &mut Rng) -> (Arc<CrashDevice>, Arc<CrashDevice>, World, Vec
         gc_free_bands_min: 2,
         l2p_dram_bytes: 0,
         layout: Default::default(),
+        attached: false,
     };
     let cache_bytes = (5 + rng.below(8)) * cfg.chunk_bytes;
     let total: u64 = sizes.iter().sum();

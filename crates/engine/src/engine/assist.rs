@@ -74,7 +74,7 @@ pub(super) struct StepGain {
 impl StepGain {
     pub(super) fn new(g: &Inner) -> StepGain {
         // Enough steps to walk every chunk and every band a few times over.
-        let walks = (g.log.chunks.len() + g.bands.len()) * STEP_PARTS as usize;
+        let walks = (g.log.chunk_count() + g.bands.len()) * STEP_PARTS as usize;
         StepGain { best: Self::free(g), fruitless: 0, fruitless_max: 4 * walks }
     }
 

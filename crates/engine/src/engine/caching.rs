@@ -270,7 +270,7 @@ impl Inner {
     /// (And the I/O class the blocks are cached under.)
     fn route(&mut self, vol: usize, lba0: u64, blocks: u64) -> Result<(Route, u8), VolumeError> {
         let full = self.log_needs_cleaning(blocks);
-        let log_blocks = self.log.chunks.len() as u64 * self.blocks_per_chunk();
+        let log_blocks = self.log.chunk_count() as u64 * self.blocks_per_chunk();
         let vc = &mut self.vols[vol].cache;
         let admit = if matches!(vc.policy.mode, CacheMode::PassThrough | CacheMode::WriteInvalidate) {
             super::classes::Admit::Class(0)
@@ -433,12 +433,12 @@ impl Engine {
     /// Cleaning sooner would write home data about to be deleted.
     fn clean_for_spill(&self, inner: &mut Inner, blocks: u64) -> Result<(), VolumeError> {
         let Some(c) = inner.log.oldest_full() else { return Ok(()) };
-        let head = (c, inner.log.chunks[c].epoch);
+        let head = (c, inner.log.chunk(c).epoch());
         if inner.spill.head != Some(head) {
             inner.spill = SpillDebt { head: Some(head), blocks: 0 };
         }
         inner.spill.blocks += blocks;
-        let log_blocks = inner.log.chunks.len() as u64 * inner.blocks_per_chunk();
+        let log_blocks = inner.log.chunk_count() as u64 * inner.blocks_per_chunk();
         if inner.spill.blocks > log_blocks {
             self.clean_chunk(inner, c, blocks.max(SPILL_CLEAN_BLOCKS_MIN))?;
         }

@@ -65,7 +65,9 @@ impl Engine {
         if sb.clean {
             // (A paged checkpoint's maps read their pages from the map
             // region, and never write: nothing in them changes.)
-            let ck = read_checkpoint(&*capacity, &geo, &sb)
+            // (Attached to a disk with its data: on the cache device.)
+            let region_dev = if cfg.attached { &cache } else { &capacity };
+            let ck = read_checkpoint(&**region_dev, &geo, &sb)
                 .and_then(|b| decode_checkpoint(b, cfg, geo, sb.clone(), new_maps(&sb, &cache)));
             match ck {
                 Err(_) => damage.push(Damage::CheckpointUnreadable),

@@ -4,6 +4,7 @@
 
 use super::bands::{BandRecord, Stream, GC_STREAMS};
 use super::l2p::PAGE_ENTRIES;
+use super::residency::Residency;
 use super::*;
 
 /// Upper bound of the checkpoint's size for this geometry; `map_bytes`:
@@ -21,6 +22,10 @@ pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, 
 /// zoned device, whole zones of `usable_blocks` each). Fixed when the engine
 /// was created, by that version's `checkpoint_bytes_max`.
 pub(super) fn checkpoint_room(capacity: &dyn BlockDevice, geo: &CapGeometry, sb: &Superblock) -> u64 {
+    if sb.layout == crate::persist::LAYOUT_ATTACHED {
+        // On the cache device, whole chunks before the map region.
+        return super::l2p::region::map_region(sb).0.saturating_sub(sb.checkpoint_offset);
+    }
     let span = super::identity::label_offset(capacity).saturating_sub(sb.checkpoint_offset);
     match geo.zoned {
         true => span / sb.band_bytes * geo.usable_blocks * BS,
@@ -46,7 +51,7 @@ const PAGED: u8 = 0x80;
 pub(super) fn encode_checkpoint(inner: &Inner) -> (Vec<u8>, usize) {
     let mut w = Writer::default();
     w.u64(inner.seq.last());
-    w.u64(inner.log.lsn);
+    w.u64(inner.log.lsn());
     w.u64(inner.mark_gen);
     inner.stats.words().iter().for_each(|&x| w.u64(x));
     inner.log.encode_open(&mut w);
@@ -83,23 +88,19 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> (Vec<u8>, usize) {
             w.u32(v.l2p.crc(lba).expect("a map in DRAM"));
         }
     }
-    w.u32(inner.log.chunks.len() as u32);
-    for c in &inner.log.chunks {
-        w.u8(c.state.on_media());
-        w.u64(c.epoch);
-        w.u32(c.valid);
-        w.u64(c.first_lsn);
-        put_p2l(&mut w, &c.p2l);
+    w.u32(inner.log.chunk_count() as u32);
+    for (_, c) in inner.log.chunks() {
+        w.u8(c.state().on_media());
+        w.u64(c.epoch());
+        w.u32(c.valid());
+        w.u64(c.first_lsn());
+        put_p2l(&mut w, c.p2l());
     }
     inner.log.encode_lists(&mut w);
     inner.bands.encode(&mut w);
     let v6 = w.0.len();
     // Version 7: per chunk, which cached blocks their homes hold already.
-    for c in &inner.log.chunks {
-        for word in c.clean.chunks(64) {
-            w.u64(word.iter().enumerate().fold(0u64, |x, (i, &clean)| x | (clean as u64) << i));
-        }
-    }
+    inner.residency.encode_clean(&mut w);
     (w.0, v6)
 }
 
@@ -196,19 +197,7 @@ pub(super) fn decode_checkpoint(
         let first_lsn = r.u64()?;
         let p2l = get_p2l(&mut r, bpc)?;
         // (Clean bits, if any, come at the end.)
-        chunks.push(Chunk {
-            state,
-            epoch,
-            p2l,
-            valid,
-            first_lsn,
-            clean: vec![false; bpc],
-            dirty: valid,
-            class: vec![0; bpc],
-            hot: vec![false; bpc],
-            sealed_at: None,
-            headers: None,
-        });
+        chunks.push(Chunk::from_checkpoint(state, epoch, p2l, valid, first_lsn).ok_or_else(|| bad(&r))?);
     }
     let mut lists = [VecDeque::new(), VecDeque::new()];
     for list in lists.iter_mut() {
@@ -225,27 +214,23 @@ pub(super) fn decode_checkpoint(
     for _ in 0..n {
         free_bands.push_back(BandId(r.u32()?));
     }
-    // Which cached blocks their homes hold already (from version 7;
-    // before it, all are cleaned again). Only current blocks are clean.
-    if sb.version >= 7 {
-        for ch in chunks.iter_mut() {
-            for word in 0..bpc.div_ceil(64) {
-                let bits = r.u64()?;
-                for (i, c) in ch.clean.iter_mut().enumerate().skip(word * 64).take(64) {
-                    *c = bits >> (i - word * 64) & 1 == 1 && ch.p2l[i].0 != u32::MAX;
-                }
-            }
-            let clean = ch.clean.iter().filter(|&&c| c).count() as u32;
-            ch.dirty = ch.valid.checked_sub(clean).ok_or_else(|| bad(&r))?;
-        }
-    }
+    // In place, which cached blocks their homes hold already (from
+    // version 7; before it, all are cleaned again). Only current blocks
+    // are clean.
+    let log = Log::from_checkpoint(chunks, full_chunks, free_chunks, open_c.map(|c| (c, open_off)), lsn);
+    let in_place = cfg.layout == Layout::InPlace;
+    let mut word = || r.u64();
+    let clean_words: Option<&mut dyn FnMut() -> Result<u64, EngineError>> = (sb.version >= 7).then_some(&mut word);
+    let residency = Residency::from_checkpoint(nc, bpc, |cb| in_place && log.is_current(cb), clean_words)?;
     if r.at() != r.len() {
         return Err(bad(&r));
     }
     let mut inner = Inner {
         cfg,
         vols,
-        log: Log::from_checkpoint(chunks, full_chunks, free_chunks, open_c.map(|c| (c, open_off)), lsn),
+        log,
+        residency,
+        disk_id: None,
         bands: Bands::from_checkpoint(bands, free_bands, user_streams, (gc_band, gc_last_band)),
         cap: CapWrites::at_checkpoint(seq),
         gc_cursor: None,

@@ -237,13 +237,9 @@ impl Inner {
             return;
         }
         let (mut held, mut dirty) = (vec![0u64; self.vols.len()], vec![0u64; self.vols.len()]);
-        for ch in &self.log.chunks {
-            for (i, &(v, _)) in ch.p2l.iter().enumerate() {
-                if v != u32::MAX {
-                    held[v as usize] += 1;
-                    dirty[v as usize] += !ch.clean[i] as u64;
-                }
-            }
+        for (cb, v, _) in self.log.current() {
+            held[v as usize] += 1;
+            dirty[v as usize] += !self.residency.is_clean(cb) as u64;
         }
         for ((vol, n), d) in self.vols.iter_mut().zip(held).zip(dirty) {
             vol.cache.classes.ensure();
@@ -261,13 +257,9 @@ impl Inner {
         }
         let mut held: Vec<Vec<u64>> = self.vols.iter().map(|v| vec![0; v.cache.classes.blocks.len().max(1)]).collect();
         let mut dirty = vec![0u64; self.vols.len()];
-        for ch in &self.log.chunks {
-            for (i, &(v, _)) in ch.p2l.iter().enumerate() {
-                if v != u32::MAX {
-                    held[v as usize][ch.class[i] as usize] += 1;
-                    dirty[v as usize] += !ch.clean[i] as u64;
-                }
-            }
+        for (cb, v, _) in self.log.current() {
+            held[v as usize][self.residency.class(cb) as usize] += 1;
+            dirty[v as usize] += !self.residency.is_clean(cb) as u64;
         }
         for ((v, h), d) in self.vols.iter().zip(held).zip(dirty) {
             // Counted since the engine was assembled (`recount_classes`).
@@ -286,7 +278,7 @@ impl Inner {
         let cls = &self.vols[v].cache.classes;
         let Some(class) = cls.list.get(id as usize - 1) else { return Ok(()) };
         let bpc = self.blocks_per_chunk();
-        let log_blocks = self.log.chunks.len() as u64 * bpc;
+        let log_blocks = self.log.chunk_count() as u64 * bpc;
         let vol_blocks = self.vols[v].l2p.len() as u64;
         let mut found = Vec::new();
         let ext = class.extents.clone();
@@ -296,8 +288,7 @@ impl Inner {
                 for &(a, b) in e.iter() {
                     for lba in a / BS..b.div_ceil(BS).min(vol_blocks) {
                         if let Some(cb) = self.vols[v].l2p.get(lba as usize)?.cache_block() {
-                            let ch = &self.log.chunks[(cb / bpc) as usize];
-                            if ch.class[(cb % bpc) as usize] == 0 && class.covers(lba * BS) {
+                            if self.residency.class(cb) == 0 && class.covers(lba * BS) {
                                 found.push(cb);
                             }
                         }
@@ -305,11 +296,9 @@ impl Inner {
                 }
             }
             _ => {
-                for (c, ch) in self.log.chunks.iter().enumerate() {
-                    for (i, &(vol, lba)) in ch.p2l.iter().enumerate() {
-                        if vol == v as u32 && ch.class[i] == 0 && class.covers(lba * BS) {
-                            found.push(c as u64 * bpc + i as u64);
-                        }
+                for (cb, vol, lba) in self.log.current() {
+                    if vol == v as u32 && self.residency.class(cb) == 0 && class.covers(lba * BS) {
+                        found.push(cb);
                     }
                 }
             }
@@ -325,12 +314,10 @@ impl Inner {
 
     /// Cache block `cb` (just logged, current) now belongs to class `id`.
     pub(super) fn set_class(&mut self, cb: u64, id: u8) {
-        let bpc = self.blocks_per_chunk();
-        let ch = &mut self.log.chunks[(cb / bpc) as usize];
-        let i = (cb % bpc) as usize;
-        let (v, _) = ch.p2l[i];
-        debug_assert_ne!(v, u32::MAX, "only a current block has a class");
-        let old = std::mem::replace(&mut ch.class[i], id);
+        let (ch, i) = self.log.chunk_of(cb);
+        let (v, _) = ch.owner(i);
+        assert_ne!(v, u32::MAX, "only a current block has a class");
+        let old = self.residency.set_class(cb, id);
         let classes = &mut self.vols[v as usize].cache.classes;
         classes.count(old, false);
         classes.count(id, true);
@@ -361,13 +348,9 @@ impl Engine {
         }
         let v = inner.vols.iter().position(|v| v.name == name).ok_or_else(|| EngineError::NoVolume(name.into()))?;
         // Blocks cached under the old classes count as unclassified now.
-        let bpc = inner.blocks_per_chunk() as usize;
-        for c in 0..inner.log.chunks.len() {
-            for i in 0..bpc {
-                if inner.log.chunks[c].p2l[i].0 == v as u32 {
-                    inner.log.chunks[c].class[i] = 0;
-                }
-            }
+        let blocks: Vec<u64> = inner.log.current().filter(|&(_, vol, _)| vol == v as u32).map(|(cb, ..)| cb).collect();
+        for cb in blocks {
+            inner.residency.set_class(cb, 0);
         }
         let held: u64 = inner.vols[v].cache.classes.blocks.iter().sum();
         let cls = &mut inner.vols[v].cache.classes;

@@ -65,19 +65,19 @@ impl Inner {
 
     /// Cache block `cb` (current) was found by a read (`Engine::retain`).
     pub(super) fn mark_hot(&mut self, cb: u64) {
-        let bpc = self.blocks_per_chunk();
-        self.log.chunks[(cb / bpc) as usize].hot[(cb % bpc) as usize] = true;
+        debug_assert!(self.log.is_current(cb), "only a current block is hot");
+        self.residency.mark_hot(cb);
     }
 
     /// Cache block `cb` (current) now has its bytes at home too.
     pub(super) fn mark_clean(&mut self, cb: u64) {
-        let bpc = self.blocks_per_chunk();
-        let ch = &mut self.log.chunks[(cb / bpc) as usize];
-        let i = (cb % bpc) as usize;
-        debug_assert_ne!(ch.p2l[i].0, u32::MAX, "only a current block is cleaned");
-        if !std::mem::replace(&mut ch.clean[i], true) {
-            ch.dirty -= 1;
-            self.vols[ch.p2l[i].0 as usize].cache.dirty_blocks -= 1;
+        let (ch, i) = self.log.chunk_of(cb);
+        let (v, _) = ch.owner(i);
+        assert_ne!(v, u32::MAX, "only a current block is cleaned");
+        if self.residency.mark_clean(cb) {
+            let vc = &mut self.vols[v as usize].cache;
+            assert!(vc.dirty_blocks > 0, "a dirty block the volume did not count");
+            vc.dirty_blocks -= 1;
         }
     }
 
@@ -88,7 +88,7 @@ impl Inner {
     /// than every later write is to spill).
     pub(super) fn log_needs_cleaning(&self, blocks: u64) -> bool {
         !self.log_has_room(blocks)
-            && self.log.oldest_full().is_some_and(|c| 2 * self.log.chunks[c].dirty as u64 >= self.blocks_per_chunk())
+            && self.log.oldest_full().is_some_and(|c| 2 * self.residency.dirty(c) as u64 >= self.blocks_per_chunk())
     }
 
     /// Whether one record of `blocks` can be logged without reclaiming a
@@ -199,7 +199,7 @@ impl Inner {
     /// Blocks of the log that are dirty (in place: the volumes' counts), and
     /// the log's blocks.
     pub(super) fn dirty_blocks(&self) -> (u64, u64) {
-        let total = self.log.chunks.len() as u64 * self.blocks_per_chunk();
+        let total = self.log.chunk_count() as u64 * self.blocks_per_chunk();
         (self.vols.iter().map(|v| v.cache.dirty_blocks).sum(), total)
     }
 
@@ -214,11 +214,10 @@ impl Inner {
         let over = dirty as f64 > c.dirty_setpoint * total as f64;
         let aged_ok = idle >= c.idle;
         self.log.full().find_map(|id| {
-            let ch = &self.log.chunks[id];
-            if ch.dirty == 0 {
+            if self.residency.dirty(id) == 0 {
                 return None;
             }
-            let aged = ch.sealed_at.is_none_or(|t| t.elapsed() >= c.age);
+            let aged = self.residency.sealed_at(id).is_none_or(|t| t.elapsed() >= c.age);
             match c.mode {
                 CleaningMode::Acp => Some(CleaningDue { chunk: id, paced: false }),
                 _ if aged && aged_ok => Some(CleaningDue { chunk: id, paced: false }),
@@ -247,13 +246,32 @@ impl Engine {
         Ok(())
     }
 
+    /// Write `data` (whole blocks) to the disk from block `block`: the one
+    /// way the in-place engine writes the disk. On a disk the engine was
+    /// attached to, a sampled block it changes is recorded first, durably
+    /// (disk_identity.rs), so the next open does not take the engine's own
+    /// write for a change behind its back.
+    fn disk_write(&self, inner: &mut Inner, block: u64, data: &[u8]) -> Result<(), VolumeError> {
+        if let Some(id) = inner.disk_id.as_ref() {
+            if id.needs_flush_before(block, data) {
+                self.flush_capacity(inner)?;
+            }
+            let id = inner.disk_id.as_mut().expect("attached");
+            if id.before_write(block, data) {
+                id.save(&*self.cache)?;
+            }
+        }
+        write_at(&*self.capacity, block * BS, data)?;
+        inner.cap.wrote();
+        Ok(())
+    }
+
     /// Write `data` (whole blocks from `lba0` of `vol`) to its home, and
     /// count it; the caller deals with cached copies.
     pub(super) fn write_home(&self, inner: &mut Inner, vol: usize, lba0: u64, data: &[u8]) -> Result<(), VolumeError> {
-        let at = inner.home(vol, lba0) * BS;
+        let at = inner.home(vol, lba0);
         inner.sim_wait(None, None);
-        write_at(&*self.capacity, at, data)?;
-        inner.cap.wrote();
+        self.disk_write(inner, at, data)?;
         inner.stats.capacity_write_bytes += data.len() as u64;
         inner.vols[vol].cache.home_gen += 1;
         Ok(())
@@ -266,11 +284,10 @@ impl Engine {
     pub(super) fn clean_chunk(&self, inner: &mut Inner, c: ChunkId, blocks_max: u64) -> Result<u64, VolumeError> {
         let bpc = inner.blocks_per_chunk();
         let base = c.0 as u64 * bpc;
-        let ch = &inner.log.chunks[c];
-        let todo: Vec<(u32, u64, u64)> = (ch.p2l.iter().zip(&ch.clean).enumerate())
-            .filter(|(_, ((v, _), &clean))| *v != u32::MAX && !clean)
+        let todo: Vec<(u32, u64, u64)> = (inner.log.chunk(c).current())
+            .map(|(i, v, lba)| (v, lba, base + i as u64))
+            .filter(|&(_, _, cb)| !inner.residency.is_clean(cb))
             .take(blocks_max.max(1) as usize)
-            .map(|(i, (&(v, lba), _))| (v, lba, base + i as u64))
             .collect();
         let (Some(first), Some(last)) = (todo.first(), todo.last()) else { return Ok(0) };
         let (first, span) = (first.2, last.2 + 1 - first.2);
@@ -299,8 +316,7 @@ impl Engine {
                 run.extend_from_slice(h.3);
             }
             inner.sim_wait(None, None);
-            write_at(&*self.capacity, homes[i].0 * BS, &run)?;
-            inner.cap.wrote();
+            self.disk_write(inner, homes[i].0, &run)?;
             inner.stats.capacity_write_bytes += run.len() as u64;
             for h in &homes[i..i + n] {
                 let vc = &mut inner.vols[h.1 as usize].cache;
@@ -322,12 +338,10 @@ impl Engine {
     /// it, after the mark that moves the log's head past it.
     pub(super) fn reclaim_step(&self, inner: &mut Inner, blocks_max: u64) -> Result<CompactStep, VolumeError> {
         let Some(c) = inner.log.oldest_full() else { return Ok(CompactStep::Idle) };
-        if inner.log.chunks[c].state == ChunkState::Sealed {
-            inner.log.chunks[c].to(ChunkState::Sealed, ChunkState::Compacting);
-        }
-        if inner.log.chunks[c].dirty > 0 {
+        inner.log.start_compacting(c);
+        if inner.residency.dirty(c) > 0 {
             self.clean_chunk(inner, c, blocks_max)?;
-            if inner.log.chunks[c].dirty > 0 {
+            if inner.residency.dirty(c) > 0 {
                 return Ok(CompactStep::Progress);
             }
         }
@@ -336,12 +350,9 @@ impl Engine {
         }
         let keep = self.to_retain(inner, c)?;
         let bpc = inner.blocks_per_chunk();
-        for i in 0..bpc {
-            let (v, lba) = inner.log.chunks[c].p2l[i as usize];
-            if v == u32::MAX {
-                continue;
-            }
-            let cb = c.0 as u64 * bpc + i;
+        let current: Vec<(usize, u32, u64)> = inner.log.chunk(c).current().collect();
+        for (i, v, lba) in current {
+            let cb = c.0 as u64 * bpc + i as u64;
             inner.vols[v as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
             inner.invalidate(Loc::cache(cb));
         }
@@ -359,16 +370,16 @@ impl Engine {
     /// CRC is not kept: its home holds the data).
     fn to_retain(&self, inner: &Inner, c: ChunkId) -> Result<Vec<Retained>, VolumeError> {
         let bpc = inner.blocks_per_chunk();
-        let ch = &inner.log.chunks[c];
+        let ch = inner.log.chunk(c);
+        let base = c.0 as u64 * bpc;
+        let res = &inner.residency;
         let mut cand: Vec<((bool, u8), usize)> = Vec::new();
-        for (i, &(v, _)) in ch.p2l.iter().enumerate() {
-            if v == u32::MAX {
-                continue;
-            }
+        for (i, v, _) in ch.current() {
             let vc = &inner.vols[v as usize].cache;
-            let (pinned, prio) = vc.classes.rank(ch.class[i]);
+            let cb = base + i as u64;
+            let (pinned, prio) = vc.classes.rank(res.class(cb));
             // A pass-through volume caches nothing anew (a detach).
-            if vc.policy.mode != CacheMode::PassThrough && (pinned || ch.hot[i] && vc.policy.retain_hot) {
+            if vc.policy.mode != CacheMode::PassThrough && (pinned || res.is_hot(cb) && vc.policy.retain_hot) {
                 cand.push(((pinned, prio), i));
             }
         }
@@ -379,15 +390,14 @@ impl Engine {
         cand.truncate((bpc as f64 * RETAIN_SHARE) as usize);
         cand.sort_by_key(|&(_, i)| i);
         let (first, last) = (cand[0].1 as u64, cand[cand.len() - 1].1 as u64);
-        let base = c.0 as u64 * bpc;
         let data = read_at(&*self.cache, (base + first) * BS, ((last + 1 - first) * BS) as usize)?;
         let mut keep = Vec::with_capacity(cand.len());
         for &(_, i) in &cand {
-            let (v, lba) = ch.p2l[i];
+            let (v, lba) = ch.owner(i);
             let block = data[((i as u64 - first) * BS) as usize..][..BLOCK_BYTES].to_vec();
             let crc = inner.vols[v as usize].l2p.entry(lba as usize)?.1;
             if crc32c(&block) == crc {
-                keep.push(Retained { vol: v, lba, class: ch.class[i], crc, block });
+                keep.push(Retained { vol: v, lba, class: res.class(base + i as u64), crc, block });
             }
         }
         Ok(keep)
@@ -431,7 +441,7 @@ impl Engine {
         let order: Vec<ChunkId> = inner.log.full().chain(inner.log.open().map(|(c, _)| c)).collect();
         let mut n = 0;
         for c in order {
-            while inner.log.chunks[c].dirty > 0 {
+            while inner.residency.dirty(c) > 0 {
                 n += self.clean_chunk(inner, c, u64::MAX)?;
             }
         }

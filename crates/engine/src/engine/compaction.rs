@@ -58,8 +58,8 @@ impl Inner {
         let CompactCursor { chunk: c, pos } = self.compact_next()?;
         let len = self.compact_read_blocks(pos, blocks_max);
         let offset = (c.0 as u64 * self.blocks_per_chunk() + pos) * BS;
-        let gen = self.log.chunks[c].epoch;
-        let headers_only = self.log.chunks[c].headers.is_some();
+        let gen = self.log.chunk(c).epoch();
+        let headers_only = self.log.chunk(c).headers().is_some();
         (len > 0).then_some(Window { cache: true, offset, len: (len * BS) as usize, gen, headers_only })
     }
 }
@@ -79,8 +79,8 @@ impl Inner {
     /// as zeros, the chunk's end). Blocks only ever leave a sealed chunk's
     /// current set, so runs taken now cover what any later look needs.
     pub(super) fn compact_runs(&self, c: ChunkId, pos: u64, len: u64, headers_only: bool) -> Option<Vec<(u64, u64)>> {
-        let ch = &self.log.chunks[c];
-        let headers = ch.headers.as_ref()?;
+        let ch = self.log.chunk(c);
+        let headers = ch.headers()?;
         let first = headers.partition_point(|&h| (h as u64) < pos);
         let mut hs = headers[first..].iter().map(|&h| h as u64 - pos).take_while(|&h| h < len).peekable();
         let mut runs: Vec<(u64, u64)> = Vec::new();
@@ -90,7 +90,7 @@ impl Inner {
             if header {
                 hs.next();
             }
-            if !header && (headers_only || ch.p2l[(pos + i) as usize].0 == u32::MAX) {
+            if !header && (headers_only || ch.owner((pos + i) as usize).0 == u32::MAX) {
                 continue;
             }
             needed += 1;
@@ -149,21 +149,17 @@ impl Engine {
         // `defer`: the step's segment writes are left in flight with their
         // remaps (`Pending`), for the caller to finish without the lock.
         let mut deferred = defer.then(Deferred::default);
-        let ch = &mut inner.log.chunks[c];
-        if ch.state == ChunkState::Sealed {
-            ch.to(ChunkState::Sealed, ChunkState::Compacting);
-        }
-        assert_eq!(ch.state, ChunkState::Compacting, "compaction takes the oldest sealed chunk");
+        inner.log.start_compacting(c);
         let bpc = inner.blocks_per_chunk();
         let base = c.0 as u64 * bpc;
-        let epoch = inner.log.chunks[c].epoch;
+        let epoch = inner.log.chunk(c).epoch();
         // The window: `blocks_max` blocks, or the first record whole if it is
         // larger (read again at its size).
         let mut len = inner.compact_read_blocks(pos, blocks_max);
         let mut end_of_chunk = len == 0;
         // A deferred step of a chunk whose headers are known reads only
         // them: its segments are filled from the cache afterwards.
-        let headers_only = defer && inner.log.chunks[c].headers.is_some();
+        let headers_only = defer && inner.log.chunk(c).headers().is_some();
         while !end_of_chunk {
             let offset = (base + pos) * BS;
             let win = Window { cache: true, offset, len: (len * BS) as usize, gen: epoch, headers_only };
@@ -183,7 +179,7 @@ impl Engine {
                 let h = record_at(block, pos + at, bpc, inner.tag).filter(|h| h.epoch == epoch);
                 let Some(h) = h.filter(|h| (h.volume as usize) < inner.vols.len()) else {
                     let collected: usize = blocks.iter().flatten().map(|b| b.len()).sum();
-                    if inner.log.chunks[c].valid as usize <= collected {
+                    if inner.log.chunk(c).valid() as usize <= collected {
                         end_of_chunk = true;
                         break;
                     }
@@ -203,7 +199,7 @@ impl Engine {
                     for (i, e) in h.entries.iter().enumerate() {
                         let cb = base + pos + at + 1 + i as u64;
                         if inner.vols[vol].l2p.try_get(e.lba)? == Some(Loc::cache(cb)) {
-                            let class = inner.log.chunks[c].class[(pos + at + 1 + i as u64) as usize].min(1);
+                            let class = inner.log.chunk(c).lifetime((pos + at + 1 + i as u64) as usize).min(1);
                             let at_win = ((at + 1 + i as u64) * BS) as usize;
                             let at = if headers_only { cb as usize } else { at_win };
                             blocks[vol][class as usize].push((e.lba, e.crc, at));
@@ -290,7 +286,7 @@ impl Engine {
         // damaged at rest since the engine opened (a clean open reads the
         // checkpoint, not the log). Damage, not a bug: changes stop, and
         // the next open's recovery refuses it for `sluice check`.
-        let left = inner.log.chunks[c].valid;
+        let left = inner.log.chunk(c).valid();
         if left != 0 {
             return Err(VolumeError::Damaged {
                 device: "cache",
@@ -314,6 +310,7 @@ impl Engine {
         self.write_mark(inner, Some(c), None)?;
         self.flush_cache(inner)?;
         inner.log.free_oldest(c);
+        inner.residency.freed(c);
         inner.compact_cursor = None;
         inner.sim_freed(Some(c), None);
         inner.stats.chunks_compacted += 1;

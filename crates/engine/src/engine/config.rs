@@ -25,6 +25,11 @@ pub struct EngineConfig {
     /// How the capacity device holds the volumes (chosen at create,
     /// recorded in the superblock).
     pub layout: Layout,
+    /// In place only: attached to a disk that holds data — the volumes
+    /// from its byte 0, and nothing of Sluice's on it (no label, no
+    /// checkpoint region: both live on the cache device, with the disk's
+    /// identity, disk_identity.rs). Chosen at create.
+    pub attached: bool,
 }
 
 /// How the capacity device holds the volumes' blocks.
@@ -71,6 +76,7 @@ impl Default for EngineConfig {
             gc_free_bands_min: 2,
             l2p_dram_bytes: 0,
             layout: Layout::Bands,
+            attached: false,
         }
     }
 }
@@ -144,6 +150,18 @@ pub enum EngineError {
         .0.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n  ")
     )]
     Damaged(Vec<Damage>),
+    #[error(
+        "the disk changed behind the cache's back (engine {}): {} of its sampled blocks hold what the cache \
+         never wrote ({}); the cache holds {dirty_blocks} dirty blocks that would overwrite it, so nothing \
+         was served or written. Put back the disk the cache belongs to, or, if what is on the disk now is \
+         what you want, `sluice format` a new cache for it (the cache's dirty data is then lost)",
+        uuid_text(.uuid),
+        .changed.len(),
+        .changed.iter().map(|c| format!("byte {}", c.offset)).collect::<Vec<_>>().join(", ")
+    )]
+    DiskChanged { uuid: [u8; 16], changed: Vec<super::disk_identity::ChangedBlock>, dirty_blocks: u64 },
+    #[error("engine {} is attached to a disk, but the cache device holds no readable identity of it", uuid_text(.0))]
+    NoDiskIdentity([u8; 16]),
 }
 
 impl From<DeviceError> for VolumeError {
@@ -187,7 +205,8 @@ pub(super) fn on_media_config(
         log_free_chunks_min: sb.log_free_chunks_min as usize,
         gc_free_bands_min: sb.gc_free_bands_min as usize,
         l2p_dram_bytes: sb.l2p_dram_bytes,
-        layout: if sb.layout == crate::persist::LAYOUT_IN_PLACE { Layout::InPlace } else { Layout::Bands },
+        layout: if sb.layout == crate::persist::LAYOUT_BANDS { Layout::Bands } else { Layout::InPlace },
+        attached: sb.layout == crate::persist::LAYOUT_ATTACHED,
     };
     Ok((cfg, geo))
 }

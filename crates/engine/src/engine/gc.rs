@@ -109,7 +109,7 @@ impl Engine {
         let now = inner.seq.last();
         // Bands holding blocks that records in flight rewrite wait
         // (writers.rs: `relocations_clear`).
-        let avoid = match inner.log.inflight.is_empty() {
+        let avoid = match inner.log.inflight().is_empty() {
             true => Vec::new(),
             false => inner.bands_in_flight()?,
         };

@@ -32,8 +32,8 @@ impl Engine {
     pub fn snapshot(&self) -> EngineSnapshot {
         let mut inner = self.lock();
         self.fold_read_bytes(&mut inner);
-        let chunks = inner.log.chunks.len() as u64 - 1; // chunk 0: superblock
-        let cache_valid: u64 = inner.log.chunks.iter().map(|c| c.valid as u64).sum();
+        let chunks = inner.log.chunk_count() as u64 - 1; // chunk 0: superblock
+        let cache_valid: u64 = inner.log.chunks().map(|(_, c)| c.valid() as u64).sum();
         let volumes = inner
             .vols
             .iter()

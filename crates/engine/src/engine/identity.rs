@@ -45,6 +45,11 @@ impl Engine {
                 return Err(EngineError::DeviceSize { device, uuid: sb.uuid, recorded, actual });
             }
         }
+        if sb.layout == crate::persist::LAYOUT_ATTACHED {
+            // Nothing of Sluice's is on the disk: its identity is checked
+            // by `open` (disk_identity.rs).
+            return Ok(sb);
+        }
         let label = match read_label(capacity) {
             Ok(l) => l,
             Err(EngineError::Label(SuperblockError::NoMagic)) => return Err(EngineError::CapacityUnlabelled(sb.uuid)),

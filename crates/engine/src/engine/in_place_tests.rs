@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::testkit::{in_place_device_bytes, in_place_world, in_place_world_on, pattern, World};
-use sluice_media::CrashDevice;
+use sluice_media::{CrashDevice, MemoryDevice};
 
 fn policy(mode: CacheMode) -> CachePolicy {
     CachePolicy { mode, ..CachePolicy::default() }
@@ -421,7 +421,7 @@ fn io_classes_bypass_cap_and_count_their_requests() {
     let (e, v) = (&w.engine, &w.volumes[0]);
     let log_blocks = {
         let inner = e.lock();
-        inner.log.chunks.len() as u64 * inner.blocks_per_chunk()
+        inner.log.chunk_count() as u64 * inner.blocks_per_chunk()
     };
     let mut never = IoClass::new("bulk", 0.0);
     never.range = Some((1024 * BS, 2048 * BS));
@@ -805,4 +805,147 @@ fn a_region_sized_before_version_7_gets_a_version_6_checkpoint() {
     let mut b = vec![0u8; BLOCK_BYTES];
     e.volume("v0").unwrap().read(5 * BS, &mut b).unwrap();
     assert!(b == pattern(0, 5, 1));
+}
+
+/// A disk of `blocks` blocks that holds data before any cache: block `b`
+/// holds `pattern(9, b, 1)`.
+fn disk_with_data(blocks: u64) -> Arc<dyn BlockDevice> {
+    let d = MemoryDevice::new(blocks * BS, 4096);
+    for b in 0..blocks {
+        write_at(&d, b * BS, &pattern(9, b, 1)).unwrap();
+    }
+    Arc::new(d)
+}
+
+fn image(d: &dyn BlockDevice) -> Vec<u8> {
+    read_at(d, 0, d.info().capacity_bytes as usize).unwrap().to_vec()
+}
+
+/// A cache attached to `disk` (the whole disk one volume, "disk").
+fn attach(cache: Arc<dyn BlockDevice>, disk: Arc<dyn BlockDevice>) -> Result<Arc<Engine>, EngineError> {
+    let cfg = EngineConfig { layout: Layout::InPlace, attached: true, ..crate::testkit::small_config() };
+    let size_bytes = disk.info().capacity_bytes;
+    Engine::create(cache, disk, cfg, &[VolumeSpec { name: "disk".into(), size_bytes }])
+}
+
+/// Attaching writes nothing to the disk, serves what it holds, keeps
+/// writes in the cache until they are cleaned, and a clean restart and a
+/// detach leave exactly the data written on the disk.
+#[test]
+fn a_cache_attaches_to_a_disk_with_data_and_writes_it_only_by_cleaning() {
+    let blocks = 600;
+    let (disk, cache): (_, Arc<dyn BlockDevice>) =
+        (disk_with_data(blocks), Arc::new(MemoryDevice::new(16 << 20, 4096)));
+    let before = image(&*disk);
+    let e = attach(cache.clone(), disk.clone()).unwrap();
+    let v = e.volume("disk").unwrap();
+    let mut b = vec![0u8; BLOCK_BYTES];
+    for lba in [0, 1, 299, blocks - 1] {
+        v.read(lba * BS, &mut b).unwrap();
+        assert_eq!(b, pattern(9, lba, 1), "block {lba} as the disk held it");
+    }
+    for lba in (0..blocks).step_by(3) {
+        v.write(lba * BS, &pattern(9, lba, 2), false).unwrap();
+    }
+    v.flush().unwrap();
+    assert!(image(&*disk) == before, "nothing reaches the disk before cleaning");
+    e.shutdown().unwrap();
+    assert!(image(&*disk) == before, "nor at a clean shutdown (the checkpoint is on the cache device)");
+    let e = Engine::open(cache.clone(), disk.clone()).unwrap();
+    assert!(e.disk_changed().is_none());
+    let v = e.volume("disk").unwrap();
+    for lba in 0..blocks {
+        v.read(lba * BS, &mut b).unwrap();
+        assert_eq!(b, pattern(9, lba, if lba % 3 == 0 { 2 } else { 1 }), "block {lba} after the restart");
+    }
+    e.clean(true).unwrap();
+    e.shutdown().unwrap();
+    let after = image(&*disk);
+    for lba in 0..blocks {
+        let want = pattern(9, lba, if lba % 3 == 0 { 2 } else { 1 });
+        assert!(after[(lba * BS) as usize..][..BLOCK_BYTES] == want[..], "block {lba} on the detached disk");
+    }
+    // The engine's own writes of sampled blocks (0 and 1 above) are not a
+    // change behind its back.
+    let e = Engine::open(cache, disk).unwrap();
+    assert!(e.disk_changed().is_none());
+}
+
+/// A disk written behind the back of a cache that holds dirty data is
+/// refused, before anything is written to either device.
+#[test]
+fn a_dirty_cache_never_attaches_to_a_disk_changed_behind_its_back() {
+    let (disk, cache): (_, Arc<dyn BlockDevice>) = (disk_with_data(300), Arc::new(MemoryDevice::new(16 << 20, 4096)));
+    let e = attach(cache.clone(), disk.clone()).unwrap();
+    e.volume("disk").unwrap().write(5 * BS, &pattern(9, 5, 2), false).unwrap();
+    e.shutdown().unwrap();
+    // Mounted without Sluice: its superblock (block 0) changed.
+    write_at(&*disk, 0, &pattern(1, 0, 7)).unwrap();
+    let (c0, d0) = (image(&*cache), image(&*disk));
+    match Engine::open(cache.clone(), disk.clone()) {
+        Err(EngineError::DiskChanged { changed, dirty_blocks, .. }) => {
+            assert_eq!((changed.len(), changed[0].offset, dirty_blocks), (1, 0, 1));
+        }
+        other => panic!("opened a dirty cache over a changed disk: {:?}", other.map(|_| ())),
+    }
+    assert!(image(&*cache) == c0 && image(&*disk) == d0, "a refused open writes nothing");
+    // A different disk of the same size: refused as well.
+    let other = disk_with_data(300);
+    write_at(&*other, 299 * BS, &[1; BLOCK_BYTES]).unwrap();
+    assert!(matches!(Engine::open(cache, other), Err(EngineError::DiskChanged { .. })));
+}
+
+/// A cache holding only clean copies, re-attached to a disk that changed,
+/// drops its copies and says so: every read is the disk's.
+#[test]
+fn a_clean_cache_reattached_to_a_changed_disk_drops_its_copies() {
+    let (disk, cache): (_, Arc<dyn BlockDevice>) = (disk_with_data(300), Arc::new(MemoryDevice::new(16 << 20, 4096)));
+    let e = attach(cache.clone(), disk.clone()).unwrap();
+    let v = e.volume("disk").unwrap();
+    for lba in 0..20 {
+        v.write(lba * BS, &pattern(9, lba, 2), false).unwrap();
+    }
+    e.clean(false).unwrap();
+    assert!(e.cache_report()[0].cached_bytes > 0, "the copies stay cached, clean");
+    e.shutdown().unwrap();
+    for lba in [0, 10] {
+        write_at(&*disk, lba * BS, &pattern(9, lba, 3)).unwrap();
+    }
+    let e = Engine::open(cache.clone(), disk.clone()).unwrap();
+    let (changed, dropped) = e.disk_changed().expect("the change is reported");
+    assert_eq!((changed.len(), *dropped), (1, 20), "block 0 is sampled, block 10 is not");
+    let v = e.volume("disk").unwrap();
+    let mut b = vec![0u8; BLOCK_BYTES];
+    for lba in 0..20 {
+        v.read(lba * BS, &mut b).unwrap();
+        let ver = if lba == 0 || lba == 10 { 3 } else { 2 };
+        assert_eq!(b, pattern(9, lba, ver), "block {lba} reads what the disk holds");
+    }
+    drop(v);
+    // After a crash the copies stay dropped, and the disk is this one now.
+    drop(e);
+    let e = Engine::open(cache, disk).unwrap();
+    assert!(e.disk_changed().is_none());
+    e.volume("disk").unwrap().read(10 * BS, &mut b).unwrap();
+    assert_eq!(b, pattern(9, 10, 3));
+}
+
+/// A crash right after the engine cleaned a sampled block home (its new
+/// CRC recorded as pending) reopens as the same disk.
+#[test]
+fn the_engine_own_write_of_a_sampled_block_survives_a_crash() {
+    let (disk, cache): (_, Arc<dyn BlockDevice>) = (disk_with_data(300), Arc::new(MemoryDevice::new(16 << 20, 4096)));
+    let e = attach(cache.clone(), disk.clone()).unwrap();
+    let v = e.volume("disk").unwrap();
+    v.write(0, &pattern(9, 0, 2), false).unwrap();
+    v.write(299 * BS, &pattern(9, 299, 2), false).unwrap();
+    e.clean(false).unwrap();
+    v.write(0, &pattern(9, 0, 3), false).unwrap();
+    drop(v);
+    drop(e);
+    let e = Engine::open(cache, disk).expect("its own writes are not a change");
+    assert!(e.disk_changed().is_none());
+    let mut b = vec![0u8; BLOCK_BYTES];
+    e.volume("disk").unwrap().read(0, &mut b).unwrap();
+    assert_eq!(b, pattern(9, 0, 3));
 }

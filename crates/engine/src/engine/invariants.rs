@@ -26,7 +26,7 @@ impl Inner {
     }
 
     pub(super) fn check_invariants(&self) {
-        let mut chunk_valid = vec![0u32; self.log.chunks.len()];
+        let mut chunk_valid = vec![0u32; self.log.chunk_count()];
         let mut band_valid = vec![0u32; self.bands.len()];
         let (bpc, bpb) = (self.blocks_per_chunk(), self.blocks_per_band());
         for (vi, v) in self.vols.iter().enumerate() {
@@ -35,10 +35,10 @@ impl Inner {
             // this time.
             let walked = v.l2p.for_each(|lba, loc, _| {
                 if let Some(cb) = loc.cache_block() {
-                    let (c, i) = ((cb / bpc) as usize, (cb % bpc) as usize);
-                    assert_eq!(self.log.chunks[c].p2l[i], (vi as u32, lba as u64), "chunk P2L names the block");
-                    assert_ne!(self.log.chunks[c].state, ChunkState::Free);
-                    chunk_valid[c] += 1;
+                    let (ch, i) = self.log.chunk_of(cb);
+                    assert_eq!(ch.owner(i), (vi as u32, lba as u64), "chunk P2L names the block");
+                    assert_ne!(ch.state(), ChunkState::Free);
+                    chunk_valid[(cb / bpc) as usize] += 1;
                 } else if let Some(pb) = loc.capacity_block() {
                     let (b, i) = ((pb / bpb) as usize, pb % bpb);
                     assert!(
@@ -54,15 +54,13 @@ impl Inner {
             }
         }
         self.log.check_lists();
-        for (c, ch) in self.log.chunks.iter().enumerate() {
-            assert_eq!(ch.valid, chunk_valid[c], "chunk {c} valid count");
-            let dirty = ch.p2l.iter().zip(&ch.clean).filter(|(o, &clean)| o.0 != u32::MAX && !clean).count();
-            assert_eq!(ch.dirty as usize, dirty, "chunk {c} dirty count");
-            assert!(
-                ch.clean.iter().zip(&ch.p2l).all(|(&clean, o)| !clean || o.0 != u32::MAX),
-                "only current blocks are clean"
-            );
+        for (c, ch) in self.log.chunks() {
+            assert_eq!(ch.valid(), chunk_valid[c.index()], "chunk {c} valid count");
+            assert_eq!(ch.current().count(), ch.valid() as usize, "chunk {c}: its P2L names its valid blocks");
         }
+        // In place, the cache's marks agree with the log; with bands, none.
+        let in_place = self.in_place();
+        self.residency.check(|cb| in_place && self.log.is_current(cb));
         // Valid counts, the free list, every open band exactly one
         // stream's (none is stranded).
         self.bands.check(&band_valid);

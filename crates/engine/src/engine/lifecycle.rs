@@ -4,6 +4,7 @@
 //! final flush record, the paged maps' pages, the checkpoint, then the
 //! superblock marked clean, in that order).
 
+use super::disk_identity::DiskIdentity;
 use super::*;
 
 impl Engine {
@@ -46,7 +47,7 @@ impl Engine {
         } else {
             0
         };
-        let chunk_count = cache.info().capacity_bytes.saturating_sub(region) / cfg.chunk_bytes;
+        let mut chunk_count = cache.info().capacity_bytes.saturating_sub(region) / cfg.chunk_bytes;
         // Chunk 0 holds the superblock; the log needs its reserve plus two.
         if chunk_count < cfg.log_free_chunks_min as u64 + 3 {
             return Err(EngineError::Config("cache device too small for the log"));
@@ -86,12 +87,28 @@ impl Engine {
                 }
                 let homes = vols_blocks * BS;
                 let ckpt_bytes = checkpoint_bytes_max(&cfg, chunk_count, 0, volumes.len() as u64, map_bytes);
-                if homes + ckpt_bytes.div_ceil(BS) * BS + 2 * BS > capacity_bytes {
+                if cfg.attached {
+                    // Attached to a disk with its data: nothing of Sluice's
+                    // on the disk. The checkpoint region is whole chunks of
+                    // the cache device, after the log (before the map region).
+                    if homes > capacity_bytes {
+                        return Err(EngineError::TooBig(volumes.last().map(|v| v.name.clone()).unwrap_or_default()));
+                    }
+                    chunk_count = chunk_count.saturating_sub(ckpt_bytes.div_ceil(cfg.chunk_bytes));
+                    if chunk_count < cfg.log_free_chunks_min as u64 + 3 {
+                        return Err(EngineError::Config("cache device too small for the log and the checkpoint"));
+                    }
+                    (0, chunk_count * cfg.chunk_bytes)
+                } else if homes + ckpt_bytes.div_ceil(BS) * BS + 2 * BS > capacity_bytes {
                     return Err(EngineError::TooBig(volumes.last().map(|v| v.name.clone()).unwrap_or_default()));
+                } else {
+                    (0, homes)
                 }
-                (0, homes)
             }
         };
+        if cfg.attached && cfg.layout != Layout::InPlace {
+            return Err(EngineError::Config("only an in-place engine attaches to a disk that holds data"));
+        }
         // Never over another engine: `sluice format --force` wipes first.
         if let Some(uuid) = superblock_present(&*cache)? {
             return Err(EngineError::AlreadyFormatted { device: "cache", uuid });
@@ -116,9 +133,9 @@ impl Engine {
             checkpoint_crc: 0,
             seq_floor: 0,
             l2p_dram_bytes: if paged { cfg.l2p_dram_bytes } else { 0 },
-            layout: cfg.layout.on_media(),
+            layout: if cfg.attached { crate::persist::LAYOUT_ATTACHED } else { cfg.layout.on_media() },
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
-            version: crate::persist::SUPERBLOCK_VERSION,
+            version: full_version(cfg.attached),
         };
         let label = CapacityLabel {
             uuid,
@@ -127,11 +144,20 @@ impl Engine {
             band_bytes: cfg.band_bytes,
         };
         let maps = new_maps(&sb, &cache);
-        let inner = Inner::empty(cfg, geo, sb, chunk_count, band_count, maps);
-        // The label first: a crash between the two leaves a capacity device
-        // that names an engine whose cache device is blank, which opening
-        // refuses (`CacheUnlabelled`) rather than mistaking for a new engine.
-        write_label(&*capacity, &geo, &label)?;
+        let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count, maps);
+        if inner.cfg.attached {
+            // The disk's identity, then the superblock: nothing is written
+            // to the disk.
+            let mut id = DiskIdentity::of(&*capacity, uuid)?;
+            id.save(&*cache)?;
+            inner.disk_id = Some(id);
+        } else {
+            // The label first: a crash between the two leaves a capacity
+            // device that names an engine whose cache device is blank, which
+            // opening refuses (`CacheUnlabelled`) rather than mistaking for
+            // a new engine.
+            write_label(&*capacity, &geo, &label)?;
+        }
         inner.sb.write_to(&*cache)?;
         Ok(Engine::assemble(cache, capacity, inner, None))
     }
@@ -154,6 +180,18 @@ impl Engine {
         // Nothing is written until all of them check.
         let sb = Engine::inspect(&*cache, &*capacity)?;
         let (cfg, geo) = on_media_config(&sb, &*capacity)?;
+        // Attached: the disk must be the one the cache belongs to, as the
+        // cache last saw it (checked again below if it changed).
+        let disk_id = match cfg.attached {
+            true => Some(DiskIdentity::read(&*cache, sb.uuid)?.ok_or(EngineError::NoDiskIdentity(sb.uuid))?),
+            false => None,
+        };
+        let disk_changed = match &disk_id {
+            Some(id) => id.check(&*capacity)?,
+            None => Vec::new(),
+        };
+        // The checkpoint's device: the cache device when attached.
+        let region_dev = if cfg.attached { cache.clone() } else { capacity.clone() };
         // Step 2: after a crash, rebuild everything from the media; after a
         // clean shutdown, read the checkpoint, verified (a damaged one is
         // refused, or with `salvage` replaced by recovery from the media).
@@ -162,7 +200,7 @@ impl Engine {
         // Shared before recovery, whose workers read the cache at once.
         let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
         let checkpoint = if sb.clean {
-            match read_checkpoint(&*capacity, &geo, &sb) {
+            match read_checkpoint(&*region_dev, &geo, &sb) {
                 Ok(body) => Some(decode_checkpoint(body, cfg.clone(), geo, sb.clone(), new_maps(&sb, &cache))),
                 Err(e) => Some(Err(e)),
             }
@@ -207,12 +245,26 @@ impl Engine {
                 (r.inner, Some(t.elapsed()), r.damage)
             }
         };
+        // A changed disk: only a cache that holds nothing dirty may stay
+        // attached to it, after dropping every copy (below).
+        if !disk_changed.is_empty() {
+            // (After a crash every cached block counts as dirty.)
+            let dirty_blocks = inner.residency.dirty_total();
+            if dirty_blocks > 0 {
+                return Err(EngineError::DiskChanged { uuid: inner.sb.uuid, changed: disk_changed, dirty_blocks });
+            }
+        }
+        inner.disk_id = disk_id;
         // Step 3: dirty before the first change.
         inner.sb.clean = false;
         inner.sb.generation += 1;
         inner.sb.write_to(&*cache)?;
         let mut engine = Engine::assemble(cache, capacity, inner, recovered_in);
         Arc::get_mut(&mut engine).expect("not shared yet").salvaged = salvaged;
+        if !disk_changed.is_empty() {
+            let dropped = engine.drop_cached_copies().map_err(EngineError::Recovery)?;
+            Arc::get_mut(&mut engine).expect("not shared yet").disk_changed = Some((disk_changed, dropped));
+        }
         if !gaps.is_empty() {
             engine.log_gaps(&gaps).map_err(EngineError::Recovery)?;
         }
@@ -280,13 +332,23 @@ impl Engine {
         // version 6's checkpoint, which has no clean bits: when version 7's
         // does not fit, version 6's is written (the cache is then all dirty
         // after the restart, as before), never past the region into the label.
-        let room = checkpoint_room(&*self.capacity, &inner.geo, &inner.sb);
+        // Attached: the disk durable and its identity saved (the
+        // checkpoint, on the cache device, flushes nothing on the disk).
+        if inner.cfg.attached {
+            let saved = self.flush_capacity(&mut inner).and_then(|()| {
+                let id = inner.disk_id.as_mut().expect("attached");
+                id.save(&*self.cache).map_err(VolumeError::from)
+            });
+            saved.map_err(|e| stop(&mut inner, e))?;
+        }
+        let region_dev = if inner.cfg.attached { &self.cache } else { &self.capacity };
+        let room = checkpoint_room(&**region_dev, &inner.geo, &inner.sb);
         let (mut body, version) = checkpoint_for_room(&inner, room);
         let (body_bytes, body_crc) = (body.len(), crc32c(&body));
         body.resize(body_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES, 0);
         assert!(body.len() as u64 <= room, "the checkpoint region is smaller than its bound");
         let at = inner.sb.checkpoint_offset;
-        let written = zoned::write_region(&*self.capacity, &inner.geo, at, &body).and_then(|()| flush(&*self.capacity));
+        let written = zoned::write_region(&**region_dev, &inner.geo, at, &body).and_then(|()| flush(&**region_dev));
         written.map_err(|e| stop(&mut inner, e.into()))?;
         inner.sb.checkpoint_bytes = body_bytes as u64;
         inner.sb.checkpoint_crc = body_crc;
@@ -305,10 +367,20 @@ impl Engine {
 pub(super) fn checkpoint_for_room(inner: &Inner, room: u64) -> (Vec<u8>, u16) {
     let (mut body, v6) = encode_checkpoint(inner);
     if (body.len() as u64).div_ceil(BS) * BS <= room {
-        return (body, crate::persist::SUPERBLOCK_VERSION);
+        return (body, full_version(inner.cfg.attached));
     }
     body.truncate(v6);
     (body, 6)
+}
+
+/// The superblock version an engine writes with a full checkpoint: 8 when
+/// attached (the layout version 8 added), else 7 (readable by a version 7
+/// Sluice).
+fn full_version(attached: bool) -> u16 {
+    match attached {
+        true => crate::persist::SUPERBLOCK_VERSION,
+        false => crate::persist::SUPERBLOCK_VERSION_DETACHED,
+    }
 }
 
 /// The clean-shutdown checkpoint's body, checked against its CRC.

@@ -101,8 +101,6 @@ impl Engine {
         header_block: u64,
         blocks: impl Iterator<Item = (u64, u32)>,
     ) -> Result<(), VolumeError> {
-        let bpc = inner.blocks_per_chunk();
-        let (chunk, off) = ((header_block / bpc) as usize, header_block % bpc);
         for (i, (lba, crc)) in blocks.enumerate() {
             let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
             if inner.supersedes(old, header_block + 1 + i as u64) {
@@ -112,14 +110,10 @@ impl Engine {
             // Lifetime placement's hint, from the copy replaced (placement.rs).
             let lifetime = if inner.placement == BandPlacement::Lifetime { inner.lifetime_class(old) } else { 0 };
             inner.invalidate(old);
-            let ch = &mut inner.log.chunks[chunk];
-            ch.p2l[(off + 1 + i as u64) as usize] = (vol, lba);
-            if inner.cfg.layout != Layout::InPlace {
-                ch.class[(off + 1 + i as u64) as usize] = lifetime;
-            }
-            ch.valid += 1;
-            ch.dirty += 1;
+            let cb = header_block + 1 + i as u64;
+            inner.log.place(cb, vol, lba, lifetime);
             if inner.cfg.layout == Layout::InPlace {
+                inner.residency.logged(cb);
                 let vc = &mut inner.vols[vol as usize].cache;
                 vc.classes.count(0, true);
                 vc.dirty_blocks += 1;
@@ -168,8 +162,7 @@ impl Engine {
             for &lba in part {
                 let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
                 if let (true, Some(cb)) = (discard && inner.in_place(), old.cache_block()) {
-                    let bpc = inner.blocks_per_chunk();
-                    if !inner.log.chunks[(cb / bpc) as usize].clean[(cb % bpc) as usize] {
+                    if !inner.residency.is_clean(cb) {
                         inner.vols[vol as usize].cache.stats.discarded_dirty_bytes += BS;
                     }
                 }
@@ -255,11 +248,9 @@ impl Engine {
         encode_header(&mut rec[..BLOCK_BYTES], &h);
         // Numbered whether or not the write succeeds: a failed write stops
         // the engine, and its number is above anything a flush made durable.
-        inner.log.lsn += 1;
+        inner.log.next_lsn();
         let header_block = chunk.0 as u64 * inner.blocks_per_chunk() + off;
-        if let Some(h) = inner.log.chunks[chunk].headers.as_mut() {
-            h.push(off as u32);
-        }
+        inner.log.note_header(chunk, off);
         inner.sim_wait(Some(chunk), None);
         let c = sync_io(&*self.cache, IoRequest::write(header_block * BS, rec, 0));
         if let Err(e) = c.result {
@@ -295,7 +286,8 @@ impl Engine {
                 if off + need <= inner.blocks_per_chunk() {
                     return Ok(Some((c, off)));
                 }
-                inner.log.seal_open();
+                let c = inner.log.seal_open();
+                inner.residency.sealed(c, std::time::Instant::now());
             }
             if inner.log.free.len() > inner.cfg.log_free_chunks_min {
                 break;
@@ -311,7 +303,7 @@ impl Engine {
         inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
         let epoch = inner.seq.next();
         // The record about to be written into it is its first.
-        let c = inner.log.open_next(epoch, inner.log.lsn + 1);
+        let c = inner.log.open_next(epoch, inner.log.lsn() + 1);
         Ok(Some((c, 0)))
     }
 }
@@ -354,27 +346,23 @@ impl std::ops::IndexMut<ChunkId> for Vec<Chunk> {
 /// moves between them only through `open_next`, `seal_open`, `advance`
 /// and `free_oldest`, which assert the chunk's state and contents.
 pub(super) struct Log {
-    pub(super) chunks: Vec<Chunk>,
+    chunks: Vec<Chunk>,
     free: VecDeque<ChunkId>,
     full: VecDeque<ChunkId>,
     /// The chunk records are appended to, and the next block in it.
     open: Option<(ChunkId, u64)>,
     /// The last log record's number (LSN), and the highest one made durable
     /// by a completed cache flush.
-    pub(super) lsn: u64,
-    pub(super) flushed_lsn: u64,
+    lsn: u64,
+    flushed_lsn: u64,
     /// Records reserved and not yet published (writers.rs), by LSN.
     /// Always empty under a drained lock (`Engine::lock`).
-    pub(super) inflight: std::collections::BTreeMap<u64, InFlight>,
+    inflight: std::collections::BTreeMap<u64, InFlight>,
 }
 
 /// What a cache block held when it was dropped (`Log::drop_block`).
 pub(super) struct Dropped {
     pub(super) vol: u32,
-    /// Its class (in place: its I/O class; with bands: its lifetime class).
-    pub(super) class: u8,
-    /// It had not been cleaned home (in place).
-    pub(super) dirty: bool,
 }
 
 /// A record reserved and not yet published.
@@ -388,6 +376,119 @@ pub(super) struct InFlight {
 }
 
 impl Log {
+    /// Chunk `c`, to look at (it changes only through `Log`'s methods).
+    pub(super) fn chunk(&self, c: ChunkId) -> &Chunk {
+        &self.chunks[c]
+    }
+    /// Chunk of cache block `cb`, and the block's index in it.
+    pub(super) fn chunk_of(&self, cb: u64) -> (&Chunk, usize) {
+        let bpc = self.chunks[0].p2l.len() as u64;
+        (&self.chunks[(cb / bpc) as usize], (cb % bpc) as usize)
+    }
+    /// Chunks, chunk 0 (the superblock's) included.
+    pub(super) fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+    pub(super) fn chunks(&self) -> impl Iterator<Item = (ChunkId, &Chunk)> + '_ {
+        self.chunks.iter().enumerate().map(|(c, ch)| (ChunkId(c as u32), ch))
+    }
+    /// Every current cache block: (cache block, volume, LBA).
+    pub(super) fn current(&self) -> impl Iterator<Item = (u64, u32, u64)> + '_ {
+        let bpc = self.chunks[0].p2l.len() as u64;
+        self.chunks()
+            .flat_map(move |(c, ch)| ch.current().map(move |(i, v, lba)| (c.0 as u64 * bpc + i as u64, v, lba)))
+    }
+    /// Whether cache block `cb` is current.
+    pub(super) fn is_current(&self, cb: u64) -> bool {
+        let (ch, i) = self.chunk_of(cb);
+        ch.p2l[i].0 != u32::MAX
+    }
+    /// The last log record's number (LSN).
+    pub(super) fn lsn(&self) -> u64 {
+        self.lsn
+    }
+    /// The highest LSN a completed cache flush made durable.
+    pub(super) fn flushed_lsn(&self) -> u64 {
+        self.flushed_lsn
+    }
+    /// Number the next record (whether or not its write succeeds: a failed
+    /// write stops the engine, and its number is above anything a flush
+    /// made durable).
+    pub(super) fn next_lsn(&mut self) -> u64 {
+        self.lsn += 1;
+        self.lsn
+    }
+    /// A cache flush made every record up to `lsn` durable (flushes
+    /// complete in any order: the watermark only rises).
+    pub(super) fn flushed_upto(&mut self, lsn: u64) {
+        assert!(lsn <= self.lsn, "flushed LSN {lsn} past the last record {}", self.lsn);
+        self.flushed_lsn = self.flushed_lsn.max(lsn);
+    }
+    /// Recovery: the last record found is `lsn`, and every record up to it
+    /// is durable (recovery flushes what it accepted before anything new).
+    pub(super) fn recovered_lsn(&mut self, lsn: u64) {
+        assert!(self.inflight.is_empty());
+        self.lsn = lsn;
+        self.flushed_lsn = lsn;
+    }
+    /// Records reserved and not yet published, by LSN.
+    pub(super) fn inflight(&self) -> &std::collections::BTreeMap<u64, InFlight> {
+        &self.inflight
+    }
+    /// Reserve the next record (writers.rs): numbered, and in flight until
+    /// `publish`ed.
+    pub(super) fn reserve(&mut self, f: InFlight) -> u64 {
+        let lsn = self.next_lsn();
+        self.inflight.insert(lsn, f);
+        lsn
+    }
+    /// Record `lsn` (reserved) is published: no longer in flight.
+    pub(super) fn publish(&mut self, lsn: u64) -> InFlight {
+        self.inflight.remove(&lsn).expect("a record in flight")
+    }
+    /// A record's header was placed at block `off` of the open chunk `c`
+    /// (`Chunk::headers`).
+    pub(super) fn note_header(&mut self, c: ChunkId, off: u64) {
+        assert_eq!(self.open.map(|(o, _)| o), Some(c), "headers go into the open chunk");
+        if let Some(hs) = self.chunks[c].headers.as_mut() {
+            assert!(hs.last().is_none_or(|&h| (h as u64) < off), "chunk {c}: headers in order");
+            hs.push(off as u32);
+        }
+    }
+    /// Cache block `cb`, of a chunk written since it was opened, holds
+    /// (`vol`, `lba`) now (lifetime class `lifetime`, placement.rs).
+    pub(super) fn place(&mut self, cb: u64, vol: u32, lba: u64, lifetime: u8) {
+        let bpc = self.chunks[0].p2l.len() as u64;
+        let (c, i) = ((cb / bpc) as usize, (cb % bpc) as usize);
+        let ch = &mut self.chunks[c];
+        assert!(
+            matches!(ch.state, ChunkState::Open | ChunkState::Sealed),
+            "cache block {cb} placed in a {:?} chunk",
+            ch.state
+        );
+        assert_eq!(ch.p2l[i].0, u32::MAX, "cache block {cb} placed twice");
+        ch.p2l[i] = (vol, lba);
+        ch.lifetime[i] = lifetime;
+        ch.valid += 1;
+    }
+    /// Sealed → Compacting, once: a step of compaction or cleaning started
+    /// on `c`, the oldest full chunk.
+    pub(super) fn start_compacting(&mut self, c: ChunkId) {
+        assert_eq!(self.full.front(), Some(&c), "the oldest full chunk is compacted");
+        if self.chunks[c].state == ChunkState::Sealed {
+            self.chunks[c].to(ChunkState::Sealed, ChunkState::Compacting);
+        }
+        assert_eq!(self.chunks[c].state, ChunkState::Compacting, "compaction takes the oldest sealed chunk");
+    }
+    /// Recovery: chunk `c` holds records of generation `epoch` still needed,
+    /// the first numbered `first_lsn`.
+    pub(super) fn found_chunk(&mut self, c: ChunkId, epoch: u64, first_lsn: u64) {
+        let ch = &mut self.chunks[c];
+        assert_eq!(ch.state, ChunkState::Free, "recovery finds chunk {c} once");
+        ch.state = ChunkState::Sealed;
+        ch.epoch = epoch;
+        ch.first_lsn = first_lsn;
+    }
     /// Free chunks.
     pub(super) fn free_len(&self) -> usize {
         self.free.len()
@@ -406,11 +507,11 @@ impl Log {
 
     /// Open → Sealed: the open chunk is full; it joins the end of
     /// compaction's queue.
-    fn seal_open(&mut self) {
+    fn seal_open(&mut self) -> ChunkId {
         let (c, _) = self.open.take().expect("a chunk is open");
         self.chunks[c].to(ChunkState::Open, ChunkState::Sealed);
-        self.chunks[c].sealed_at = Some(std::time::Instant::now());
         self.full.push_back(c);
+        c
     }
 
     /// Free → Open: the oldest free chunk, emptied, becomes the open one,
@@ -419,14 +520,12 @@ impl Log {
         assert!(self.open.is_none(), "one chunk is open at a time");
         let c = self.free.pop_front().expect("compaction keeps free chunks");
         let ch = &mut self.chunks[c];
-        assert!(ch.valid == 0 && ch.dirty == 0, "chunk {c} is free but holds current blocks");
+        assert!(ch.valid == 0, "chunk {c} is free but holds current blocks");
         ch.to(ChunkState::Free, ChunkState::Open);
         ch.epoch = epoch;
         ch.first_lsn = first_lsn;
         ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
-        ch.clean.iter_mut().for_each(|c| *c = false);
-        ch.class.iter_mut().for_each(|c| *c = 0);
-        ch.hot.iter_mut().for_each(|h| *h = false);
+        ch.lifetime.iter_mut().for_each(|c| *c = 0);
         let mut headers = ch.headers.take().unwrap_or_default();
         headers.clear();
         ch.headers = Some(headers);
@@ -447,7 +546,7 @@ impl Log {
     pub(super) fn free_oldest(&mut self, c: ChunkId) {
         assert_eq!(self.full.front(), Some(&c), "chunks are freed oldest first");
         let ch = &mut self.chunks[c];
-        assert!(ch.valid == 0 && ch.dirty == 0, "chunk {c} freed holding current blocks");
+        assert!(ch.valid == 0, "chunk {c} freed holding current blocks");
         ch.to(ChunkState::Compacting, ChunkState::Free);
         self.full.pop_front();
         self.free.push_back(c);
@@ -502,7 +601,7 @@ impl Log {
         }
         for &c in &self.free {
             assert_eq!(self.chunks[c].state, ChunkState::Free, "chunk {c} on the free list");
-            assert!(self.chunks[c].valid == 0 && self.chunks[c].dirty == 0, "free chunk {c} holds current blocks");
+            assert!(self.chunks[c].valid == 0, "free chunk {c} holds current blocks");
         }
         for &c in &self.full {
             assert!(
@@ -526,13 +625,7 @@ impl Log {
         assert!(ch.state != ChunkState::Free, "cache block {cb} of a free chunk");
         ch.p2l[i].0 = u32::MAX;
         ch.valid -= 1;
-        // A clean block's home held the same: nothing was left to clean.
-        let dirty = !std::mem::take(&mut ch.clean[i]);
-        if dirty {
-            assert!(ch.dirty > 0, "chunk {c}: a dirty block not counted");
-            ch.dirty -= 1;
-        }
-        Dropped { vol, class: std::mem::take(&mut ch.class[i]), dirty }
+        Dropped { vol }
     }
 
     /// Every chunk free but chunk 0, which holds the superblock and the
@@ -544,11 +637,7 @@ impl Log {
             p2l: vec![(u32::MAX, 0); blocks_per_chunk],
             valid: 0,
             first_lsn: 0,
-            clean: vec![false; blocks_per_chunk],
-            dirty: 0,
-            class: vec![0; blocks_per_chunk],
-            hot: vec![false; blocks_per_chunk],
-            sealed_at: None,
+            lifetime: vec![0; blocks_per_chunk],
             headers: None,
         };
         Log {
@@ -594,46 +683,82 @@ impl ChunkState {
 
 impl Chunk {
     /// Move from state `from` (asserted) to `to`.
-    pub(super) fn to(&mut self, from: ChunkState, to: ChunkState) {
+    fn to(&mut self, from: ChunkState, to: ChunkState) {
         assert_eq!(self.state, from, "chunk state changes from the state it is in");
         self.state = to;
+    }
+
+    /// A chunk as a checkpoint saved it (no headers known, no lifetimes);
+    /// None if its valid count is not its current blocks' (damage).
+    pub(super) fn from_checkpoint(
+        state: ChunkState,
+        epoch: u64,
+        p2l: Vec<(u32, u64)>,
+        valid: u32,
+        first_lsn: u64,
+    ) -> Option<Chunk> {
+        let current = p2l.iter().filter(|o| o.0 != u32::MAX).count();
+        let free_and_empty = state != ChunkState::Free || current == 0;
+        (current == valid as usize && free_and_empty && state != ChunkState::Compacting).then(|| Chunk {
+            state,
+            epoch,
+            lifetime: vec![0; p2l.len()],
+            p2l,
+            valid,
+            first_lsn,
+            headers: None,
+        })
+    }
+    pub(super) fn state(&self) -> ChunkState {
+        self.state
+    }
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    pub(super) fn valid(&self) -> u32 {
+        self.valid
+    }
+    pub(super) fn first_lsn(&self) -> u64 {
+        self.first_lsn
+    }
+    /// Who block `i` of the chunk holds: (volume, LBA); u32::MAX volume for
+    /// a header, padding, or a block no longer current.
+    pub(super) fn owner(&self, i: usize) -> (u32, u64) {
+        self.p2l[i]
+    }
+    pub(super) fn p2l(&self) -> &[(u32, u64)] {
+        &self.p2l
+    }
+    /// Its current blocks: (block, volume, LBA).
+    pub(super) fn current(&self) -> impl Iterator<Item = (usize, u32, u64)> + '_ {
+        self.p2l.iter().enumerate().filter(|(_, o)| o.0 != u32::MAX).map(|(i, &(v, lba))| (i, v, lba))
+    }
+    /// With bands: block `i`'s lifetime class (placement.rs; 0 short).
+    pub(super) fn lifetime(&self, i: usize) -> u8 {
+        self.lifetime[i]
+    }
+    pub(super) fn headers(&self) -> Option<&[u32]> {
+        self.headers.as_deref()
     }
 }
 
 pub(super) struct Chunk {
-    pub(super) state: ChunkState,
+    state: ChunkState,
     /// Sequence number when the chunk was last opened; every record written
     /// into it carries it, so replay stops at a previous generation's records.
-    pub(super) epoch: u64,
+    epoch: u64,
     /// (volume, lba) per cache block of the chunk; u32::MAX volume = header/pad.
-    pub(super) p2l: Vec<(u32, u64)>,
-    pub(super) valid: u32,
+    p2l: Vec<(u32, u64)>,
+    valid: u32,
     /// LSN of the first record written into the chunk since it was opened.
-    pub(super) first_lsn: u64,
-    /// In place (cleaning.rs): per block, whether the block's home holds
-    /// the same data (cleaned, written through, or promoted by a read), so
-    /// freeing the chunk writes nothing. Kept by the checkpoint (a clean
-    /// restart keeps it), not by the log: after a crash every cached block
-    /// counts as dirty and is cleaned again (the same bytes). Unused with
-    /// bands.
-    pub(super) clean: Vec<bool>,
-    /// Current blocks of the chunk that are not `clean`: what cleaning it
-    /// must still write home.
-    pub(super) dirty: u32,
-    /// In place: per block, its I/O class (classes.rs; 0 unclassified).
+    first_lsn: u64,
     /// With bands: per block, its lifetime class (placement.rs; 0 short).
-    /// Not persisted: after a reopen every cached block is class 0.
-    pub(super) class: Vec<u8>,
-    /// In place: per block, whether a read found it here since it was
-    /// logged (the second chance of `Engine::retain`). Not persisted.
-    pub(super) hot: Vec<bool>,
-    /// When the chunk was sealed (age-based cleaning); None after a reopen,
-    /// which counts as old.
-    pub(super) sealed_at: Option<std::time::Instant>,
+    /// Not persisted. (In place, the cache's own marks: residency.rs.)
+    lifetime: Vec<u8>,
     /// Where each record's header block is, in order, for a chunk opened
     /// since the engine was: compaction then reads only headers and current
     /// blocks (compaction.rs). None (unknown) for chunks a reopen found.
-    pub(super) headers: Option<Vec<u32>>,
+    headers: Option<Vec<u32>>,
 }
 
 impl Inner {
@@ -691,7 +816,7 @@ impl Engine {
         let (seq, lsn) = inner.written_upto();
         flush(&*self.cache)?;
         inner.cache_flushed_seq = seq;
-        inner.log.flushed_lsn = lsn;
+        inner.log.flushed_upto(lsn);
         Ok(())
     }
 }

@@ -186,7 +186,7 @@ impl Inner {
         let head_lsn = match freeing {
             Some(c) => {
                 let next = self.log.full().find(|&x| x != c).or(self.log.open().map(|(o, _)| o));
-                next.map_or(self.log.lsn + 1, |n| self.log.chunks[n].first_lsn)
+                next.map_or(self.log.lsn() + 1, |n| self.log.chunk(n).first_lsn())
             }
             None => self.head_lsn(),
         };

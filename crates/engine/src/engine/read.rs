@@ -27,7 +27,7 @@ impl Inner {
     /// and a band's only after it is discarded (new `gen`).
     pub(super) fn generation(&self, l: Loc) -> u64 {
         if let Some(cb) = l.cache_block() {
-            self.log.chunks[(cb / self.blocks_per_chunk()) as usize].epoch
+            self.log.chunk_of(cb).0.epoch()
         } else if let Some(pb) = l.capacity_block() {
             self.bands[(pb / self.blocks_per_band()) as usize].gen()
         } else {

@@ -42,7 +42,7 @@ impl Inner {
             Source::Band(v) => l.capacity_block().is_some_and(|b| b / bpb == v.0 as u64),
         };
         let holds_one = match src {
-            Source::Chunk(c) => self.log.inflight.values().any(|f| f.chunk == c),
+            Source::Chunk(c) => self.log.inflight().values().any(|f| f.chunk == c),
             Source::Band(_) => false,
         };
         holds_one || self.inflight_places().any(|l| l.is_none_or(inside))
@@ -52,7 +52,7 @@ impl Inner {
     /// where it cannot say, or holds the block nowhere (its live tombstone
     /// may then be in any chunk or band).
     fn inflight_places(&self) -> impl Iterator<Item = Option<Loc>> + '_ {
-        self.log.inflight.values().flat_map(move |f| {
+        self.log.inflight().values().flat_map(move |f| {
             let l2p = &self.vols[f.vol as usize].l2p;
             f.entries.iter().map(move |e| l2p.get(e.lba as usize).ok().filter(|&l| l != Loc::NONE))
         })
@@ -65,7 +65,7 @@ impl Inner {
     /// record in flight rewrites. Checked before every step; otherwise the
     /// step waits for them (the drained lock, or a writer's `Busy`).
     pub(super) fn relocations_clear(&self) -> bool {
-        if self.log.inflight.is_empty() {
+        if self.log.inflight().is_empty() {
             return true;
         }
         let chunk = self.log.oldest_full().is_some_and(|c| self.relocation_waits(Source::Chunk(c)));

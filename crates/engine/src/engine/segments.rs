@@ -319,6 +319,9 @@ impl Engine {
         let seq = inner.seq.last();
         flush(&*self.capacity)?;
         inner.cap.flushed(seq);
+        if let Some(id) = inner.disk_id.as_mut() {
+            id.flushed();
+        }
         Ok(())
     }
 }

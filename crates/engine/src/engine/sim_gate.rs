@@ -21,7 +21,7 @@ impl Engine {
     /// freed (`SimGate`). Without this the engine ignores time entirely.
     pub fn attach_sim_clock(&self, clock: sluice_media::ClockRef) {
         let mut inner = self.lock();
-        let (chunks, bands) = (inner.log.chunks.len(), inner.bands.len());
+        let (chunks, bands) = (inner.log.chunk_count(), inner.bands.len());
         inner.sim = Some(SimGate { clock, chunk_free_at_ns: vec![0; chunks], band_free_at_ns: vec![0; bands] });
     }
 }

@@ -148,7 +148,7 @@ impl StagedWrite {
                 let Some(r) = e.reserve(&mut g, self.vol, index, &mut self.recs[index], true)? else {
                     return Ok(Stepped::Busy);
                 };
-                let blocks = g.log.inflight[&r.lsn].entries.len();
+                let blocks = g.log.inflight()[&r.lsn].entries.len();
                 self.held.push(r);
                 self.next += 1;
                 Ok(Stepped::Reserved { record: index, blocks })
@@ -194,7 +194,7 @@ impl StagedWrite {
             TrimStep::Waits | TrimStep::NoRoom => Ok(Stepped::Busy),
             TrimStep::Skipped { first, end } => Ok(Stepped::TrimReserved { record: None, first, end }),
             TrimStep::Reserved { rec, r, first, end } => {
-                let lbas = g.log.inflight[&r.lsn].entries.iter().map(|e| e.lba).collect();
+                let lbas = g.log.inflight()[&r.lsn].entries.iter().map(|e| e.lba).collect();
                 self.recs.push(rec);
                 self.held.push(r);
                 self.next = self.recs.len();

@@ -98,7 +98,7 @@ impl Engine {
         let inner = self.lock();
         let blocks: usize = inner.vols.iter().map(|v| v.l2p.len()).sum();
         let l2p: usize = inner.vols.iter().map(|v| v.l2p.bytes()).sum();
-        let chunks: usize = inner.log.chunks.iter().map(|c| std::mem::size_of::<Chunk>() + c.p2l.len() * 16).sum();
+        let chunks: usize = inner.log.chunks().map(|(_, c)| std::mem::size_of::<Chunk>() + c.p2l().len() * 16).sum();
         let bands = inner.bands.len() * std::mem::size_of::<Band>();
         (l2p + chunks + bands) as f64 / blocks.max(1) as f64
     }

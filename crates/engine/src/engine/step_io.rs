@@ -60,7 +60,7 @@ impl Engine {
             }
             let win = plan(&inner)?;
             let chunk = (win.offset / BS / inner.blocks_per_chunk()) as u32;
-            if win.cache && inner.log.inflight.values().any(|f| f.chunk.0 == chunk) {
+            if win.cache && inner.log.inflight().values().any(|f| f.chunk.0 == chunk) {
                 return None;
             }
             (win, inner.take_buf(win.len), inner.window_runs(&win))

@@ -445,6 +445,7 @@ fn a_paged_map_serves_recovers_and_reopens_within_its_budget() {
         gc_free_bands_min: 2,
         l2p_dram_bytes: 4 * 8192,
         layout: Default::default(),
+        attached: false,
     };
     let cache: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(12 * cfg.chunk_bytes, 4096));
     let capacity: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(blocks * 4096 * 3 / 2, 4096));

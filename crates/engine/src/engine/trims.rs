@@ -78,7 +78,8 @@ impl TrimCursor {
             lba += 1;
         }
         let part = self.next..lba;
-        let waits = (g.log.inflight.values()).any(|f| f.vol == vol && f.entries.iter().any(|e| part.contains(&e.lba)));
+        let waits =
+            (g.log.inflight().values()).any(|f| f.vol == vol && f.entries.iter().any(|e| part.contains(&e.lba)));
         Ok(if waits { TrimPart::Waits } else { TrimPart::Part { entries, end: lba } })
     }
 }

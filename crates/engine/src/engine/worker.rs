@@ -225,7 +225,7 @@ impl Engine {
         }
         let (chunks, floor, free) = {
             let inner = self.lock();
-            (inner.log.chunks.len() - 1, inner.cfg.log_free_chunks_min, inner.log.free_len())
+            (inner.log.chunk_count() - 1, inner.cfg.log_free_chunks_min, inner.log.free_len())
         };
         let start = ((chunks as f64 * cfg.start_free).ceil() as usize).max(floor + 2);
         let setpoint = (chunks as f64 * cfg.setpoint_free).max(floor as f64 + 1.0);

@@ -85,9 +85,9 @@ impl Inner {
     /// The highest (sequence, LSN) such that every record at or below it
     /// was written: below the first record in flight, else the last ones.
     pub(super) fn written_upto(&self) -> (u64, u64) {
-        match self.log.inflight.first_key_value() {
+        match self.log.inflight().first_key_value() {
             Some((&lsn, f)) => (f.seq - 1, lsn - 1),
-            None => (self.seq.last(), self.log.lsn),
+            None => (self.seq.last(), self.log.lsn()),
         }
     }
 
@@ -99,7 +99,7 @@ impl Inner {
     pub(super) fn supersedes(&self, old: Loc, b: u64) -> bool {
         let Some(ob) = old.cache_block() else { return false };
         let bpc = self.blocks_per_chunk();
-        let age = |x: u64| (self.log.chunks[(x / bpc) as usize].epoch, x % bpc);
+        let age = |x: u64| (self.log.chunk_of(x).0.epoch(), x % bpc);
         age(ob) > age(b)
     }
 }
@@ -107,11 +107,11 @@ impl Inner {
 impl Engine {
     /// `g` once no record is in flight (new reservations wait meanwhile).
     pub(super) fn drained<'a>(&'a self, mut g: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
-        if g.log.inflight.is_empty() {
+        if g.log.inflight().is_empty() {
             return g;
         }
         g.draining += 1;
-        while !g.log.inflight.is_empty() {
+        while !g.log.inflight().is_empty() {
             g = self.wait_published(g);
         }
         g.draining -= 1;
@@ -282,7 +282,7 @@ impl Engine {
 
     /// A reserved record leaves the set in flight; its entries come back.
     fn done(&self, g: &mut Inner, r: &Reserved) -> Vec<Entry> {
-        let f = g.log.inflight.remove(&r.lsn).expect("a record in flight");
+        let f = g.log.publish(r.lsn);
         if g.waiting > 0 {
             self.published.notify_all();
         }
@@ -322,12 +322,9 @@ impl Engine {
         };
         let h = g.next_header(kind, vol, chunk, std::mem::take(&mut rec.entries));
         encode_header(&mut rec.buf[..BLOCK_BYTES], &h);
-        g.log.lsn += 1;
-        let (lsn, seq) = (g.log.lsn, h.seq);
-        g.log.inflight.insert(lsn, super::log::InFlight { seq, vol, chunk, entries: h.entries });
-        if let Some(hs) = g.log.chunks[chunk].headers.as_mut() {
-            hs.push(off as u32);
-        }
+        let seq = h.seq;
+        let lsn = g.log.reserve(super::log::InFlight { seq, vol, chunk, entries: h.entries });
+        g.log.note_header(chunk, off);
         g.log.advance(chunk, off, need);
         g.stats.cache_write_bytes += need * BS;
         g.stats.cache_header_bytes += BS;
@@ -446,7 +443,7 @@ mod tests {
             let slot = other.clone();
             after_reserving(move || {
                 let first_chunk = 1;
-                let epoch = e.lock_raw().log.chunks[first_chunk].epoch;
+                let epoch = e.lock_raw().log.chunk(ChunkId(first_chunk)).epoch();
                 *slot.lock().unwrap() = Some(std::thread::spawn(move || {
                     for i in 0..2000u64 {
                         let lba = 1 + i % 255;
@@ -457,8 +454,8 @@ mod tests {
                 // the chunk holding it was compacted and reopened.
                 loop {
                     let g = e.lock_raw();
-                    let ch = &g.log.chunks[first_chunk];
-                    if g.waiting > 0 || ch.epoch != epoch || ch.state == ChunkState::Free {
+                    let ch = g.log.chunk(ChunkId(first_chunk));
+                    if g.waiting > 0 || ch.epoch() != epoch || ch.state() == ChunkState::Free {
                         break;
                     }
                     drop(g);

@@ -574,6 +574,7 @@ mod tests {
             gc_free_bands_min: 2,
             l2p_dram_bytes: 0,
             layout: Default::default(),
+            attached: false,
         };
         let cache = Arc::new(CrashDevice::new(8 * cfg.chunk_bytes, 4096));
         let capacity = Arc::new(CrashDevice::new(capacity_bytes, 4096));

@@ -32,6 +32,10 @@ pub(in crate::engine) fn map_region(sb: &Superblock) -> (u64, Vec<u64>) {
 
 /// Log chunks on the cache device: what the map region leaves.
 pub(in crate::engine) fn chunk_count(sb: &Superblock) -> u64 {
+    if sb.layout == crate::persist::LAYOUT_ATTACHED {
+        // Attached: the checkpoint region's whole chunks come first.
+        return sb.checkpoint_offset / sb.chunk_bytes;
+    }
     map_region(sb).0 / sb.chunk_bytes
 }
 

@@ -208,7 +208,7 @@ fn scan_with(
         return Ok(Err(head));
     }
     let LsnCheck { flushed, lsn_max, accepted, mut new_gaps } = check_lsns(&scans, head, &mut damage);
-    inner.log.lsn = lsn_max.max(head.saturating_sub(1));
+    inner.log.recovered_lsn(lsn_max.max(head.saturating_sub(1)));
     inner.mark_gen = mark.as_ref().map_or(0, |m| m.gen);
     let mut chunk_epochs: Vec<(u64, u32)> = Vec::new();
     for cs in scans {
@@ -218,11 +218,9 @@ fn scan_with(
         let Some(first) = cs.runs.iter().find(|r| r.first + r.count > head).map(|r| r.first.max(head)) else {
             continue;
         };
-        let ch = &mut inner.log.chunks[cs.chunk as usize];
-        ch.state = ChunkState::Sealed;
-        ch.epoch = cs.epoch.expect("records have an epoch");
-        ch.first_lsn = first;
-        chunk_epochs.push((ch.epoch, cs.chunk));
+        let epoch = cs.epoch.expect("records have an epoch");
+        inner.log.found_chunk(ChunkId(cs.chunk), epoch, first);
+        chunk_epochs.push((epoch, cs.chunk));
     }
     for o in deferred.into_iter().filter(|o| o.lsn >= head) {
         // A bad block after the watermark is a torn write: ignored, and its
@@ -279,10 +277,10 @@ fn scan_with(
                             block,
                         });
                     }
-                    let ch = &mut inner.log.chunks[(cb / bpc) as usize];
-                    ch.p2l[(cb % bpc) as usize] = owner;
-                    ch.valid += 1;
-                    ch.dirty += 1;
+                    inner.log.place(cb, owner.0, owner.1, 0);
+                    if inner.in_place() {
+                        inner.residency.logged(cb);
+                    }
                 } else if let Some(pb) = loc.capacity_block() {
                     inner.bands.add_valid(BandId((pb / bpb) as u32));
                     live[(pb / bpb) as usize] = true;
@@ -323,7 +321,6 @@ fn scan_with(
     let voided_min = voided.iter().filter_map(|&b| found.walks[b as usize].first.map(|f| f.seq));
     let torn_min = torn.iter().map(|&(_, _, seq)| seq).chain(voided_min).min();
     inner.cap = CapWrites::recovered(found.watermark, torn_min.map(|s| s - 1));
-    inner.log.flushed_lsn = inner.log.lsn;
     inner.check_invariants_unless_paged();
     // A torn segment stays on the media with a sequence above the copy that
     // won instead; once later headers' watermarks pass it, a later recovery

@@ -1,0 +1,260 @@
+//! The in-place cache's state of each cached block (`Layout::InPlace`):
+//! whether its home holds the same bytes (clean), its I/O class, whether a
+//! read found it (hot); and per log chunk, how many of its current blocks
+//! are dirty and when it was sealed.
+//!
+//! Owns: those marks. The log (log.rs) owns which cache blocks are current
+//! and whose they are; this module owns only what in-place caching adds to
+//! them, so the log with bands carries none of it. Cleaning (cleaning.rs)
+//! marks blocks clean and hot, classes (classes.rs) sets classes, the
+//! checkpoint saves and restores the clean bits (format version 7), and the
+//! engine tells it when a block is logged, dropped, sealed or freed — each a
+//! method here.
+//!
+//! Invariants (asserted, `check` in full): only a current block carries a
+//! mark; a chunk's dirty count is its current blocks that are not clean; a
+//! freed chunk carries no mark and counts nothing dirty; a block is logged
+//! dirty, unclassified and cold. With bands nothing is marked.
+//!
+//! Built as flat vectors indexed by cache block (the log's numbering),
+//! rather than fields of each chunk, so one module changes them all and the
+//! chunk stays the log's.
+
+use super::log::ChunkId;
+use crate::persist::Writer;
+use std::time::Instant;
+
+pub(super) struct Residency {
+    blocks_per_chunk: usize,
+    /// Per cache block: its home holds the same bytes (cleaned, written
+    /// through, or promoted by a read), so freeing its chunk writes nothing.
+    clean: Vec<bool>,
+    /// Per cache block: its I/O class (classes.rs; 0 unclassified). Not
+    /// persisted: after a reopen every cached block is class 0.
+    class: Vec<u8>,
+    /// Per cache block: a read found it since it was logged (the second
+    /// chance of `Engine::retain`). Not persisted.
+    hot: Vec<bool>,
+    /// Per chunk: current blocks not clean, what cleaning it must still
+    /// write home.
+    dirty: Vec<u32>,
+    /// Per chunk: when it was sealed (age-based cleaning); None after a
+    /// reopen, which counts as old.
+    sealed_at: Vec<Option<Instant>>,
+}
+
+impl Residency {
+    /// Nothing cached: `chunks` chunks of `blocks_per_chunk` blocks.
+    pub(super) fn empty(chunks: usize, blocks_per_chunk: usize) -> Residency {
+        let blocks = chunks * blocks_per_chunk;
+        Residency {
+            blocks_per_chunk,
+            clean: vec![false; blocks],
+            class: vec![0; blocks],
+            hot: vec![false; blocks],
+            dirty: vec![0; chunks],
+            sealed_at: vec![None; chunks],
+        }
+    }
+
+    fn chunk_of(&self, cb: u64) -> usize {
+        cb as usize / self.blocks_per_chunk
+    }
+
+    pub(super) fn is_clean(&self, cb: u64) -> bool {
+        self.clean[cb as usize]
+    }
+    pub(super) fn class(&self, cb: u64) -> u8 {
+        self.class[cb as usize]
+    }
+    pub(super) fn is_hot(&self, cb: u64) -> bool {
+        self.hot[cb as usize]
+    }
+    /// Current blocks of chunk `c` not yet cleaned home.
+    pub(super) fn dirty(&self, c: ChunkId) -> u32 {
+        self.dirty[c.index()]
+    }
+    /// Current blocks not yet cleaned home, in every chunk.
+    pub(super) fn dirty_total(&self) -> u64 {
+        self.dirty.iter().map(|&d| d as u64).sum()
+    }
+    pub(super) fn sealed_at(&self, c: ChunkId) -> Option<Instant> {
+        self.sealed_at[c.index()]
+    }
+
+    /// Cache block `cb` became current (logged, or found by recovery):
+    /// dirty, unclassified, cold.
+    pub(super) fn logged(&mut self, cb: u64) {
+        let i = cb as usize;
+        assert!(!self.clean[i] && self.class[i] == 0 && !self.hot[i], "cache block {cb} logged over marks");
+        let c = self.chunk_of(cb);
+        self.dirty[c] += 1;
+        assert!(self.dirty[c] as usize <= self.blocks_per_chunk, "chunk {c}: more dirty blocks than blocks");
+    }
+
+    /// Cache block `cb` (current) left the cache: its marks go. Returns its
+    /// class and whether it was dirty.
+    pub(super) fn dropped(&mut self, cb: u64) -> (u8, bool) {
+        let i = cb as usize;
+        let dirty = !std::mem::take(&mut self.clean[i]);
+        self.hot[i] = false;
+        if dirty {
+            let c = self.chunk_of(cb);
+            assert!(self.dirty[c] > 0, "chunk {c}: a dirty block not counted");
+            self.dirty[c] -= 1;
+        }
+        (std::mem::take(&mut self.class[i]), dirty)
+    }
+
+    /// Cache block `cb` (current) now has its bytes at home too. Returns
+    /// whether it was dirty.
+    pub(super) fn mark_clean(&mut self, cb: u64) -> bool {
+        let was_dirty = !std::mem::replace(&mut self.clean[cb as usize], true);
+        if was_dirty {
+            let c = self.chunk_of(cb);
+            assert!(self.dirty[c] > 0, "chunk {c}: a dirty block not counted");
+            self.dirty[c] -= 1;
+        }
+        was_dirty
+    }
+
+    /// Cache block `cb` (current) was found by a read.
+    pub(super) fn mark_hot(&mut self, cb: u64) {
+        self.hot[cb as usize] = true;
+    }
+
+    /// Cache block `cb` (current) belongs to class `id` now. Returns the
+    /// class it had.
+    pub(super) fn set_class(&mut self, cb: u64, id: u8) -> u8 {
+        std::mem::replace(&mut self.class[cb as usize], id)
+    }
+
+    /// Chunk `c` was sealed at `now`.
+    pub(super) fn sealed(&mut self, c: ChunkId, now: Instant) {
+        self.sealed_at[c.index()] = Some(now);
+    }
+
+    /// Chunk `c` was freed: nothing of it is current any more.
+    pub(super) fn freed(&mut self, c: ChunkId) {
+        let c = c.index();
+        assert_eq!(self.dirty[c], 0, "chunk {c} freed holding dirty blocks");
+        let blocks = c * self.blocks_per_chunk..(c + 1) * self.blocks_per_chunk;
+        assert!(
+            self.clean[blocks.clone()].iter().all(|&x| !x)
+                && self.class[blocks.clone()].iter().all(|&x| x == 0)
+                && self.hot[blocks].iter().all(|&x| !x),
+            "chunk {c} freed with marks on its blocks"
+        );
+        self.sealed_at[c] = None;
+    }
+
+    /// The checkpoint's clean bits (version 7): per chunk, words of 64
+    /// blocks, bit i of word w for block 64·w + i.
+    pub(super) fn encode_clean(&self, w: &mut Writer) {
+        for chunk in self.clean.chunks(self.blocks_per_chunk) {
+            for word in chunk.chunks(64) {
+                w.u64(word.iter().enumerate().fold(0u64, |x, (i, &clean)| x | (clean as u64) << i));
+            }
+        }
+    }
+
+    /// The marks a checkpoint describes: each `current` block dirty, unless
+    /// the checkpoint holds clean bits (version 7, read by `word` in
+    /// `encode_clean`'s order) that say it is clean. A bit of a block that
+    /// is not current is ignored.
+    pub(super) fn from_checkpoint<E>(
+        chunks: usize,
+        blocks_per_chunk: usize,
+        current: impl Fn(u64) -> bool,
+        word: Option<&mut dyn FnMut() -> Result<u64, E>>,
+    ) -> Result<Residency, E> {
+        let mut res = Residency::empty(chunks, blocks_per_chunk);
+        for cb in (0..(chunks * blocks_per_chunk) as u64).filter(|&cb| current(cb)) {
+            res.logged(cb);
+        }
+        let Some(next) = word else { return Ok(res) };
+        for c in 0..chunks {
+            for word in 0..blocks_per_chunk.div_ceil(64) {
+                let bits = next()?;
+                let first = c * blocks_per_chunk + word * 64;
+                for i in 0..64.min(blocks_per_chunk - word * 64) {
+                    // Only a current block is clean.
+                    if bits >> i & 1 == 1 && current((first + i) as u64) {
+                        res.mark_clean((first + i) as u64);
+                    }
+                }
+            }
+        }
+        Ok(res)
+    }
+
+    /// Every mark agrees with the log's current blocks (`current`).
+    pub(super) fn check(&self, current: impl Fn(u64) -> bool) {
+        for (c, chunk) in self.clean.chunks(self.blocks_per_chunk).enumerate() {
+            let first = (c * self.blocks_per_chunk) as u64;
+            let mut dirty = 0;
+            for (i, &clean) in chunk.iter().enumerate() {
+                let cb = first + i as u64;
+                if current(cb) {
+                    dirty += !clean as u32;
+                } else {
+                    assert!(
+                        !clean && self.class[cb as usize] == 0 && !self.hot[cb as usize],
+                        "cache block {cb} is not current but carries marks"
+                    );
+                }
+            }
+            assert_eq!(self.dirty[c], dirty, "chunk {c} dirty count");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_is_dirty_until_cleaned_and_its_marks_leave_with_it() {
+        let mut r = Residency::empty(2, 4);
+        r.logged(5);
+        r.logged(6);
+        assert_eq!(r.dirty(ChunkId(1)), 2);
+        assert!(r.mark_clean(5));
+        assert!(!r.mark_clean(5), "cleaned once");
+        r.mark_hot(6);
+        assert_eq!(r.set_class(6, 3), 0);
+        r.check(|cb| cb == 5 || cb == 6);
+        assert_eq!(r.dropped(5), (0, false));
+        assert_eq!(r.dropped(6), (3, true));
+        r.check(|_| false);
+        r.freed(ChunkId(1));
+    }
+
+    #[test]
+    #[should_panic(expected = "freed holding dirty blocks")]
+    fn a_chunk_holding_dirty_blocks_is_never_freed() {
+        let mut r = Residency::empty(2, 4);
+        r.logged(4);
+        r.freed(ChunkId(1));
+    }
+
+    #[test]
+    fn the_clean_bits_come_back_from_the_checkpoint_for_current_blocks_only() {
+        let mut r = Residency::empty(2, 70);
+        for cb in [70, 71, 139] {
+            r.logged(cb);
+        }
+        r.mark_clean(71);
+        r.mark_clean(139);
+        let mut w = Writer(Vec::new());
+        r.encode_clean(&mut w);
+        assert_eq!(w.0.len(), 2 * 2 * 8, "two words per chunk of 70 blocks");
+        let mut words = w.0.chunks(8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+        let mut next = || words.next().ok_or(());
+        // Block 139 is no longer current in the log read back.
+        let back = Residency::from_checkpoint(2, 70, |cb| cb == 70 || cb == 71, Some(&mut next)).unwrap();
+        assert!(back.is_clean(71) && !back.is_clean(70) && !back.is_clean(139));
+        assert_eq!(back.dirty(ChunkId(1)), 1);
+        back.check(|cb| cb == 70 || cb == 71);
+    }
+}
