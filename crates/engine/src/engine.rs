@@ -110,7 +110,7 @@ pub use disk_identity::ChangedBlock;
 use gc::GcCursor;
 pub use handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
 use identity::write_label;
-pub use identity::{label_offset, label_present, superblock_present, wipe_labels};
+pub use identity::{label_offset, label_present, superblock_present, wipe_labels, wipe_superblock};
 pub use l2p::CAPACITY_BYTES_MAX;
 use l2p::{L2p, Loc, Width};
 use log::{Chunk, ChunkId, ChunkState, Log};

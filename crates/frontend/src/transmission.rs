@@ -513,8 +513,10 @@ impl Conn {
         if !ranged {
             return Ok(());
         }
-        let sized = matches!(command, Command::Read | Command::Write | Command::Cache)
-            || (command == Command::WriteZeroes && h.flags & proto::CMD_FLAG_FAST_ZERO == 0);
+        // Zeroes carry no payload and are written in bounded pieces: any
+        // length is served, as nbdkit and qemu-nbd do (nbdcopy zeroes a
+        // whole hole in one request).
+        let sized = matches!(command, Command::Read | Command::Write | Command::Cache);
         if sized && h.len > self.request_bytes_max {
             let msg = format!("length {len} beyond the maximum block size {}", self.request_bytes_max);
             return Err(err(proto::EINVAL, msg));

@@ -229,6 +229,27 @@ fn bad_requests_get_errors_and_the_connection_stays_in_sync() {
     h.shutdown().expect("shutdown");
 }
 
+/// Zeroes carry no payload: a request longer than the maximum block size
+/// is served (nbdcopy zeroes a whole hole at once), reads are not.
+#[test]
+fn zeroes_longer_than_the_maximum_block_size_are_served() {
+    let (vol, h) = setup_with(ServerOptions { request_bytes_max: 1 << 20, ..ServerOptions::default() });
+    let port = h.port().expect("tcp");
+    let (mut c, _, _) = Raw::go(port, "default", false, false);
+    let expect = |c: &mut Raw, cookie: u64, errno: u32| {
+        let (r, _) = c.reply(0);
+        assert_eq!(Raw::errno_of(&r), errno, "cookie {cookie}: {r:?}");
+    };
+    c.request(Command::WriteZeroes as u16, proto::CMD_FLAG_NO_HOLE, 1, 0, 4 << 20);
+    expect(&mut c, 1, 0);
+    c.request(Command::WriteZeroes as u16, 0, 2, 4 << 20, 4 << 20);
+    expect(&mut c, 2, 0);
+    c.request(READ, 0, 3, 0, 2 << 20);
+    expect(&mut c, 3, proto::EINVAL);
+    assert_eq!(vol.snapshot(0, 8 << 20), vec![0u8; 8 << 20]);
+    h.shutdown().expect("shutdown");
+}
+
 #[test]
 fn oversized_write_payload_closes_only_that_connection() {
     let (vol, h) = setup();

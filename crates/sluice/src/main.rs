@@ -140,6 +140,11 @@ enum Cmd {
         /// not with --flips or --zns.
         #[arg(long, conflicts_with_all = ["flips", "zns"])]
         in_place: bool,
+        /// With --in-place: the cache attached to a disk (`[engine] attach`):
+        /// checkpoint on the cache device, the disk's identity checked at
+        /// every reopen.
+        #[arg(long, requires = "in_place")]
+        attached: bool,
         /// Lifetime placement: two compaction and three GC streams by
         /// inferred block lifetime (docs/engine.md); not with --in-place.
         #[arg(long, conflicts_with = "in_place")]
@@ -733,12 +738,26 @@ fn sim(
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Sim { seeds, seed_start, ops, zns, flips, swarm, paged, in_place, lifetime, concurrent, strict } => {
+        Cmd::Sim {
+            seeds,
+            seed_start,
+            ops,
+            zns,
+            flips,
+            swarm,
+            paged,
+            in_place,
+            attached,
+            lifetime,
+            concurrent,
+            strict,
+        } => {
             let opts = sluice_sim::crashsim::SimOptions {
                 flips,
                 swarm,
                 paged,
                 in_place,
+                attached,
                 lifetime,
                 concurrent,
                 strict,

@@ -374,7 +374,10 @@ impl Engine {
                     home_written = true;
                 }
                 Route::Past(why) => {
-                    if may_defer && !inner.any_cached(v, lba0, blocks)? {
+                    // (A write of a block the disk's identity samples is
+                    // recorded first, under the lock: disk_identity.rs.)
+                    let sampled = inner.disk_id.as_ref().is_some_and(|d| d.samples_any(inner.home(v, lba0), blocks));
+                    if may_defer && !sampled && !inner.any_cached(v, lba0, blocks)? {
                         inner.vols[v].cache.home_gen += 1;
                         deferred.push(DeferredHome { index, at: inner.home(v, lba0) * BS });
                     } else {

@@ -142,6 +142,12 @@ impl DiskIdentity {
         }
     }
 
+    /// Whether `blocks` disk blocks from `first` hold a sampled one.
+    pub(super) fn samples_any(&self, first: u64, blocks: u64) -> bool {
+        let i = self.samples.partition_point(|s| s.block < first);
+        self.samples.get(i).is_some_and(|s| s.block < first + blocks)
+    }
+
     /// The sampled blocks a write of `data` at `first` covers, with the CRC
     /// it writes to each.
     fn touched<'a>(&'a self, first: u64, data: &'a [u8]) -> impl Iterator<Item = (&'a Sample, u32)> + 'a {

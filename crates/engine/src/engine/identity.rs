@@ -142,6 +142,13 @@ fn copies_present(
     Ok(Some(copies.iter().find_map(|c| uuid_of(c)).unwrap_or([0; 16])))
 }
 
+/// Erase the cache device's superblock copies (`sluice format --force` of
+/// an attached cache, which never writes the disk).
+pub fn wipe_superblock(cache: &dyn BlockDevice) -> Result<(), DeviceError> {
+    write_at(cache, 0, &[0u8; 2 * BLOCK_BYTES])?;
+    flush(cache)
+}
+
 /// Erase what marks the devices as a Sluice engine's — the cache device's
 /// superblock copies and the capacity device's label — so that `create`
 /// accepts them (`sluice format --force`). Records left in the log and the

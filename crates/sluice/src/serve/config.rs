@@ -156,6 +156,12 @@ pub struct EngineSection {
     pub cleaning_age: String,
     pub cleaning_idle: String,
     pub cleaning_response: String,
+    /// In-place engines: attach the cache to a capacity device (a file or a
+    /// block device) that already holds data, such as a file system: it is
+    /// not written until cleaning, nothing of Sluice's is ever put on it,
+    /// and one volume (`size = "disk"`) is the whole disk. Set when the
+    /// engine is created (docs/caching.md, "Attaching to a disk with data").
+    pub attach: bool,
 }
 
 /// `[server]`: bounds of the NBD server (per listener).
@@ -372,6 +378,7 @@ impl Default for EngineSection {
             cleaning_age: "10s".into(),
             cleaning_idle: "1s".into(),
             cleaning_response: "10s".into(),
+            attach: false,
         }
     }
 }

@@ -55,14 +55,49 @@ impl Config {
             layout: self.layout()?,
             ..Default::default()
         };
-        let specs = self
-            .volumes
-            .iter()
-            .map(|v| {
-                Ok(VolumeSpec { name: v.name.clone(), size_bytes: size_of(&format!("volume {}", v.name), &v.size)? })
-            })
+        let ecfg = EngineConfig { attached: self.attach()?, ..ecfg };
+        let disk_bytes = capacity.info().capacity_bytes;
+        let specs = (self.volumes.iter())
+            .map(|v| Ok(VolumeSpec { name: v.name.clone(), size_bytes: self.volume_bytes(v, disk_bytes)? }))
             .collect::<Result<Vec<_>, ServeError>>()?;
         Ok(Engine::create(cache, capacity, ecfg, &specs)?)
+    }
+
+    /// `[engine] attach`, checked against the rest of the config: an
+    /// in-place engine, a capacity device that is a file or a block device,
+    /// one volume.
+    pub(super) fn attach(&self) -> Result<bool, ServeError> {
+        if !self.engine.attach {
+            if let Some(v) = self.volumes.iter().find(|v| v.size == "disk") {
+                let msg = "size = \"disk\" needs [engine] attach = true".to_string();
+                return Err(ServeError::Config { path: format!("volume {}", v.name), msg });
+            }
+            return Ok(false);
+        }
+        let bad = |msg: &str| Err(ServeError::Config { path: "engine.attach".into(), msg: msg.into() });
+        if self.layout()? != sluice_engine::Layout::InPlace {
+            return bad("a cache attaches to a disk in place: set [engine] layout = \"in-place\"");
+        }
+        if self.capacity.kind != "file" {
+            return bad(
+                "the disk to attach to is a file or a block device: set [capacity] kind = \"file\" and its path",
+            );
+        }
+        if self.volumes.len() != 1 {
+            return bad(
+                "an attached cache serves the disk as one volume: list exactly one [[volume]] (size = \"disk\")",
+            );
+        }
+        Ok(true)
+    }
+
+    /// Volume `v`'s size: as given, or the whole disk (`size = "disk"`,
+    /// rounded down to 4 KiB blocks) of `disk_bytes`.
+    pub(super) fn volume_bytes(&self, v: &VolumeConfig, disk_bytes: u64) -> Result<u64, ServeError> {
+        match v.size.as_str() {
+            "disk" => Ok(disk_bytes / 4096 * 4096),
+            s => size_of(&format!("volume {}", v.name), s),
+        }
     }
 
     /// Both devices, for messages.
@@ -150,7 +185,13 @@ impl Config {
 
     /// Open (creating a missing file, fully allocated) the `which` device.
     pub(super) fn open_device(&self, which: &'static str, d: &DeviceConfig) -> Result<OpenedDevice, ServeError> {
-        let mut size = size_of(&format!("{which}.size"), &d.size)?;
+        // The disk a cache attaches to is opened as it is: never created,
+        // resized or allocated; a size given must be its size.
+        let attach_disk = which == "capacity" && self.engine.attach;
+        let mut size = match attach_disk && d.size.is_empty() {
+            true => 0,
+            false => size_of(&format!("{which}.size"), &d.size)?,
+        };
         let bad = |msg: String| ServeError::Config { path: format!("{which}.emulate"), msg };
         if d.prealloc && d.kind != "memory" {
             let msg = format!("prealloc needs kind = \"memory\", not {:?}", d.kind);
@@ -204,7 +245,7 @@ impl Config {
             "file" => {
                 let path = self.in_data_dir(&d.file_path(which));
                 let opts = FileOptions {
-                    capacity_bytes: Some(size),
+                    capacity_bytes: (!attach_disk).then_some(size),
                     cache: CacheMode::DirectOrBuffered,
                     allocate: true,
                     // The log: small records and frequent flushes (FileOptions).
@@ -214,6 +255,15 @@ impl Config {
                 };
                 let dev = FileDevice::open(&path, &opts)
                     .map_err(|e| ServeError::Device(format!("opening the {which} device: {e}")))?;
+                if attach_disk && size != 0 && size != dev.info().capacity_bytes {
+                    return Err(ServeError::Config {
+                        path: "capacity.size".into(),
+                        msg: format!(
+                            "the disk to attach to is {} bytes, not {size} (leave size out to take the disk as it is)",
+                            dev.info().capacity_bytes
+                        ),
+                    });
+                }
                 size = dev.info().capacity_bytes;
                 if dev.created() {
                     created = Some(path);
@@ -320,7 +370,15 @@ impl Config {
     /// each (empty: nothing).
     pub(super) fn differences(&self, sb: &Superblock, zoned: bool) -> Result<Vec<String>, ServeError> {
         let mut out = Vec::new();
-        let in_place = sb.layout == sluice_engine::persist::LAYOUT_IN_PLACE;
+        let in_place = sb.layout != sluice_engine::persist::LAYOUT_BANDS;
+        let attached = sb.layout == sluice_engine::persist::LAYOUT_ATTACHED;
+        if attached != self.engine.attach {
+            let have = if attached { "attached to its disk" } else { "not attached (it owns its capacity device)" };
+            out.push(format!(
+                "engine.attach: the config says {}, the engine on the devices is {have}",
+                self.engine.attach
+            ));
+        }
         if in_place != (self.layout()? == sluice_engine::Layout::InPlace) {
             let have = if in_place { "in-place" } else { "bands" };
             out.push(format!(
@@ -344,7 +402,7 @@ impl Config {
         }
         let on_media: Vec<&str> = sb.volumes.iter().map(|(n, _)| n.as_str()).collect();
         for v in &self.volumes {
-            let want = size_of(&format!("volume {}", v.name), &v.size)?;
+            let want = self.volume_bytes(v, sb.capacity_bytes)?;
             match sb.volumes.iter().find(|(n, _)| *n == v.name) {
                 None => out.push(format!(
                     "volume {:?} is in the config but not on the devices (volumes are fixed when the engine is created)",
@@ -433,6 +491,9 @@ pub(super) struct OpenedDevice {
 pub enum Opened {
     /// Created on fresh devices by this start.
     Created,
+    /// Created on a fresh cache device by this start, attached to a disk
+    /// that holds data (not written).
+    Attached,
     /// Reopened after a clean shutdown.
     Reopened,
     /// Reopened after an unclean stop: recovered from the devices.
@@ -463,10 +524,14 @@ pub(super) fn open_engine_on(cfg: &Config, opened: &[OpenedDevice]) -> Result<(A
         Err(EngineError::NoEngine) => {}
         Err(e) => return Err(e.into()),
     }
-    if let Some(d) = opened.iter().find(|d| !d.fresh) {
+    // Attaching: the disk holds data by design; only the cache device must
+    // be fresh.
+    let attach = cfg.attach()?;
+    if let Some(d) = opened.iter().find(|d| !(d.fresh || attach && d.which == "capacity")) {
         return Err(ServeError::NotFresh { which: d.which, path: cfg.device_label(d.which) });
     }
-    Ok((cfg.create_engine(cache, capacity)?, Opened::Created))
+    let how = if attach { Opened::Attached } else { Opened::Created };
+    Ok((cfg.create_engine(cache, capacity)?, how))
 }
 
 /// Where a device holds something other than zeros: its first and last
@@ -510,6 +575,9 @@ pub(super) fn format_on(cfg: &Config, force: bool, opened: &[OpenedDevice]) -> R
     if let Some(u) = sluice_engine::engine::superblock_present(&*cache).map_err(engine_err)? {
         found.push(format!("the cache device holds engine {}", sluice_engine::persist::uuid_text(&u)));
     }
+    if cfg.attach()? {
+        return attach_on(cfg, force, opened, found);
+    }
     if let Some(u) = sluice_engine::engine::label_present(&*capacity).map_err(engine_err)? {
         found.push(format!("the capacity device holds engine {}", sluice_engine::persist::uuid_text(&u)));
     }
@@ -532,6 +600,38 @@ pub(super) fn format_on(cfg: &Config, force: bool, opened: &[OpenedDevice]) -> R
     let mut text = format!("sluice: formatted engine {uuid} on {}", cfg.devices_text());
     if !found.is_empty() {
         text += &format!(" (destroyed: {})", found.join("; "));
+    }
+    Ok(text)
+}
+
+/// `sluice format` of an attached cache: only the cache device is written
+/// (and only it is said to be destroyed); the disk keeps what it holds.
+fn attach_on(cfg: &Config, force: bool, opened: &[OpenedDevice], mut found: Vec<String>) -> Result<String, ServeError> {
+    let (cache, capacity) = (opened[0].dev.clone(), opened[1].dev.clone());
+    if found.is_empty() && !opened[0].fresh {
+        if let Some(at) = sampled_data(&*cache)? {
+            found.push(format!("the cache device {} holds data (at byte {at})", cfg.device_label("cache")));
+        }
+    }
+    if !found.is_empty() && !force {
+        return Err(ServeError::FormatRefused(found));
+    }
+    if force {
+        sluice_engine::engine::wipe_superblock(&*cache).map_err(|e| ServeError::Engine(EngineError::Device(e)))?;
+    }
+    let disk_bytes = capacity.info().capacity_bytes;
+    let engine = cfg.create_engine(cache, capacity)?;
+    engine.shutdown()?;
+    let uuid = sluice_engine::persist::uuid_text(&engine.uuid());
+    let mut text = format!(
+        "sluice: attached engine {uuid}: formatted the cache device {}; the disk {} ({disk_bytes} bytes) was not \
+         written: volume {:?} serves what it holds",
+        cfg.device_label("cache"),
+        cfg.device_label("capacity"),
+        cfg.volumes[0].name
+    );
+    if !found.is_empty() {
+        text += &format!(" (destroyed on the cache device: {})", found.join("; "));
     }
     Ok(text)
 }

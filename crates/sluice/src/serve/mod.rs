@@ -351,7 +351,19 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
             eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64())
         }
         (Opened::Created, _) => eprintln!("sluice: created a new engine on {}", cfg.devices_text()),
+        (Opened::Attached, _) => eprintln!(
+            "sluice: attached a new cache ({}) to the disk {}, which keeps what it holds (not written until cleaning)",
+            cfg.device_label("cache"),
+            cfg.device_label("capacity")
+        ),
         _ => eprintln!("sluice: reopened the engine on {}", cfg.devices_text()),
+    }
+    if let Some((changed, dropped)) = engine.disk_changed() {
+        eprintln!(
+            "sluice: the disk changed since the cache last saw it ({} sampled blocks differ); the cache held only \
+             clean copies: dropped all {dropped} of them, every read goes to the disk",
+            changed.len()
+        );
     }
     let targets = cfg.trace_targets()?;
     apply_policies(&cfg, &engine)?;
