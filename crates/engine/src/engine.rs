@@ -92,6 +92,7 @@ mod sim_gate;
 mod staged;
 mod stats;
 mod step_io;
+mod streams;
 #[cfg(test)]
 mod tests;
 mod throttle;

@@ -17,8 +17,9 @@
 //! without it, once a log's worth of writes has spilled while the oldest
 //! chunk stayed put, each spilled write cleans as many blocks of it as it
 //! carries (at least `SPILL_CLEAN_BLOCKS_MIN`), so the log always drains —
-//! but short-lived data that trims free first is never written home. Sequential streams are tracked per volume, `STREAMS` at once,
-//! so writers interleaved on one volume keep their own streams.
+//! but short-lived data that trims free first is never written home.
+//! Sequential streams are tracked per volume and direction (streams.rs),
+//! several at once and tolerant of split and reordered requests.
 //!
 //! Modes follow Open CAS: `wb`, `wt`, `wa`, `wi`, `pt`. A mode may change
 //! at any time: dirty blocks stay where they are and are cleaned as usual,
@@ -177,25 +178,14 @@ pub(super) struct VolCache {
     /// Cached blocks of the volume that are not clean (kept as they change,
     /// so a report does not walk the log; checked by `check_invariants`).
     pub(super) dirty_blocks: u64,
-    /// The sequential streams last seen (cutoff): where each ends, how
-    /// long it is, and when it was last extended (`stream_tick`).
-    streams: [Stream; STREAMS],
-    stream_tick: u64,
+    /// The sequential streams last seen (cutoff), of writes and of reads
+    /// (streams.rs).
+    write_streams: super::streams::Streams,
+    read_streams: super::streams::Streams,
     /// Misses per block since the window opened (promotion).
     misses: HashMap<u64, u32>,
     /// The volume's I/O classes and their counters (classes.rs).
     pub(super) classes: super::classes::Classes,
-}
-
-/// Sequential streams tracked per volume: interleaved writers (a file
-/// system writing several files at once) each keep their own.
-const STREAMS: usize = 16;
-
-#[derive(Clone, Copy, Default)]
-struct Stream {
-    end: u64,
-    bytes: u64,
-    used: u64,
 }
 
 impl VolCache {
@@ -207,25 +197,6 @@ impl VolCache {
             assert!(self.dirty_blocks > 0, "a dirty block the volume did not count");
             self.dirty_blocks -= 1;
         }
-    }
-
-    /// The length of the stream a write of `len` bytes at `offset` extends
-    /// (or starts, in the least recently used slot).
-    fn extend_stream(&mut self, offset: u64, len: u64) -> u64 {
-        self.stream_tick += 1;
-        let slot = match self.streams.iter().position(|s| s.end == offset && s.bytes > 0) {
-            Some(i) => i,
-            None => {
-                let lru = (0..STREAMS).min_by_key(|&i| self.streams[i].used).expect("streams");
-                self.streams[lru] = Stream::default();
-                lru
-            }
-        };
-        let s = &mut self.streams[slot];
-        s.end = offset + len;
-        s.bytes += len;
-        s.used = self.stream_tick;
-        s.bytes
     }
 }
 
@@ -282,7 +253,7 @@ impl Inner {
             super::classes::Admit::Bypass => return Ok((Route::Past(PastWhy::Class), 0)),
             super::classes::Admit::Spill => return Ok((Route::Past(PastWhy::Spill), 0)),
         };
-        let streaming = vc.extend_stream(lba0 * BS, blocks * BS) > vc.policy.seq_cutoff_bytes;
+        let streaming = vc.write_streams.extend(lba0 * BS, blocks * BS) > vc.policy.seq_cutoff_bytes;
         let p = vc.policy;
         let cut = match p.seq_cutoff {
             SeqCutoff::Always => streaming,
@@ -493,7 +464,7 @@ impl Engine {
         // scan, a bulk file read back) is not promoted.
         let vc = &mut inner.vols[v].cache;
         let class_ok = vc.classes.admit_read(lba0 * BS, data.len() as u64);
-        let stream = vc.extend_stream(lba0 * BS, data.len() as u64);
+        let stream = vc.read_streams.extend(lba0 * BS, data.len() as u64);
         let cut = p.seq_cutoff != SeqCutoff::Never && stream > p.seq_cutoff_bytes;
         let moved = vc.home_gen != gen;
         let blocks = data.len() as u64 / BS;
