@@ -54,6 +54,12 @@ pub enum RecordKind {
     /// of LSNs (`lba` = first, `crc` = how many more), flagged as tombstones
     /// (no data follows). Later recoveries do not count them as missing.
     Gap = 4,
+    /// In place: the listed blocks of the volume — each the cached copy
+    /// whose CRC the entry gives, written before this record — are clean:
+    /// their homes held the same bytes durably when it was written
+    /// (residency.rs, "claims"). Entries are flagged as tombstones (no data
+    /// follows); recovery does not offer them as blocks.
+    Clean = 5,
 }
 
 /// `Header::stream` of segments GC writes.
@@ -192,6 +198,7 @@ pub fn decode_header(b: &[u8], engine: u32) -> Result<Header, HeaderError> {
         2 => RecordKind::Trim,
         3 => RecordKind::Segment,
         4 => RecordKind::Gap,
+        5 => RecordKind::Clean,
         _ => return Err(HeaderError::Malformed),
     };
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
@@ -257,7 +264,7 @@ pub fn chunk_records(data: &[u8], bpc: u64, engine: u32) -> impl Iterator<Item =
 /// the chunk; None for a block never written, torn, or not a record header.
 pub fn record_at(block: &[u8], pos: u64, bpc: u64, engine: u32) -> Option<Header> {
     let h = decode_header(block, engine).ok()?;
-    let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim | RecordKind::Gap)
+    let whole = matches!(h.kind, RecordKind::Write | RecordKind::Trim | RecordKind::Gap | RecordKind::Clean)
         && pos + 1 + h.data_blocks() as u64 <= bpc;
     whole.then_some(h)
 }

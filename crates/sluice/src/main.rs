@@ -714,6 +714,12 @@ fn sim(
         })?;
         r.add(&seed_report);
     }
+    if opts.in_place {
+        println!(
+            "in place: {} cached blocks kept clean by the reopens ({} by recoveries after a crash), each equal to its home",
+            r.clean_after_reopen, r.clean_after_crash
+        );
+    }
     if opts.concurrent {
         println!(
             "scheduler: {} writes and {} trims staged, {} steps ({} found no room while records were in flight, or \

@@ -253,7 +253,7 @@ impl Inner {
             super::classes::Admit::Bypass => return Ok((Route::Past(PastWhy::Class), 0)),
             super::classes::Admit::Spill => return Ok((Route::Past(PastWhy::Spill), 0)),
         };
-        let streaming = vc.write_streams.extend(lba0 * BS, blocks * BS) > vc.policy.seq_cutoff_bytes;
+        let streaming = vc.write_streams.extend(lba0 * BS, blocks * BS, false) > vc.policy.seq_cutoff_bytes;
         let p = vc.policy;
         let cut = match p.seq_cutoff {
             SeqCutoff::Always => streaming,
@@ -346,9 +346,11 @@ impl Engine {
                 }
                 Route::Past(why) => {
                     // (A write of a block the disk's identity samples is
-                    // recorded first, under the lock: disk_identity.rs.)
+                    // recorded first, under the lock: disk_identity.rs; so
+                    // is one of a block claimed clean: residency.rs.)
                     let sampled = inner.disk_id.as_ref().is_some_and(|d| d.samples_any(inner.home(v, lba0), blocks));
-                    if may_defer && !sampled && !inner.any_cached(v, lba0, blocks)? {
+                    let claimed = (lba0..lba0 + blocks).any(|l| inner.residency.has_claim(vol, l));
+                    if may_defer && !sampled && !claimed && !inner.any_cached(v, lba0, blocks)? {
                         inner.vols[v].cache.home_gen += 1;
                         deferred.push(DeferredHome { index, at: inner.home(v, lba0) * BS });
                     } else {
@@ -464,7 +466,7 @@ impl Engine {
         // scan, a bulk file read back) is not promoted.
         let vc = &mut inner.vols[v].cache;
         let class_ok = vc.classes.admit_read(lba0 * BS, data.len() as u64);
-        let stream = vc.read_streams.extend(lba0 * BS, data.len() as u64);
+        let stream = vc.read_streams.extend(lba0 * BS, data.len() as u64, true);
         let cut = p.seq_cutoff != SeqCutoff::Never && stream > p.seq_cutoff_bytes;
         let moved = vc.home_gen != gen;
         let blocks = data.len() as u64 / BS;

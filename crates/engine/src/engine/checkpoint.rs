@@ -221,7 +221,8 @@ pub(super) fn decode_checkpoint(
     let in_place = cfg.layout == Layout::InPlace;
     let mut word = || r.u64();
     let clean_words: Option<&mut dyn FnMut() -> Result<u64, EngineError>> = (sb.version >= 7).then_some(&mut word);
-    let residency = Residency::from_checkpoint(nc, bpc, |cb| in_place && log.is_current(cb), clean_words)?;
+    let owner = |cb| if in_place { log.owner_of(cb) } else { None };
+    let residency = Residency::from_checkpoint(nc, bpc, owner, clean_words)?;
     if r.at() != r.len() {
         return Err(bad(&r));
     }

@@ -35,10 +35,10 @@
 //!
 //! Cleaning runs under the engine lock (like every change here): a bounded
 //! step writes at most `blocks_max` blocks. Clean bits are kept by the
-//! checkpoint, so a clean restart keeps the cache clean; the log does not
-//! record them, so after a crash every cached block counts as dirty and is
-//! cleaned again (the same bytes), which is correct and costs only disk
-//! writes.
+//! checkpoint, so a clean restart keeps the cache clean; across a crash,
+//! Clean records in the log keep the blocks whose homes a disk flush made
+//! durable (`log_claims`, `unclaim`: residency.rs), and the rest count as
+//! dirty and are cleaned again (the same bytes).
 
 use super::compaction::CompactStep;
 use super::*;
@@ -74,7 +74,7 @@ impl Inner {
         let (ch, i) = self.log.chunk_of(cb);
         let (v, _) = ch.owner(i);
         assert_ne!(v, u32::MAX, "only a current block is cleaned");
-        if self.residency.mark_clean(cb) {
+        if self.residency.mark_clean(cb, v, ch.owner(i).1) {
             let vc = &mut self.vols[v as usize].cache;
             assert!(vc.dirty_blocks > 0, "a dirty block the volume did not count");
             vc.dirty_blocks -= 1;
@@ -246,6 +246,68 @@ impl Engine {
         Ok(())
     }
 
+    /// Before the homes of `lbas` of `vol` are written: no claim on them
+    /// (residency.rs) may be acted on by a later recovery. A claimed copy
+    /// still current (clean: its home holds the same bytes) leaves the maps
+    /// and is dropped by a tombstone; then a cache flush makes every record
+    /// that supersedes a claimed copy durable.
+    fn unclaim(&self, inner: &mut Inner, vol: u32, lbas: &[u64]) -> Result<(), VolumeError> {
+        if lbas.is_empty() {
+            return Ok(());
+        }
+        let mut dropped = Vec::new();
+        for &lba in lbas {
+            let loc = inner.vols[vol as usize].l2p.get(lba as usize)?;
+            if let Some(cb) = loc.cache_block().filter(|&cb| inner.residency.is_clean(cb)) {
+                inner.vols[vol as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
+                inner.invalidate(Loc::cache(cb));
+                dropped.push(lba);
+            }
+        }
+        if !dropped.is_empty() {
+            self.log_tombstones(inner, vol, &dropped)?;
+        }
+        self.flush_cache(inner)?;
+        for &lba in lbas {
+            inner.residency.unclaim(vol, lba);
+        }
+        Ok(())
+    }
+
+    /// Claim the blocks whose homes a disk flush made durable since they
+    /// were marked clean (residency.rs), in Clean records — only in room
+    /// the log has to spare (a claim never reclaims a chunk; a block left
+    /// unclaimed is counted dirty after a crash, as before). Called where
+    /// no home write is under way (after a reclaim or a cleaning pass).
+    pub(super) fn log_claims(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        if !inner.in_place() {
+            return Ok(());
+        }
+        let log = &inner.log;
+        let mut ready = inner.residency.take_ready(|v, lba, cb| log.owner_of(cb) == Some((v, lba)));
+        ready.sort_unstable();
+        let max = inner.record_blocks_max();
+        let mut i = 0;
+        while i < ready.len() {
+            let vol = ready[i].0;
+            let n = ready[i..].iter().take(max).take_while(|r| r.0 == vol).count();
+            if !inner.log_has_room(0) {
+                break;
+            }
+            let mut entries = Vec::with_capacity(n);
+            for &(_, lba, _) in &ready[i..i + n] {
+                let crc = inner.vols[vol as usize].l2p.entry(lba as usize)?.1;
+                entries.push(crate::layout::Entry { lba, crc, tombstone: true });
+            }
+            self.log_record(inner, vol, crate::layout::RecordKind::Clean, entries, &[])?;
+            for &(v, lba, cb) in &ready[i..i + n] {
+                inner.residency.claimed(v, lba, cb);
+            }
+            i += n;
+        }
+        Ok(())
+    }
+
     /// Write `data` (whole blocks) to the disk from block `block`: the one
     /// way the in-place engine writes the disk. On a disk the engine was
     /// attached to, a sampled block it changes is recorded first, durably
@@ -269,6 +331,18 @@ impl Engine {
     /// Write `data` (whole blocks from `lba0` of `vol`) to its home, and
     /// count it; the caller deals with cached copies.
     pub(super) fn write_home(&self, inner: &mut Inner, vol: usize, lba0: u64, data: &[u8]) -> Result<(), VolumeError> {
+        // No claim is logged while a home write is prepared (residency.rs).
+        inner.residency.pause_claims();
+        let r = self.write_home_unpaused(inner, vol, lba0, data);
+        inner.residency.resume_claims();
+        r
+    }
+
+    fn write_home_unpaused(&self, inner: &mut Inner, vol: usize, lba0: u64, data: &[u8]) -> Result<(), VolumeError> {
+        let claimed: Vec<u64> = (lba0..lba0 + (data.len() / BLOCK_BYTES) as u64)
+            .filter(|&l| inner.residency.has_claim(vol as u32, l))
+            .collect();
+        self.unclaim(inner, vol as u32, &claimed)?;
         let at = inner.home(vol, lba0);
         inner.sim_wait(None, None);
         self.disk_write(inner, at, data)?;
@@ -282,6 +356,13 @@ impl Engine {
     /// sorted by home and written as runs of adjacent blocks; then marked
     /// clean. Returns the blocks cleaned.
     pub(super) fn clean_chunk(&self, inner: &mut Inner, c: ChunkId, blocks_max: u64) -> Result<u64, VolumeError> {
+        inner.residency.pause_claims();
+        let r = self.clean_chunk_unpaused(inner, c, blocks_max);
+        inner.residency.resume_claims();
+        r
+    }
+
+    fn clean_chunk_unpaused(&self, inner: &mut Inner, c: ChunkId, blocks_max: u64) -> Result<u64, VolumeError> {
         let bpc = inner.blocks_per_chunk();
         let base = c.0 as u64 * bpc;
         let todo: Vec<(u32, u64, u64)> = (inner.log.chunk(c).current())
@@ -304,6 +385,15 @@ impl Engine {
             homes.push((inner.home(v as usize, lba), v, cb, block));
         }
         homes.sort_unstable_by_key(|h| h.0);
+        // Older copies claimed clean must not win a recovery once these
+        // homes hold newer bytes.
+        let mut claimed: Vec<(u32, u64)> =
+            todo.iter().filter(|t| inner.residency.has_claim(t.0, t.1)).map(|t| (t.0, t.1)).collect();
+        claimed.sort_unstable();
+        for vol in claimed.iter().map(|c| c.0).collect::<std::collections::BTreeSet<u32>>() {
+            let lbas: Vec<u64> = claimed.iter().filter(|c| c.0 == vol).map(|c| c.1).collect();
+            self.unclaim(inner, vol, &lbas)?;
+        }
         let mut i = 0;
         let mut run = Vec::new();
         while i < homes.len() {
@@ -358,6 +448,7 @@ impl Engine {
         }
         let step = self.free_oldest(inner, c)?;
         self.retain(inner, keep)?;
+        self.log_claims(inner)?;
         Ok(step)
     }
 
@@ -448,6 +539,7 @@ impl Engine {
         if inner.cap.is_dirty() {
             self.flush_capacity(inner)?;
         }
+        self.log_claims(inner)?;
         Ok(n)
     }
 
@@ -459,6 +551,20 @@ impl Engine {
     /// Writing home touches no log, so nothing cleans in between. `data` is
     /// `None` for zeros.
     pub(super) fn write_past_log(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        lba0: u64,
+        blocks: u64,
+        data: Option<&[u8]>,
+    ) -> Result<(), VolumeError> {
+        inner.residency.pause_claims();
+        let r = self.write_past_log_unpaused(inner, vol, lba0, blocks, data);
+        inner.residency.resume_claims();
+        r
+    }
+
+    fn write_past_log_unpaused(
         &self,
         inner: &mut Inner,
         vol: u32,

@@ -86,13 +86,23 @@ impl DiskIdentity {
 
     /// The sampled blocks of `disk` that hold neither what the identity
     /// records nor what a pending write would have put there (empty: the
-    /// same disk, unchanged).
-    pub(super) fn check(&self, disk: &dyn BlockDevice) -> Result<Vec<ChangedBlock>, DeviceError> {
+    /// same disk, unchanged). When none differs, the identity takes what
+    /// each holds, pending or not: a write pending at a crash was kept or
+    /// lost, and only this engine's next flush may settle its own writes
+    /// (`flushed`), never an earlier one's.
+    pub(super) fn check(&mut self, disk: &dyn BlockDevice) -> Result<Vec<ChangedBlock>, DeviceError> {
         let mut out = Vec::new();
+        let mut found = Vec::with_capacity(self.samples.len());
         for s in &self.samples {
-            let found = crc32c(&read_at(disk, s.block * BS, BLOCK_BYTES)?);
-            if found != s.crc && Some(found) != s.pending {
-                out.push(ChangedBlock { offset: s.block * BS, expected: s.crc, found });
+            let crc = crc32c(&read_at(disk, s.block * BS, BLOCK_BYTES)?);
+            if crc != s.crc && Some(crc) != s.pending {
+                out.push(ChangedBlock { offset: s.block * BS, expected: s.crc, found: crc });
+            }
+            found.push(crc);
+        }
+        if out.is_empty() {
+            for (s, crc) in self.samples.iter_mut().zip(found) {
+                (s.crc, s.pending) = (crc, None);
             }
         }
         Ok(out)
@@ -107,11 +117,12 @@ impl DiskIdentity {
         Ok(())
     }
 
-    /// Whether writing `data` at disk block `first` changes a sampled block
-    /// whose last write is still unflushed (then the disk must be flushed
-    /// first: a sample records one pending write).
+    /// Whether writing `data` at disk block `first` writes a sampled block
+    /// whose last write, of other bytes, is still unflushed (then the disk
+    /// must be flushed first: a sample records one pending write, the last
+    /// — even one that puts back what a flush made durable).
     pub(super) fn needs_flush_before(&self, first: u64, data: &[u8]) -> bool {
-        self.touched(first, data).any(|(s, crc)| crc != s.crc && s.pending.is_some_and(|p| p != crc))
+        self.touched(first, data).any(|(s, crc)| s.pending.is_some_and(|p| p != crc))
     }
 
     /// A home write of `data` at disk block `first` is about to be issued:
@@ -119,9 +130,13 @@ impl DiskIdentity {
     /// whether anything changed (then `save` before the write).
     pub(super) fn before_write(&mut self, first: u64, data: &[u8]) -> bool {
         let changes: Vec<(usize, u32)> = (self.touched(first, data))
-            .filter(|(s, crc)| *crc != s.crc && s.pending != Some(*crc))
+            .filter(|(s, crc)| s.pending.is_none() && *crc != s.crc)
             .map(|(s, crc)| (self.samples.iter().position(|x| x.block == s.block).expect("a sample"), crc))
             .collect();
+        assert!(
+            self.touched(first, data).all(|(s, crc)| s.pending.is_none_or(|p| p == crc)),
+            "a sampled block written twice between flushes"
+        );
         for &(i, crc) in &changes {
             assert!(
                 self.samples[i].pending.is_none(),
@@ -277,10 +292,13 @@ mod tests {
         assert!(id.before_write(0, &new));
         id.save(&cache).unwrap();
         let saved = DiskIdentity::read(&cache, [7; 16]).unwrap().unwrap();
-        assert!(saved.check(&d).unwrap().is_empty(), "before the write lands");
+        assert!(saved.clone().check(&d).unwrap().is_empty(), "before the write lands");
         write_at(&d, 0, &new).unwrap();
-        assert!(saved.check(&d).unwrap().is_empty(), "after it lands");
+        let mut after = saved.clone();
+        assert!(after.check(&d).unwrap().is_empty(), "after it lands");
+        assert_eq!(after.samples[0], Sample { block: 0, crc: crc32c(&new), pending: None }, "settled");
         assert!(id.needs_flush_before(0, &[0xBB; BLOCK_BYTES]), "a second unflushed write of a sample");
+        assert!(id.needs_flush_before(0, &[1u8; BLOCK_BYTES]), "even one that puts back the durable bytes");
         id.flushed();
         assert!(!id.needs_flush_before(0, &[0xBB; BLOCK_BYTES]));
         // Someone else writes block 7: found.

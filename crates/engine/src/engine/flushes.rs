@@ -117,6 +117,7 @@ impl Engine {
             // place no record is ever in flight (writes log under the lock).
             if inner.in_place() && (inner.cap.is_dirty() || inner.cap.inflight() > 0) {
                 self.flush_capacity(&mut inner)?;
+                self.log_claims(&mut inner)?;
             }
             Ok(())
         });

@@ -135,7 +135,7 @@ impl Engine {
             l2p_dram_bytes: if paged { cfg.l2p_dram_bytes } else { 0 },
             layout: if cfg.attached { crate::persist::LAYOUT_ATTACHED } else { cfg.layout.on_media() },
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
-            version: full_version(cfg.attached),
+            version: full_version(cfg.layout == Layout::InPlace),
         };
         let label = CapacityLabel {
             uuid,
@@ -182,11 +182,11 @@ impl Engine {
         let (cfg, geo) = on_media_config(&sb, &*capacity)?;
         // Attached: the disk must be the one the cache belongs to, as the
         // cache last saw it (checked again below if it changed).
-        let disk_id = match cfg.attached {
+        let mut disk_id = match cfg.attached {
             true => Some(DiskIdentity::read(&*cache, sb.uuid)?.ok_or(EngineError::NoDiskIdentity(sb.uuid))?),
             false => None,
         };
-        let disk_changed = match &disk_id {
+        let disk_changed = match &mut disk_id {
             Some(id) => id.check(&*capacity)?,
             None => Vec::new(),
         };
@@ -248,14 +248,19 @@ impl Engine {
         // A changed disk: only a cache that holds nothing dirty may stay
         // attached to it, after dropping every copy (below).
         if !disk_changed.is_empty() {
-            // (After a crash every cached block counts as dirty.)
+            // (After a crash, every cached block no Clean record claims.)
             let dirty_blocks = inner.residency.dirty_total();
             if dirty_blocks > 0 {
                 return Err(EngineError::DiskChanged { uuid: inner.sb.uuid, changed: disk_changed, dirty_blocks });
             }
         }
         inner.disk_id = disk_id;
-        // Step 3: dirty before the first change.
+        // Step 3: dirty before the first change. In place, version 8 from
+        // now on: the log is about to get Clean records, which a version 7
+        // Sluice would take for damage after a crash.
+        if inner.in_place() {
+            inner.sb.version = inner.sb.version.max(crate::persist::SUPERBLOCK_VERSION);
+        }
         inner.sb.clean = false;
         inner.sb.generation += 1;
         inner.sb.write_to(&*cache)?;
@@ -367,17 +372,17 @@ impl Engine {
 pub(super) fn checkpoint_for_room(inner: &Inner, room: u64) -> (Vec<u8>, u16) {
     let (mut body, v6) = encode_checkpoint(inner);
     if (body.len() as u64).div_ceil(BS) * BS <= room {
-        return (body, full_version(inner.cfg.attached));
+        return (body, full_version(inner.in_place()));
     }
     body.truncate(v6);
     (body, 6)
 }
 
-/// The superblock version an engine writes with a full checkpoint: 8 when
-/// attached (the layout version 8 added), else 7 (readable by a version 7
-/// Sluice).
-fn full_version(attached: bool) -> u16 {
-    match attached {
+/// The superblock version an engine writes with a full checkpoint: 8 in
+/// place (its log may hold Clean records, and it may be attached: both
+/// version 8's), else 7 (readable by a version 7 Sluice).
+fn full_version(in_place: bool) -> u16 {
+    match in_place {
         true => crate::persist::SUPERBLOCK_VERSION,
         false => crate::persist::SUPERBLOCK_VERSION_DETACHED,
     }

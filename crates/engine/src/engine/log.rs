@@ -398,6 +398,11 @@ impl Log {
         self.chunks()
             .flat_map(move |(c, ch)| ch.current().map(move |(i, v, lba)| (c.0 as u64 * bpc + i as u64, v, lba)))
     }
+    /// Who cache block `cb` holds, if it is current: (volume, LBA).
+    pub(super) fn owner_of(&self, cb: u64) -> Option<(u32, u64)> {
+        let (ch, i) = self.chunk_of(cb);
+        Some(ch.p2l[i]).filter(|o| o.0 != u32::MAX)
+    }
     /// Whether cache block `cb` is current.
     pub(super) fn is_current(&self, cb: u64) -> bool {
         let (ch, i) = self.chunk_of(cb);

@@ -19,6 +19,18 @@
 //! Built as flat vectors indexed by cache block (the log's numbering),
 //! rather than fields of each chunk, so one module changes them all and the
 //! chunk stays the log's.
+//!
+//! **Claims: clean across a crash.** A block marked clean is `pending`
+//! until the disk is flushed, then `ready`; ready blocks still current and
+//! clean are logged in Clean records (`RecordKind::Clean`, lba and CRC of
+//! the copy), and recovery marks a winning copy clean when a Clean record
+//! written after it names its CRC. A claim must never outlive the home
+//! bytes it vouches for: before the engine writes the home of a block that
+//! has a claim (`claims`), the claimed copy is made unable to win a later
+//! recovery — the records that supersede it flushed first, and a claimed
+//! copy still current dropped by a tombstone flushed before the write
+//! (cleaning.rs). A claim leaves `claims` then, or when its copy's chunk is
+//! freed (the copy is below the log's head: never replayed again).
 
 use super::log::ChunkId;
 use crate::persist::Writer;
@@ -41,6 +53,19 @@ pub(super) struct Residency {
     /// Per chunk: when it was sealed (age-based cleaning); None after a
     /// reopen, which counts as old.
     sealed_at: Vec<Option<Instant>>,
+    /// Blocks marked clean since the disk was last flushed, and those whose
+    /// homes a flush made durable since: (volume, LBA, cache block).
+    pending: Vec<(u32, u64, u64)>,
+    ready: Vec<(u32, u64, u64)>,
+    /// LBAs with a claim in the log (maybe not yet durable) that a later
+    /// recovery could still act on: the claimed copy's cache block.
+    claims: std::collections::HashMap<(u32, u64), u64>,
+    /// Per chunk: the claims of copies in it (to forget when it is freed).
+    claimed_in: Vec<Vec<(u32, u64)>>,
+    /// Home writes being prepared (`pause_claims`): no claim is taken then
+    /// — a claim logged by a reclaim nested in one could vouch for a home
+    /// about to be overwritten.
+    claims_paused: u32,
 }
 
 impl Residency {
@@ -54,6 +79,11 @@ impl Residency {
             hot: vec![false; blocks],
             dirty: vec![0; chunks],
             sealed_at: vec![None; chunks],
+            pending: Vec::new(),
+            ready: Vec::new(),
+            claims: Default::default(),
+            claimed_in: vec![Vec::new(); chunks],
+            claims_paused: 0,
         }
     }
 
@@ -106,16 +136,74 @@ impl Residency {
         (std::mem::take(&mut self.class[i]), dirty)
     }
 
-    /// Cache block `cb` (current) now has its bytes at home too. Returns
+    /// Cache block `cb` (current, holding `lba` of `vol`) now has its bytes
+    /// at home too (once the disk is flushed: `disk_flushed`). Returns
     /// whether it was dirty.
-    pub(super) fn mark_clean(&mut self, cb: u64) -> bool {
+    pub(super) fn mark_clean(&mut self, cb: u64, vol: u32, lba: u64) -> bool {
         let was_dirty = !std::mem::replace(&mut self.clean[cb as usize], true);
         if was_dirty {
             let c = self.chunk_of(cb);
             assert!(self.dirty[c] > 0, "chunk {c}: a dirty block not counted");
             self.dirty[c] -= 1;
+            self.pending.push((vol, lba, cb));
         }
         was_dirty
+    }
+
+    /// Recovery: cache block `cb` (current, `lba` of `vol`) is clean by a
+    /// claim found in the log, which stays in force.
+    pub(super) fn recovered_clean(&mut self, cb: u64, vol: u32, lba: u64) {
+        let was_dirty = !std::mem::replace(&mut self.clean[cb as usize], true);
+        assert!(was_dirty, "cache block {cb} found clean twice");
+        let c = self.chunk_of(cb);
+        self.dirty[c] -= 1;
+        self.claimed(vol, lba, cb);
+    }
+
+    /// The disk was flushed: the homes of the blocks marked clean before
+    /// are durable.
+    pub(super) fn disk_flushed(&mut self) {
+        self.ready.append(&mut self.pending);
+    }
+
+    /// No claim is taken until as many `resume_claims` (a home write is
+    /// being prepared).
+    pub(super) fn pause_claims(&mut self) {
+        self.claims_paused += 1;
+    }
+    pub(super) fn resume_claims(&mut self) {
+        assert!(self.claims_paused > 0, "claims resumed more often than paused");
+        self.claims_paused -= 1;
+    }
+
+    /// The blocks to claim now: ready ones, as `still` (current, clean, at
+    /// that cache block) confirms; the rest are forgotten. None while
+    /// claims are paused (they stay ready).
+    pub(super) fn take_ready(&mut self, still: impl Fn(u32, u64, u64) -> bool) -> Vec<(u32, u64, u64)> {
+        if self.claims_paused > 0 {
+            return Vec::new();
+        }
+        let mut out = std::mem::take(&mut self.ready);
+        out.retain(|&(v, lba, cb)| self.clean[cb as usize] && still(v, lba, cb));
+        out
+    }
+
+    /// A Clean record claims `lba` of `vol` for the copy at `cb`.
+    pub(super) fn claimed(&mut self, vol: u32, lba: u64, cb: u64) {
+        self.claims.insert((vol, lba), cb);
+        let c = self.chunk_of(cb);
+        self.claimed_in[c].push((vol, lba));
+    }
+
+    /// Whether `lba` of `vol` has a claim a recovery could still act on.
+    pub(super) fn has_claim(&self, vol: u32, lba: u64) -> bool {
+        !self.claims.is_empty() && self.claims.contains_key(&(vol, lba))
+    }
+
+    /// The claim on `lba` of `vol` can no longer be acted on (its copy was
+    /// made unable to win a recovery).
+    pub(super) fn unclaim(&mut self, vol: u32, lba: u64) {
+        self.claims.remove(&(vol, lba));
     }
 
     /// Cache block `cb` (current) was found by a read.
@@ -146,6 +234,15 @@ impl Residency {
             "chunk {c} freed with marks on its blocks"
         );
         self.sealed_at[c] = None;
+        // Its copies are below the log's head: no recovery replays them.
+        for key in std::mem::take(&mut self.claimed_in[c]) {
+            if self.claims.get(&key).is_some_and(|&cb| cb as usize / self.blocks_per_chunk == c) {
+                self.claims.remove(&key);
+            }
+        }
+        let bpc = self.blocks_per_chunk;
+        self.pending.retain(|&(_, _, cb)| cb as usize / bpc != c);
+        self.ready.retain(|&(_, _, cb)| cb as usize / bpc != c);
     }
 
     /// The checkpoint's clean bits (version 7): per chunk, words of 64
@@ -165,9 +262,10 @@ impl Residency {
     pub(super) fn from_checkpoint<E>(
         chunks: usize,
         blocks_per_chunk: usize,
-        current: impl Fn(u64) -> bool,
+        owner: impl Fn(u64) -> Option<(u32, u64)>,
         word: Option<&mut dyn FnMut() -> Result<u64, E>>,
     ) -> Result<Residency, E> {
+        let current = |cb| owner(cb).is_some();
         let mut res = Residency::empty(chunks, blocks_per_chunk);
         for cb in (0..(chunks * blocks_per_chunk) as u64).filter(|&cb| current(cb)) {
             res.logged(cb);
@@ -179,8 +277,10 @@ impl Residency {
                 let first = c * blocks_per_chunk + word * 64;
                 for i in 0..64.min(blocks_per_chunk - word * 64) {
                     // Only a current block is clean.
-                    if bits >> i & 1 == 1 && current((first + i) as u64) {
-                        res.mark_clean((first + i) as u64);
+                    // (Claimed, for all the engine knows: the log may hold
+                    // a claim on it.)
+                    if let Some((v, lba)) = owner((first + i) as u64).filter(|_| bits >> i & 1 == 1) {
+                        res.recovered_clean((first + i) as u64, v, lba);
                     }
                 }
             }
@@ -219,8 +319,8 @@ mod tests {
         r.logged(5);
         r.logged(6);
         assert_eq!(r.dirty(ChunkId(1)), 2);
-        assert!(r.mark_clean(5));
-        assert!(!r.mark_clean(5), "cleaned once");
+        assert!(r.mark_clean(5, 0, 1));
+        assert!(!r.mark_clean(5, 0, 1), "cleaned once");
         r.mark_hot(6);
         assert_eq!(r.set_class(6, 3), 0);
         r.check(|cb| cb == 5 || cb == 6);
@@ -244,15 +344,16 @@ mod tests {
         for cb in [70, 71, 139] {
             r.logged(cb);
         }
-        r.mark_clean(71);
-        r.mark_clean(139);
+        r.mark_clean(71, 0, 1);
+        r.mark_clean(139, 0, 69);
         let mut w = Writer(Vec::new());
         r.encode_clean(&mut w);
         assert_eq!(w.0.len(), 2 * 2 * 8, "two words per chunk of 70 blocks");
         let mut words = w.0.chunks(8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
         let mut next = || words.next().ok_or(());
         // Block 139 is no longer current in the log read back.
-        let back = Residency::from_checkpoint(2, 70, |cb| cb == 70 || cb == 71, Some(&mut next)).unwrap();
+        let owner = |cb: u64| (cb == 70 || cb == 71).then(|| (0, cb - 70));
+        let back = Residency::from_checkpoint(2, 70, owner, Some(&mut next)).unwrap();
         assert!(back.is_clean(71) && !back.is_clean(70) && !back.is_clean(139));
         assert_eq!(back.dirty(ChunkId(1)), 1);
         back.check(|cb| cb == 70 || cb == 71);

@@ -322,6 +322,7 @@ impl Engine {
         if let Some(id) = inner.disk_id.as_mut() {
             id.flushed();
         }
+        inner.residency.disk_flushed();
         Ok(())
     }
 }

@@ -58,8 +58,11 @@ impl Default for Streams {
 
 impl Streams {
     /// A request of `len` bytes at `offset` (whole blocks): the bytes of
-    /// the stream it extends (or starts), itself included.
-    pub(super) fn extend(&mut self, offset: u64, len: u64) -> u64 {
+    /// the stream it extends (or starts), itself included. `near`: runs
+    /// within `NEAR` count together — for reads (scans read far out of
+    /// order), not for writes (a file system writing many small files side
+    /// by side, a job's temporary files, would look like one stream).
+    pub(super) fn extend(&mut self, offset: u64, len: u64, near: bool) -> u64 {
         self.tick += 1;
         let (a, b) = (offset / BS, (offset + len).div_ceil(BS));
         if b <= a {
@@ -96,6 +99,9 @@ impl Streams {
         };
         self.slots[i].used = self.tick;
         let own = self.slots[i].end - self.slots[i].start;
+        if !near {
+            return own * BS;
+        }
         // Requests in flight far out of order leave many runs close
         // together: the runs within `NEAR` of this one count with it if
         // they cover at least half of the span they reach (a scan read
@@ -132,7 +138,7 @@ mod tests {
     fn a_stream_in_order_counts_every_byte() {
         let mut s = Streams::default();
         for i in 0..32 {
-            assert_eq!(s.extend(i * (128 << 10), 128 << 10), (i + 1) * (128 << 10));
+            assert_eq!(s.extend(i * (128 << 10), 128 << 10, true), (i + 1) * (128 << 10));
         }
     }
 
@@ -142,8 +148,8 @@ mod tests {
         let mut n = 0;
         for i in 0..64u64 {
             // nbdfuse: each 1 MiB read split at 1,015,808, the tail first.
-            n = s.extend(i * MIB + 1_015_808, 32_768);
-            n = n.max(s.extend(i * MIB, 1_015_808));
+            n = s.extend(i * MIB + 1_015_808, 32_768, true);
+            n = n.max(s.extend(i * MIB, 1_015_808, true));
         }
         assert_eq!(n, 64 * MIB);
         // nbdcopy: 64 requests of 256 KiB in flight, answered in any order.
@@ -152,7 +158,7 @@ mod tests {
         for w in order.chunks_mut(64) {
             w.reverse();
         }
-        let n = order.iter().map(|&i| s.extend(i * (256 << 10), 256 << 10)).max().unwrap();
+        let n = order.iter().map(|&i| s.extend(i * (256 << 10), 256 << 10, true)).max().unwrap();
         assert_eq!(n, 64 * MIB);
     }
 
@@ -160,12 +166,12 @@ mod tests {
     fn random_io_over_a_hot_region_never_becomes_a_stream() {
         let mut s = Streams::default();
         let mut rng = sluice_media::rng::SplitMix64(3);
-        let most = (0..20_000).map(|_| s.extend(rng.below(512) * BS, BS)).max().unwrap();
+        let most = (0..20_000).map(|_| s.extend(rng.below(512) * BS, BS, true)).max().unwrap();
         s.check();
         assert!(most < 512 << 10, "a hot 2 MiB region read at random counted {most} sequential bytes");
         // Nor random I/O over a large volume, however long it runs.
         let mut s = Streams::default();
-        let most = (0..200_000).map(|_| s.extend(rng.below(1 << 18) * BS, BS)).max().unwrap();
+        let most = (0..200_000).map(|_| s.extend(rng.below(1 << 18) * BS, BS, true)).max().unwrap();
         assert!(most < 64 << 10, "random 4 KiB over 1 GiB counted {most} sequential bytes");
     }
 
@@ -182,9 +188,24 @@ mod tests {
                 w.swap(i, rng.below(i as u64 + 1) as usize);
             }
         }
-        let short = order.iter().filter(|&&i| s.extend(i * (256 << 10), 256 << 10) <= 1 << 20).count();
+        let short = order.iter().filter(|&&i| s.extend(i * (256 << 10), 256 << 10, true) <= 1 << 20).count();
         assert!(short < 3072 / 20, "{short} of 3072 requests seen as no stream past 1 MiB");
         s.check();
+    }
+
+    /// Writes count runs alone: small files written side by side with
+    /// their metadata between them (a job's temporary files) are not one
+    /// stream, as they would be counted as reads.
+    #[test]
+    fn small_files_written_side_by_side_are_not_one_write_stream() {
+        let (mut w, mut r) = (Streams::default(), Streams::default());
+        let (mut most_w, mut most_r) = (0, 0);
+        for i in 0..64u64 {
+            most_w = most_w.max(w.extend(i * (68 << 10), 64 << 10, false));
+            most_r = most_r.max(r.extend(i * (68 << 10), 64 << 10, true));
+        }
+        assert_eq!(most_w, 64 << 10);
+        assert!(most_r > 1 << 20, "read back, they are a scan");
     }
 
     #[test]
@@ -192,8 +213,8 @@ mod tests {
         let mut s = Streams::default();
         let (mut a, mut b) = (0, 0);
         for i in 0..40u64 {
-            a = s.extend(i * 65536, 65536);
-            b = s.extend((1 << 30) + i * 65536, 65536);
+            a = s.extend(i * 65536, 65536, true);
+            b = s.extend((1 << 30) + i * 65536, 65536, true);
         }
         assert_eq!((a, b), (40 * 65536, 40 * 65536));
     }

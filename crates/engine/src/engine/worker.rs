@@ -386,6 +386,12 @@ impl Engine {
             }
             let r = self.clean_chunk(&mut inner, due.chunk, blocks);
             let cleaned = inner.stop_on_device_error(r)?;
+            if cleaned > 0 {
+                // What it cleaned: its homes durable, and claimed, so a
+                // crash keeps them clean (residency.rs).
+                let r = self.flush_capacity(&mut inner).and_then(|()| self.log_claims(&mut inner));
+                inner.stop_on_device_error(r)?;
+            }
             let pause = match due.paced {
                 true => Duration::from_secs_f64((cleaned * BS) as f64 / rate).min(CLEANING_PAUSE_MAX),
                 false => Duration::ZERO,

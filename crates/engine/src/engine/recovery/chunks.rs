@@ -36,6 +36,9 @@ pub(super) struct ChunkScan {
     pub(super) flushed_lsn: u64,
     /// LSN ranges earlier recoveries accepted as torn (gap records).
     pub(super) gaps: Vec<(u64, u64)>,
+    /// In place, the Clean records' claims: (volume, LBA, CRC of the copy
+    /// claimed clean, the record's sequence and LSN).
+    pub(super) claims: Vec<(u32, u64, u32, u64, u64)>,
 }
 
 /// Records of one chunk with consecutive LSNs `first..first + count`, the
@@ -167,6 +170,7 @@ fn walk_chunk(c: u32, w: &mut ChunkWindow, vol_blocks: &[usize], tag: u32) -> Re
         head_lsn: 0,
         flushed_lsn: 0,
         gaps: Vec::new(),
+        claims: Vec::new(),
     };
     // The chunk's generation: its first record's, or if that one is
     // damaged, the newest found anywhere in it (old generations lie past
@@ -211,7 +215,10 @@ fn walk_chunk(c: u32, w: &mut ChunkWindow, vol_blocks: &[usize], tag: u32) -> Re
         if h.kind == RecordKind::Gap {
             out.gaps.extend(h.entries.iter().map(|e| (e.lba, e.lba + e.crc as u64)));
         }
-        if h.kind == RecordKind::Gap {
+        if h.kind == RecordKind::Clean {
+            out.claims.extend(h.entries.iter().map(|e| (h.volume, e.lba, e.crc, h.seq, h.lsn)));
+        }
+        if matches!(h.kind, RecordKind::Gap | RecordKind::Clean) {
             pos += 1;
             continue;
         }

@@ -211,6 +211,15 @@ fn scan_with(
     inner.log.recovered_lsn(lsn_max.max(head.saturating_sub(1)));
     inner.mark_gen = mark.as_ref().map_or(0, |m| m.gen);
     let mut chunk_epochs: Vec<(u64, u32)> = Vec::new();
+    // In place, the newest claim on each block at or above the head
+    // (residency.rs): a winning cached copy older than it, with its CRC,
+    // is clean.
+    let mut claims: std::collections::HashMap<(u32, u64), (u64, u32)> = Default::default();
+    for &(vol, lba, crc, seq, lsn) in scans.iter().flat_map(|cs| &cs.claims) {
+        if lsn >= head && claims.get(&(vol, lba)).is_none_or(|&(s, _)| s < seq) {
+            claims.insert((vol, lba), (seq, crc));
+        }
+    }
     for cs in scans {
         res.seq_max = res.seq_max.max(cs.seq_max);
         // A chunk whose records are all below the head was compacted and
@@ -280,6 +289,9 @@ fn scan_with(
                     inner.log.place(cb, owner.0, owner.1, 0);
                     if inner.in_place() {
                         inner.residency.logged(cb);
+                        if claims.get(&owner).is_some_and(|&(s, c)| s > seq && c == crc) {
+                            inner.residency.recovered_clean(cb, owner.0, owner.1);
+                        }
                     }
                 } else if let Some(pb) = loc.capacity_block() {
                     inner.bands.add_valid(BandId((pb / bpb) as u32));
