@@ -97,9 +97,13 @@ enum Cmd {
     /// A running server's per-volume IOPS, bandwidth, latency, cache
     /// occupancy, WAF and compaction/GC rates (from its metrics endpoint).
     Stats {
-        /// The server's `metrics_listen` address.
-        #[arg(long, default_value = "127.0.0.1:10810")]
-        addr: String,
+        /// The server's `metrics_listen` address (default: the config's, or
+        /// 127.0.0.1:10810 without one).
+        #[arg(long, conflicts_with = "config")]
+        addr: Option<String>,
+        /// The server's config: its `metrics_listen` address is scraped.
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
         /// Seconds between the two scrapes the rates come from.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
@@ -830,10 +834,24 @@ fn run(cli: Cli) -> Result<(), CliError> {
             println!("JSON: {}", json.display());
             Ok(())
         }
-        Cmd::Stats { addr, interval, json } => {
+        Cmd::Stats { addr, config, interval, json } => {
             if !(interval > 0.0 && interval <= 3600.0) {
                 return Err(CliError("--interval must be in (0, 3600] seconds".into()));
             }
+            let addr = match (addr, config) {
+                (Some(a), _) => a,
+                (None, Some(path)) => {
+                    let cfg = serve::Config::load(Some(&path))?;
+                    if cfg.metrics_listen.is_empty() {
+                        return Err(CliError(format!(
+                            "{}: metrics_listen is \"\": the server serves no metrics to read",
+                            path.display()
+                        )));
+                    }
+                    cfg.metrics_listen
+                }
+                (None, None) => "127.0.0.1:10810".into(),
+            };
             let a = metrics::scrape(&addr).map_err(CliError)?;
             let t = Instant::now();
             std::thread::sleep(std::time::Duration::from_secs_f64(interval));

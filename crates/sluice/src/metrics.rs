@@ -385,8 +385,11 @@ pub struct CacheVolumeStats {
     pub mode: String,
     pub cached_mib: f64,
     pub dirty_mib: f64,
-    /// Share of the interval's read bytes found in the log.
+    /// Share of the interval's read bytes found in the log (0 without
+    /// reads: `reads`).
     pub read_hit_ratio: f64,
+    /// Whether the volume was read in the interval.
+    pub reads: bool,
     pub write_back_mib_per_s: f64,
     pub write_through_mib_per_s: f64,
     pub write_past_mib_per_s: f64,
@@ -449,6 +452,7 @@ fn cache_stats(
         cached_mib: g(b, "cached_bytes") / mib,
         dirty_mib: g(b, "dirty_bytes") / mib,
         read_hit_ratio: if hit + miss > 0.0 { hit / (hit + miss) } else { 0.0 },
+        reads: hit + miss > 0.0,
         write_back_mib_per_s: rate("write_back_bytes_total"),
         write_through_mib_per_s: rate("write_through_bytes_total"),
         write_past_mib_per_s: rate("write_past_bytes_total"),
@@ -574,12 +578,16 @@ pub fn print_table(s: &Stats) {
         for v in &s.volumes {
             let Some(c) = &v.cache else { continue };
             println!(
-                "{:<16} {:>4} {:>9.1} {:>9.1} {:>6.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+                "{:<16} {:>4} {:>9.1} {:>9.1} {:>6} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
                 v.volume,
                 c.mode,
                 c.cached_mib,
                 c.dirty_mib,
-                c.read_hit_ratio * 100.0,
+                // No reads in the interval: no ratio to show.
+                match c.reads {
+                    true => format!("{:.1}", c.read_hit_ratio * 100.0),
+                    false => "-".into(),
+                },
                 c.write_back_mib_per_s,
                 c.write_through_mib_per_s,
                 c.write_past_mib_per_s,

@@ -126,6 +126,26 @@ fn metrics_endpoint_and_sluice_stats_report_the_traffic() {
     assert!(v["host_waf"].as_f64().unwrap() >= 1.0, "{v}");
     let table = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["stats", "--addr", &metrics]).output().unwrap();
     assert!(String::from_utf8_lossy(&table.stdout).contains("cache occupancy"));
+    // Found from a config: its metrics_listen (here the address the server
+    // took); a config that serves no metrics is a clear error.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let with_addr = dir.join("stats.toml");
+    std::fs::write(
+        &with_addr,
+        text.replace("metrics_listen = \"127.0.0.1:0\"", &format!("metrics_listen = {metrics:?}")),
+    )
+    .unwrap();
+    let by_config = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["stats", "--json", "--config"])
+        .arg(&with_addr)
+        .output()
+        .unwrap();
+    assert!(by_config.status.success(), "{}", String::from_utf8_lossy(&by_config.stderr));
+    assert!(String::from_utf8_lossy(&by_config.stdout).contains("\"volume\": \"default\""));
+    let none = dir.join("none.toml");
+    std::fs::write(&none, text.replace("metrics_listen = \"127.0.0.1:0\"", "metrics_listen = \"\"")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["stats", "--config"]).arg(&none).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("serves no metrics"));
     // Fill most of the 64 MiB log; then, with no client writing, the
     // background compactor brings it back below half full.
     qemu_io(port, &["write -P 0x22 16M 40M"]);
