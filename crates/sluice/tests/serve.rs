@@ -277,6 +277,13 @@ fn sighup_reloads_cache_policies_and_a_pass_through_config_detaches_live() {
     assert!(refused.contains("mode"), "{refused}");
     qemu_io(port, &["read -P 0xab 0 256k"]);
     assert!(home(0, 4096) != vec![0xab; 4096], "a refused reload changes nothing");
+    // A reload says what it changed, and that nothing did.
+    std::fs::write(&config, text.replace("size = \"256m\"\n", "size = \"256m\"\nmode = \"wt\"\n")).unwrap();
+    hup(&server);
+    let said = await_line("reloaded the config");
+    assert!(said.contains("volume default: mode \"\" -> \"wt\""), "{said}");
+    hup(&server);
+    await_line("reloaded the config: nothing changed");
     // Every volume pass-through: a live detach.
     std::fs::write(&config, text.replace("size = \"256m\"\n", "size = \"256m\"\nmode = \"pt\"\n")).unwrap();
     hup(&server);

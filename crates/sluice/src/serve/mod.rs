@@ -234,10 +234,48 @@ fn notify_systemd(state: &str) {
 /// it does not parse, change nothing and say why. If every volume of an
 /// in-place engine is pass-through afterwards, clean every dirty block
 /// home: a live detach (the disk alone then holds every volume).
+/// What a reload may change, as text per setting: `[engine] cleaning*`
+/// and every volume's other keys (mode, cutoff, promotion, retention,
+/// classes, trace), so a reload says what it changed.
+fn policy_view(cfg: &Config) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let text = |v: &serde_json::Value| v.to_string();
+    if let Ok(serde_json::Value::Object(e)) = serde_json::to_value(&cfg.engine) {
+        for (k, v) in e.iter().filter(|(k, _)| k.starts_with("cleaning")) {
+            out.insert(format!("engine.{k}"), text(v));
+        }
+    }
+    for vol in &cfg.volumes {
+        if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(vol) {
+            for (k, v) in m.iter().filter(|(k, _)| *k != "name") {
+                out.insert(format!("volume {}: {k}", vol.name), text(v));
+            }
+        }
+    }
+    out
+}
+
+/// The changes from `old` to `new` (`policy_view`), one per setting.
+fn policy_changes(
+    old: &std::collections::BTreeMap<String, String>,
+    new: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let shown = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
+    (keys.into_iter())
+        .filter(|k| old.get(*k) != new.get(*k))
+        .map(|k| format!("{k} {} -> {}", shown(old.get(k)), shown(new.get(k))))
+        .collect()
+}
+
+/// SIGHUP: apply the config's reloadable settings (`policy_view`), after
+/// checking that nothing else changed; `applied` is what the last start or
+/// reload applied, and becomes this one's.
 fn reload(
     path: Option<&Path>,
     flags: &Overrides,
     running: &Config,
+    applied: &mut std::collections::BTreeMap<String, String>,
     engine: &Arc<Engine>,
     classifier: &mut Option<crate::directories::DirectoryClasses>,
     traces: &[Arc<TraceSlot>],
@@ -264,7 +302,13 @@ fn reload(
     }
     drop(classifier.take());
     *classifier = crate::directories::DirectoryClasses::start(&cfg, engine)?;
-    eprintln!("sluice: reloaded the cache policies from the config");
+    let view = policy_view(&cfg);
+    let changes = policy_changes(applied, &view);
+    *applied = view;
+    match changes.is_empty() {
+        true => eprintln!("sluice: reloaded the config: nothing changed"),
+        false => eprintln!("sluice: reloaded the config: {}", changes.join("; ")),
+    }
     let report = engine.cache_report();
     if !report.is_empty() && report.iter().all(|r| r.policy.mode == sluice_engine::CacheMode::PassThrough) {
         let bytes = engine.clean(false)?;
@@ -447,10 +491,11 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
     };
     notify_systemd("READY=1");
     let mut classifier = classifier;
+    let mut applied = policy_view(&cfg);
     let sig = loop {
         match wait_for_signal(&set) {
             libc::SIGHUP => {
-                if let Err(e) = reload(path, flags, &cfg, &engine, &mut classifier, &traces) {
+                if let Err(e) = reload(path, flags, &cfg, &mut applied, &engine, &mut classifier, &traces) {
                     eprintln!("sluice: reload refused, nothing changed: {e}");
                 }
             }
