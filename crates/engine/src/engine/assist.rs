@@ -40,7 +40,7 @@
 
 use super::gc::GcStep;
 use super::worker::STEP_PARTS;
-use super::*;
+use super::{Engine, Inner, VolumeError};
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 

@@ -32,7 +32,7 @@
 //! The policy is not persisted (the server's configuration sets it at
 //! start); the counters restart with the engine.
 
-use super::*;
+use super::{crc32c, ChunkId, ClassStats, Engine, EngineError, Inner, Serialize, VolumeError, BLOCK_BYTES, BS};
 use std::collections::HashMap;
 
 /// How an in-place volume's writes and reads use the cache (Open CAS's set).

@@ -11,7 +11,10 @@
 
 use super::l2p::PAGE_ENTRIES;
 use super::recovery::{map_error, scan, Damage};
-use super::*;
+use super::{
+    crc32c, decode_checkpoint, new_maps, on_media_config, read_at, read_checkpoint, Arc, BlockDevice, Engine,
+    EngineError, Loc, Serialize, SharedDevice, BLOCK_BYTES, BS,
+};
 
 /// What `Engine::check` found.
 #[derive(Clone, Debug, Serialize)]

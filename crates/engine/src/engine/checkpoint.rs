@@ -5,7 +5,11 @@
 use super::bands::{BandRecord, Stream, GC_STREAMS};
 use super::l2p::PAGE_ENTRIES;
 use super::residency::Residency;
-use super::*;
+use super::{
+    l2p_width, zoned, BandId, BandPlacement, Bands, BlockDevice, BufPool, CapGeometry, CapWrites, CheckpointError,
+    Chunk, ChunkId, ChunkState, EngineConfig, EngineError, EngineStats, Inner, L2p, Layout, Log, Moves, Superblock,
+    VecDeque, Vol, Width, Writer, BLOCK_BYTES, BS,
+};
 
 /// Upper bound of the checkpoint's size for this geometry; `map_bytes`:
 /// what the maps take in it (12 bytes per block in DRAM; for paged maps,
@@ -360,6 +364,7 @@ impl<'a> RegionReader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::*;
     use sluice_media::MemoryDevice;
 
     /// What `Writer` wrote reads back through the window, across a window

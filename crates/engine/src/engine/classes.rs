@@ -21,7 +21,7 @@
 //! evicted), and counts them (`ClassStats::reclassified_bytes`): how much
 //! of the class's data was recognised late.
 
-use super::*;
+use super::{Engine, EngineError, Inner, Serialize, VolumeError, BS};
 
 /// Which direction a class's rule takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -41,7 +41,10 @@
 //! dirty and are cleaned again (the same bytes).
 
 use super::compaction::CompactStep;
-use super::*;
+use super::{
+    crc32c, read_at, write_at, CacheMode, ChunkId, Engine, EngineError, Inner, Layout, Loc, Serialize, VolumeError,
+    BLOCK_BYTES, BS,
+};
 
 impl Inner {
     /// Whether the capacity device holds the volumes in place.

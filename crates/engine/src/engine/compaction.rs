@@ -16,7 +16,7 @@
 use super::pending::{Deferred, PENDING_STEPS_MAX};
 use super::segments::Data;
 use super::step_io::{PreRead, Window};
-use super::*;
+use super::{ChunkId, Engine, Inner, Loc, VolumeError, BS};
 use crate::layout::{record_at, RecordKind};
 
 /// Where a bounded compaction step stopped in the oldest full chunk.

@@ -3,7 +3,10 @@
 //! it at open), the volumes to create, the open options, and the engine's
 //! typed errors.
 
-use super::*;
+use super::{
+    uuid_text, BlockDevice, CapGeometry, Damage, DeviceError, Serialize, Superblock, SuperblockError, VolumeError,
+    CAPACITY_BYTES_MAX,
+};
 
 /// Engine configuration.
 #[derive(Clone, Debug, Serialize)]

@@ -24,7 +24,7 @@
 //! when one is recorded (asserted by `check` on opening: a mismatch is a
 //! changed disk); at most one home write per sampled block is unflushed.
 
-use super::*;
+use super::{crc32c, flush, read_at, write_at, BlockDevice, DeviceError, Engine, VolumeError, BLOCK_BYTES, BS};
 
 /// Blocks sampled at the start of the disk, and spread over the rest.
 const FIRST_SAMPLES: u64 = 8;

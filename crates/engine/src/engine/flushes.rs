@@ -32,7 +32,7 @@
 
 use std::sync::{Condvar, Mutex, PoisonError};
 
-use super::*;
+use super::{flush, Engine, VolumeError};
 
 /// Rounds of FLUSH: started, finished, and the last one's result.
 #[derive(Debug, Default)]

@@ -13,7 +13,7 @@
 use super::pending::Deferred;
 use super::segments::{segment_blocks, Data, Moved};
 use super::step_io::{PreRead, Window};
-use super::*;
+use super::{BandId, BandState, Engine, Inner, Loc, VolumeError, BLOCK_BYTES, BS};
 use crate::layout::decode_header;
 
 /// Where a bounded GC step stopped in its victim.

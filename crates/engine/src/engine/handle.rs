@@ -8,7 +8,11 @@
 //! their device I/O outside the lock, bounded by read permits and checked
 //! afterwards against the generation of each place they read (docs/engine.md).
 
-use super::*;
+use super::{
+    check, crc32c, pool, write_at, writers, Arc, CacheReport, CompactorSnapshot, DeviceStats, Engine, EngineError,
+    EngineStats, Extent, Inner, IoBuf, Op, OpSnapshot, Serialize, StagedWrite, Volume, VolumeError, VolumeMetrics,
+    WriteBuf, BLOCK_BYTES, BS,
+};
 
 impl Engine {
     /// A handle to a volume by name.
@@ -508,6 +512,7 @@ impl Volume for EngineVolume {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::*;
     use crate::testkit::{pattern, small_device_bytes, small_world, small_world_on};
     use sluice_media::{DeviceInfo, IoCompletion, MemoryDevice};
 

@@ -9,7 +9,10 @@
 //! `superblock_present`/`label_present` tell `create` what it must not
 //! overwrite, and `wipe_labels` is `sluice format --force`'s erasure.
 
-use super::*;
+use super::{
+    flush, read_at, sync_io, write_at, BlockDevice, CapGeometry, CapacityLabel, DeviceError, Engine, EngineError,
+    IoRequest, Superblock, SuperblockError, BLOCK_BYTES, BS,
+};
 
 impl Engine {
     /// What is on the devices, read without changing anything: the cache

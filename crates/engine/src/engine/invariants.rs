@@ -5,7 +5,7 @@
 //! every open band is exactly one stream's. O(blocks): run by tests and
 //! simulations, and by opens whose maps are in DRAM.
 
-use super::*;
+use super::{crc32c, read_at, BandState, ChunkState, Engine, Inner, BLOCK_BYTES, BS};
 
 impl Engine {
     /// Assert the map's invariants (O(blocks); for simulation and tests).

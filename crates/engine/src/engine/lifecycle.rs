@@ -5,7 +5,13 @@
 //! superblock marked clean, in that order).
 
 use super::disk_identity::DiskIdentity;
-use super::*;
+use super::{
+    checkpoint_bytes_max, checkpoint_page_bytes, checkpoint_room, crc32c, decode_checkpoint, encode_checkpoint, flush,
+    label_present, marks, new_maps, on_media_config, recovery, superblock_present, write_at, write_label, zoned, Arc,
+    BandId, BandState, BlockDevice, CapGeometry, CapacityLabel, Damage, Engine, EngineConfig, EngineError, Inner, L2p,
+    Layout, OpenOptions, RegionReader, SharedDevice, Superblock, VolumeError, VolumeSpec, Width, BLOCK_BYTES, BS,
+    CAPACITY_BYTES_MAX, RECORD_BLOCKS_MAX,
+};
 
 impl Engine {
     /// Create a fresh engine on the two devices with these volumes.

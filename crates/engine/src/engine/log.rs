@@ -11,7 +11,10 @@
 //! once its device write completed; a durable record needs every earlier
 //! record of its chunk durable, so FUA is a cache flush.
 
-use super::*;
+use super::{
+    encode_header, flush, pool, sync_io, writers, BandPlacement, Engine, Inner, IoBuf, IoRequest, Layout, Loc,
+    VecDeque, VolumeError, BLOCK_BYTES, BS, RECORD_BLOCKS_MAX,
+};
 use crate::layout::{Entry, Header, RecordKind};
 
 impl Inner {

@@ -18,7 +18,10 @@
 //! victim is freed; the two slots alternate, so a torn mark leaves the
 //! previous one; the newer valid slot wins.
 
-use super::*;
+use super::{
+    crc32c, flush, read_at, write_at, BandId, BandState, BlockDevice, ChunkId, DeviceError, Engine, Inner, VolumeError,
+    BLOCK_BYTES, BS,
+};
 
 pub const MARK_MAGIC: u32 = 0x534c_4d4b; // "SLMK"
 const MARK_VERSION: u16 = 1;

@@ -13,7 +13,10 @@
 //! `PENDING_STEPS_MAX` steps are pending at once.
 
 use super::step_io::read_pieces;
-use super::*;
+use super::{
+    Arc, BlockDevice, DeviceError, Engine, Inner, IoBuf, IoRequest, Loc, Mutex, VolumeError, BLOCK_BYTES, BS,
+    CAP_QUEUE_DEPTH,
+};
 
 /// Most steps left pending at once (`Inner::pending`): a deferred step
 /// settles the earlier ones first when there are this many.
@@ -300,6 +303,7 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::*;
     use crate::testkit::{assert_reads_as, pattern, small_world};
 
     /// A step's copies of blocks rewritten or trimmed before its remaps

@@ -26,7 +26,7 @@
 //! counts as old, which only costs placement quality until bands turn over.
 
 use super::bands::GC_STREAMS;
-use super::*;
+use super::{BandId, Engine, EngineError, Inner, Loc, Serialize, Stream, VecDeque, VolumeError, BS};
 
 /// Where compaction places volumes' blocks on the capacity device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

@@ -9,7 +9,9 @@
 //! to back are one device read; every block is checked against its CRC, and
 //! a mismatch is an error naming the block, never data.
 
-use super::*;
+use super::{
+    crc32c, l2p, sync_io, BlockDevice, Engine, Inner, IoBuf, IoOp, IoRequest, L2p, Loc, VolumeError, BLOCK_BYTES, BS,
+};
 
 /// A read's claim on a place outside the lock (`Engine::unlocked_reads`).
 pub(super) struct ReadPermit<'a>(&'a Engine);

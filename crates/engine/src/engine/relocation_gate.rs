@@ -16,7 +16,7 @@
 //! and nothing reserves between the check and the step's walk, which runs
 //! under the same hold of the lock.
 
-use super::*;
+use super::{BandId, ChunkId, Engine, Inner, Loc};
 use std::sync::MutexGuard;
 
 /// What a relocation step moves blocks out of.

@@ -15,7 +15,7 @@
 //! The bands stay in quarantine (never opened, never a GC victim) until
 //! they are empty; a fresh mark follows, since none of them is open.
 
-use super::*;
+use super::{read_at, segments, BandId, Damage, Engine, Inner, VolumeError, BLOCK_BYTES, BS};
 
 impl Engine {
     /// After a salvaging open: make the damage it accepted stay accepted.
@@ -152,9 +152,9 @@ mod tests {
             let mut inner = w.engine.lock();
             w.engine.close_open_bands(&mut inner).unwrap();
             w.engine.flush_capacity(&mut inner).unwrap();
-            let holding: Vec<super::BandId> = (0..inner.bands.len() as u32)
-                .map(super::BandId)
-                .filter(|&b| inner.bands[b].state() == super::BandState::Full)
+            let holding: Vec<crate::engine::BandId> = (0..inner.bands.len() as u32)
+                .map(crate::engine::BandId)
+                .filter(|&b| inner.bands[b].state() == crate::engine::BandState::Full)
                 .filter(|&b| w.engine.band_live_tombstones(&inner, b).unwrap()[0].contains(&5))
                 .collect();
             assert_eq!(holding.len(), 1, "one band holds block 5's live tombstone");

@@ -32,7 +32,9 @@
 
 use super::bands::{band_has_room, Stream};
 use super::pending::{Deferred, Fill, QueuedWrite};
-use super::*;
+use super::{
+    encode_header, flush, Engine, Inner, IoBuf, IoRequest, Loc, VolumeError, BLOCK_BYTES, BS, RECORD_BLOCKS_MAX,
+};
 use crate::layout::{Entry, Header, RecordKind};
 
 /// Most capacity segment writes compaction and GC keep in flight.

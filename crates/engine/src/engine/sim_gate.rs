@@ -1,6 +1,6 @@
 //! Virtual time for simulating this engine as many concurrent callers.
 
-use super::*;
+use super::{BandId, ChunkId, Engine, Inner};
 
 /// Causality for simulating this synchronous engine as many concurrent
 /// callers on a virtual clock: each call runs at its caller's own time, so a

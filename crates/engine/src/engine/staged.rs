@@ -13,7 +13,7 @@
 
 use super::trims::{TrimCursor, TrimStep};
 use super::writers::{records_of, Record, Reserved};
-use super::*;
+use super::{Arc, Engine, VolumeError};
 
 /// A batch of writes to one volume taken through the concurrent write
 /// path one step at a time, by a caller that chooses the order of the

@@ -2,7 +2,7 @@
 //! GC, padding) since open or since the last clean shutdown's checkpoint,
 //! each volume's compaction and GC bytes, and the DRAM the maps take.
 
-use super::*;
+use super::{Band, Chunk, Engine, Inner, Serialize};
 
 /// The L2P's paging (`Engine::l2p_stats`).
 #[derive(Clone, Copy, Debug, Default, Serialize)]

@@ -11,7 +11,9 @@
 //! flight is not pre-read, as that record is still to be written).
 
 use super::pool::read_pooled;
-use super::*;
+use super::{
+    sync_io, BlockDevice, ChunkId, DeviceError, Engine, Inner, IoBuf, IoOp, IoRequest, VolumeError, BS, CAP_QUEUE_DEPTH,
+};
 
 /// The next read a compaction or GC step will make: `len` bytes at
 /// `offset` of the cache (a full chunk) or the capacity device (a victim
@@ -202,6 +204,7 @@ pub(super) fn read_pieces(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::*;
     use crate::testkit::{assert_reads_as, pattern, small_world};
     use sluice_media::rng::SplitMix64 as Rng;
 

@@ -38,7 +38,7 @@
 
 use super::pool::{give_thread_buf, take_thread_buf};
 use super::writers::{Record, Reserved};
-use super::*;
+use super::{Engine, Inner, VolumeError, BLOCK_BYTES, RECORD_BLOCKS_MAX};
 use crate::layout::Entry;
 
 /// Blocks of the range whose mapping one hold of the lock reads.
@@ -225,6 +225,7 @@ const WAITS_MAX: usize = 64;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::*;
     use crate::testkit::{flushed_and_reopened, pattern, read_block as read, small_world};
     use crate::Volume;
 
@@ -340,6 +341,7 @@ mod tests {
 #[cfg(test)]
 mod tag_tests {
     use super::*;
+    use crate::engine::BS;
     use crate::testkit::{pattern, small_world};
     use crate::Volume;
 

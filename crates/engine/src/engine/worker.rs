@@ -29,7 +29,7 @@ use super::compaction::CompactStep;
 use super::gc::GcStep;
 use super::step_io::{PreRead, Window};
 use super::throttle::Throttle;
-use super::*;
+use super::{Arc, DeviceError, Engine, EngineError, Inner, Mutex, Serialize, VolumeError, BS};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, PoisonError};
 use std::thread::JoinHandle;
@@ -558,6 +558,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::*;
     use crate::testkit::{assert_reads_as, pattern, small_world};
     use crate::volume::Volume;
     use sluice_media::rng::SplitMix64 as Rng;

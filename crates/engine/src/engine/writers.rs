@@ -58,7 +58,7 @@
 
 use super::assist::{Assist, StepGain};
 use super::pool::take_thread_buf;
-use super::*;
+use super::{encode_header, sync_io, Engine, Inner, IoBuf, IoRequest, Loc, VolumeError, BLOCK_BYTES, BS};
 use crate::layout::{Entry, RecordKind};
 use std::sync::MutexGuard;
 
@@ -402,6 +402,7 @@ pub(super) fn between_reserve_and_write() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::*;
     use crate::testkit::{flushed_and_reopened, pattern, read_block as read, small_world};
     use crate::{CompactorConfig, Volume};
     use std::sync::Mutex;

@@ -18,7 +18,7 @@
 //! capacity or past the active limit, so a run with zero rejected requests
 //! shows the engine keeps every rule.
 
-use super::*;
+use super::{read_at, sync_io, write_at, BandState, BlockDevice, DeviceError, Inner, IoRequest, BS};
 use sluice_media::device::ZoneAction;
 use sluice_media::ZoneState;
 

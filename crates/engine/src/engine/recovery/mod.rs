@@ -66,7 +66,10 @@ mod resolver;
 mod tests;
 
 use super::marks::{read_mark, Mark};
-use super::*;
+use super::{
+    band_count, chunk_count, crc32c, new_maps, read_at, Arc, BandId, BlockDevice, CapGeometry, CapWrites, ChunkId,
+    EngineConfig, EngineError, Inner, L2p, Superblock, VolumeError, BLOCK_BYTES, BS,
+};
 pub(super) use bands::LastBands;
 use bands::{durability, last_bands, offer_segments, walk_bands, Durability, SegmentReader};
 use chunks::{scan_chunks, LogScan};

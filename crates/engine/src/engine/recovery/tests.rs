@@ -1,6 +1,7 @@
 //! Recovery's own tests: damage told from torn writes, sequence restarts.
 
 use super::*;
+use crate::engine::*;
 use crate::layout::{decode_header, Header, RecordKind};
 use crate::testkit::{pattern, small_world};
 
