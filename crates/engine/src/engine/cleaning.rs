@@ -74,10 +74,8 @@ impl Inner {
 
     /// Cache block `cb` (current) now has its bytes at home too.
     pub(super) fn mark_clean(&mut self, cb: u64) {
-        let (ch, i) = self.log.chunk_of(cb);
-        let (v, _) = ch.owner(i);
-        assert_ne!(v, u32::MAX, "only a current block is cleaned");
-        if self.residency.mark_clean(cb, v, ch.owner(i).1) {
+        let (v, lba) = self.log.owner_of(cb).expect("only a current block is cleaned");
+        if self.residency.mark_clean(cb, v, lba) {
             let vc = &mut self.vols[v as usize].cache;
             assert!(vc.dirty_blocks > 0, "a dirty block the volume did not count");
             vc.dirty_blocks -= 1;
@@ -334,7 +332,11 @@ impl Engine {
     /// Write `data` (whole blocks from `lba0` of `vol`) to its home, and
     /// count it; the caller deals with cached copies.
     pub(super) fn write_home(&self, inner: &mut Inner, vol: usize, lba0: u64, data: &[u8]) -> Result<(), VolumeError> {
-        // No claim is logged while a home write is prepared (residency.rs).
+        // No claim is logged while a home write is prepared (residency.rs):
+        // dropping a claimed copy logs a tombstone, which may reclaim a
+        // chunk, whose reclaim logs claims — perhaps on these very blocks.
+        // (Cleaning and writes past the log write homes only through here
+        // or, in `clean_chunk`, with no log record in between.)
         inner.residency.pause_claims();
         let r = self.write_home_unpaused(inner, vol, lba0, data);
         inner.residency.resume_claims();
@@ -359,13 +361,6 @@ impl Engine {
     /// sorted by home and written as runs of adjacent blocks; then marked
     /// clean. Returns the blocks cleaned.
     pub(super) fn clean_chunk(&self, inner: &mut Inner, c: ChunkId, blocks_max: u64) -> Result<u64, VolumeError> {
-        inner.residency.pause_claims();
-        let r = self.clean_chunk_unpaused(inner, c, blocks_max);
-        inner.residency.resume_claims();
-        r
-    }
-
-    fn clean_chunk_unpaused(&self, inner: &mut Inner, c: ChunkId, blocks_max: u64) -> Result<u64, VolumeError> {
         let bpc = inner.blocks_per_chunk();
         let base = c.0 as u64 * bpc;
         let todo: Vec<(u32, u64, u64)> = (inner.log.chunk(c).current())
@@ -554,20 +549,6 @@ impl Engine {
     /// Writing home touches no log, so nothing cleans in between. `data` is
     /// `None` for zeros.
     pub(super) fn write_past_log(
-        &self,
-        inner: &mut Inner,
-        vol: u32,
-        lba0: u64,
-        blocks: u64,
-        data: Option<&[u8]>,
-    ) -> Result<(), VolumeError> {
-        inner.residency.pause_claims();
-        let r = self.write_past_log_unpaused(inner, vol, lba0, blocks, data);
-        inner.residency.resume_claims();
-        r
-    }
-
-    fn write_past_log_unpaused(
         &self,
         inner: &mut Inner,
         vol: u32,

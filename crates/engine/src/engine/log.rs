@@ -408,8 +408,7 @@ impl Log {
     }
     /// Whether cache block `cb` is current.
     pub(super) fn is_current(&self, cb: u64) -> bool {
-        let (ch, i) = self.chunk_of(cb);
-        ch.p2l[i].0 != u32::MAX
+        self.owner_of(cb).is_some()
     }
     /// The last log record's number (LSN).
     pub(super) fn lsn(&self) -> u64 {
