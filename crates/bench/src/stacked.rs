@@ -10,7 +10,7 @@
 //! group the executor forms (Sluice group-commits plain writes to one
 //! volume; everything else runs alone): the devices see every I/O of the
 //! call issued at that time, and its requests complete when the last I/O
-//! does (or when the engine's `SimGate` says the log space it writes into
+//! does (or when the engine's reuse gate says the log space it writes into
 //! was freed, if later). Submission times therefore never run
 //! backwards, so the emulators' resource timelines (dies, channels, cores,
 //! firmware) stay exact queues; the price is that I/O a call makes one after
@@ -25,7 +25,9 @@
 //! one completion.
 
 use crate::job::BenchError;
-use sluice_engine::{BandPlacement, Engine, EngineConfig, EngineVolume, Volume, VolumeError, VolumeSpec};
+use sluice_engine::{
+    BandPlacement, Engine, EngineConfig, EngineVolume, Runtime, Schedule, Volume, VolumeError, VolumeSpec,
+};
 use sluice_media::device::{check_range, sync_io};
 use sluice_media::{
     BlockDevice, Clock, ClockRef, DeviceError, DeviceInfo, DeviceStats, IoBuf, IoCompletion, IoOp, IoRequest, Pending,
@@ -60,7 +62,7 @@ impl CallTime {
     pub fn device_clock(self: &Arc<CallTime>) -> ClockRef {
         Arc::new(DeviceView(self.clone()))
     }
-    /// The clock the engine's `SimGate` runs on: now is the latest moment
+    /// The clock the engine's reuse gate runs on: now is the latest moment
     /// the call has reached.
     pub fn engine_clock(self: &Arc<CallTime>) -> ClockRef {
         Arc::new(EngineView(self.clone()))
@@ -372,8 +374,11 @@ pub fn sluice_stack(
 ) -> Result<Stack<SluiceExec>, BenchError> {
     let specs: Vec<VolumeSpec> =
         (0..volumes).map(|i| VolumeSpec { name: format!("job{i}"), size_bytes: volume_bytes }).collect();
-    let engine = Engine::create(cache.clone(), capacity.clone(), cfg, &specs).map_err(BenchError::Engine)?;
-    engine.attach_sim_clock(call.engine_clock());
+    // Virtual time: the engine's clock is the call's, its device I/O in
+    // request order under its lock (the serial schedule).
+    let runtime = Runtime { clock: call.engine_clock(), schedule: Schedule::Serial };
+    let engine =
+        Engine::create_on(runtime, cache.clone(), capacity.clone(), cfg, &specs).map_err(BenchError::Engine)?;
     engine.set_band_placement(placement).map_err(BenchError::Engine)?;
     let vols =
         specs.iter().map(|s| engine.volume(&s.name)).collect::<Result<Vec<_>, _>>().map_err(BenchError::Engine)?;

@@ -18,8 +18,8 @@
 //! This file is the façade: `Engine` and the state it composes, behind one
 //! lock (`Inner`). Its life on the devices (create, open, shutdown) is
 //! `lifecycle`, its configuration and errors `config`, its counters
-//! `stats`, its invariants `invariants`, virtual time for simulation
-//! `sim_gate`. Each part of the engine is a module of its own, with its
+//! `stats`, its invariants `invariants`, its clock and schedule
+//! `runtime`. Each part of the engine is a module of its own, with its
 //! state and invariants:
 //! - the CSAL parts: `l2p` (the map and its entry), `log` (the write log:
 //!   chunks, records, group commit), `compaction`, `gc` (victim choice)
@@ -85,10 +85,10 @@ mod read;
 mod recovery;
 mod relocation_gate;
 mod residency;
+mod runtime;
 mod salvage;
 mod segments;
 mod sequence;
-mod sim_gate;
 mod staged;
 mod stats;
 mod step_io;
@@ -130,7 +130,8 @@ use config::{band_count, on_media_config};
 pub use config::{EngineConfig, EngineError, Layout, OpenOptions, VolumeSpec};
 use l2p::region::{chunk_count, l2p_width, new_maps};
 use lifecycle::read_checkpoint;
-use sim_gate::SimGate;
+use runtime::ReuseGate;
+pub use runtime::{Runtime, Schedule};
 use stats::Moves;
 pub use stats::{EngineStats, L2pStats};
 use zoned::CapGeometry;
@@ -186,7 +187,7 @@ struct Inner {
     compact_cursor: Option<CompactCursor>,
     /// The engine's write sequence: every record and segment takes the next.
     seq: sequence::Sequence,
-    stats: EngineStats,
+    stats: stats::Counters,
     /// Reusable I/O buffers (pool.rs).
     pool: BufPool,
     /// The superblock as last written.
@@ -200,8 +201,10 @@ struct Inner {
     cache_flushed_seq: u64,
     /// Generation of the last capacity mark written (`marks.rs`).
     mark_gen: u64,
-    /// Set in virtual-time simulation only (`Engine::attach_sim_clock`).
-    sim: Option<SimGate>,
+    /// The clock and schedule the engine runs on (runtime.rs).
+    runtime: Runtime,
+    /// When each chunk and band was freed, on that clock (runtime.rs).
+    gate: ReuseGate,
     /// Places reused so far: bumped (under the lock) whenever a chunk is
     /// reopened or a band discarded, before anything new is written there.
     /// Shared with lock-free reads (`Engine::reuses`, read.rs), which are
@@ -259,8 +262,9 @@ pub struct Engine {
     metrics: Vec<Arc<VolumeMetrics>>,
     /// Background compaction and the write throttle (`start_compactor`).
     bg: worker::Background,
-    /// Time origin of the throttle's schedule.
-    epoch: std::time::Instant,
+    /// The engine's clock (runtime.rs): `Inner::runtime`'s, shared with
+    /// paths that run without the lock (request latency, the throttle).
+    clock: sluice_media::ClockRef,
     /// FLUSH requests grouped into rounds (`flushes.rs`).
     flushes: flushes::FlushGroup,
     /// Each volume's map when reads may use it without the lock (held
@@ -292,6 +296,7 @@ impl Engine {
         recovered_in: Option<std::time::Duration>,
     ) -> Arc<Engine> {
         inner.recount_classes();
+        let clock = inner.runtime.clock.clone();
         let metrics = inner.vols.iter().map(|_| Arc::new(VolumeMetrics::default())).collect();
         let in_place = inner.in_place();
         let lockless_maps = inner.vols.iter().map(|v| v.l2p.resident().filter(|_| !in_place)).collect();
@@ -312,7 +317,7 @@ impl Engine {
             disk_changed: None,
             metrics,
             bg: worker::Background::new(),
-            epoch: std::time::Instant::now(),
+            clock,
             flushes: Default::default(),
             lockless_maps,
             reuses,
@@ -416,7 +421,7 @@ impl Inner {
             placement: BandPlacement::PerVolume,
             lifespans: Default::default(),
             seq: sequence::Sequence::at(0),
-            stats: EngineStats::default(),
+            stats: Default::default(),
             pool: BufPool::default(),
             tag: sb.engine_tag(),
             sb,
@@ -425,7 +430,8 @@ impl Inner {
             mark_gen: 0,
             cfg,
             geo,
-            sim: None,
+            runtime: Runtime::default(),
+            gate: ReuseGate::new(chunk_count as usize, band_count as usize),
             reuses: Default::default(),
             draining: 0,
             waiting: 0,

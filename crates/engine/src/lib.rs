@@ -15,7 +15,7 @@ pub mod volume;
 pub use engine::{
     BandPlacement, CacheMode, CachePolicy, CacheReport, CacheStats, CheckReport, ClassDirection, ClassStats, Cleaning,
     CleaningMode, Compactor, CompactorConfig, CompactorSnapshot, Damage, Engine, EngineConfig, EngineError,
-    EngineSnapshot, EngineStats, EngineVolume, IoClass, L2pStats, Layout, OpenOptions, SeqCutoff, StagedWrite, Stepped,
-    VolumeSnapshot, VolumeSpec, WriteStep,
+    EngineSnapshot, EngineStats, EngineVolume, IoClass, L2pStats, Layout, OpenOptions, Runtime, Schedule, SeqCutoff,
+    StagedWrite, Stepped, VolumeSnapshot, VolumeSpec, WriteStep,
 };
 pub use volume::{Extent, Volume, VolumeError, WriteBuf};

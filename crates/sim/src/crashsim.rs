@@ -652,7 +652,7 @@ impl Sim {
                 }
                 self.report.damage_refused += 1;
                 salvaged = true;
-                Engine::open_with(cache, capacity, crate::OpenOptions { salvage: true })
+                Engine::open_with(cache, capacity, crate::OpenOptions { salvage: true, ..Default::default() })
                     .map_err(|e| self.fail(op, format!("salvage after {d:?}: {e}")))?
             }
             r => r.map_err(|e| self.fail(op, format!("reopen after crash: {e}")))?,

@@ -99,7 +99,7 @@ impl Engine {
     /// Whether a writer about to reserve (holding `g`, no record of its
     /// own in flight) should take a compaction step first: the log is
     /// short, no step is under way, no background compactor runs, on a
-    /// wall clock, with bands. `again`: it stepped already for this batch
+    /// the concurrent schedule, with bands. `again`: it stepped already for this batch
     /// (then only at the log's minimum).
     pub(super) fn assist_due(&self, g: &Inner, again: bool) -> bool {
         let (free, min) = (g.log.free_len(), g.cfg.log_free_chunks_min);
@@ -108,7 +108,7 @@ impl Engine {
             && g.writer_steps
             && !g.assisting
             && g.log.oldest_full().is_some()
-            && g.sim.is_none()
+            && !g.serial()
             && !g.in_place()
             && !self.bg.on.load(Ordering::Relaxed)
     }

@@ -166,18 +166,22 @@ pub struct CacheStats {
     pub class_bypass_bytes: u64,
 }
 
-/// One in-place volume's policy and state (`Vol::cache`).
+/// One in-place volume's policy and state (`Vol::cache`). Its fields are
+/// private to this module; other modules change them only through the
+/// methods below. Invariants: `dirty_blocks` never goes below zero (a
+/// block cleaned or dropped dirty was counted dirty); `home_gen` only
+/// rises; the home is placed once, when the engine is assembled.
 #[derive(Default)]
 pub(super) struct VolCache {
-    pub(super) policy: CachePolicy,
-    pub(super) stats: CacheStats,
+    policy: CachePolicy,
+    stats: CacheStats,
     /// The capacity block of LBA 0's home.
-    pub(super) home: u64,
+    home: u64,
     /// Bumped by every write to a home of the volume, and by trims.
-    pub(super) home_gen: u64,
+    home_gen: u64,
     /// Cached blocks of the volume that are not clean (kept as they change,
     /// so a report does not walk the log; checked by `check_invariants`).
-    pub(super) dirty_blocks: u64,
+    dirty_blocks: u64,
     /// The sequential streams last seen (cutoff), of writes and of reads
     /// (streams.rs).
     write_streams: super::streams::Streams,
@@ -185,18 +189,121 @@ pub(super) struct VolCache {
     /// Misses per block since the window opened (promotion).
     misses: HashMap<u64, u32>,
     /// The volume's I/O classes and their counters (classes.rs).
-    pub(super) classes: super::classes::Classes,
+    classes: super::classes::Classes,
+}
+
+/// What a volume's cache counts (`CacheStats`, one field each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CacheCount {
+    ReadHit,
+    ReadMiss,
+    WriteBack,
+    WriteThrough,
+    WritePast,
+    CutoffBypass,
+    Spill,
+    ClassBypass,
+    Promoted,
+    Cleaned,
+    DiscardedDirty,
+    Retained,
 }
 
 impl VolCache {
+    pub(super) fn policy(&self) -> CachePolicy {
+        self.policy
+    }
+
+    pub(super) fn set_policy(&mut self, policy: CachePolicy) {
+        self.policy = policy;
+    }
+
+    pub(super) fn stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    /// Count `bytes` of `what`.
+    pub(super) fn count(&mut self, what: CacheCount, bytes: u64) {
+        let s = &mut self.stats;
+        *match what {
+            CacheCount::ReadHit => &mut s.read_hit_bytes,
+            CacheCount::ReadMiss => &mut s.read_miss_bytes,
+            CacheCount::WriteBack => &mut s.write_back_bytes,
+            CacheCount::WriteThrough => &mut s.write_through_bytes,
+            CacheCount::WritePast => &mut s.write_past_bytes,
+            CacheCount::CutoffBypass => &mut s.cutoff_bypass_bytes,
+            CacheCount::Spill => &mut s.spill_bytes,
+            CacheCount::ClassBypass => &mut s.class_bypass_bytes,
+            CacheCount::Promoted => &mut s.promoted_bytes,
+            CacheCount::Cleaned => &mut s.cleaned_bytes,
+            CacheCount::DiscardedDirty => &mut s.discarded_dirty_bytes,
+            CacheCount::Retained => &mut s.retained_bytes,
+        } += bytes;
+    }
+
+    /// The capacity block of LBA 0's home.
+    pub(super) fn home(&self) -> u64 {
+        self.home
+    }
+
+    /// Place the volume's home at capacity block `at` (once, on assembly).
+    pub(super) fn place_home(&mut self, at: u64) {
+        assert!(self.home == 0 || self.home == at, "a volume's home moved from {} to {at}", self.home);
+        self.home = at;
+    }
+
+    /// The home generation: a read that saw another may not promote.
+    pub(super) fn home_gen(&self) -> u64 {
+        self.home_gen
+    }
+
+    /// A home of the volume was written, or a block trimmed.
+    pub(super) fn home_changed(&mut self) {
+        self.home_gen += 1;
+    }
+
+    /// Cached blocks of the volume not yet clean.
+    pub(super) fn dirty_blocks(&self) -> u64 {
+        self.dirty_blocks
+    }
+
+    /// A block of the volume was logged (dirty, of the unclassified class
+    /// until classified).
+    pub(super) fn logged_dirty(&mut self) {
+        self.classes.count(0, true);
+        self.dirty_blocks += 1;
+    }
+
+    /// One of the volume's dirty cached blocks became clean.
+    pub(super) fn cleaned_one(&mut self) {
+        assert!(self.dirty_blocks > 0, "a dirty block the volume did not count");
+        self.dirty_blocks -= 1;
+    }
+
     /// One of the volume's cached blocks (of I/O class `class`, `dirty`
     /// if not yet cleaned home) left the cache.
     pub(super) fn dropped(&mut self, class: u8, dirty: bool) {
         self.classes.count(class, false);
         if dirty {
-            assert!(self.dirty_blocks > 0, "a dirty block the volume did not count");
-            self.dirty_blocks -= 1;
+            self.cleaned_one();
         }
+    }
+
+    /// Counted again from the log (`Inner::recount_classes`): `held`
+    /// blocks cached, all unclassified, `dirty` of them dirty.
+    pub(super) fn recounted(&mut self, held: u64, dirty: u64) {
+        assert!(dirty <= held, "{dirty} dirty of {held} cached blocks");
+        self.classes.reset_counts(held);
+        self.dirty_blocks = dirty;
+    }
+
+    pub(super) fn classes(&self) -> &super::classes::Classes {
+        &self.classes
+    }
+
+    /// The volume's classes, owned by classes.rs, changed through its methods.
+    pub(super) fn classes_mut(&mut self) -> &mut super::classes::Classes {
+        &mut self.classes
     }
 }
 
@@ -319,7 +426,7 @@ impl Engine {
         let bg = self.bg.on.load(std::sync::atomic::Ordering::Relaxed);
         // A write is deferred only if no other write of the batch overlaps
         // it: a later one must land after it, and it lands after the lock.
-        let may_defer = inner.sim.is_none() && !overlapping(writes);
+        let may_defer = !inner.serial() && !overlapping(writes);
         let mut first = 0;
         let mut home_written = false;
         for (index, &(lba0, data)) in writes.iter().enumerate() {
@@ -332,7 +439,7 @@ impl Engine {
                 Route::Log => {
                     self.append(inner, vol, &[(lba0, data)], crc, false)?;
                     self.class_range(inner, v, lba0, blocks, class)?;
-                    inner.vols[v].cache.stats.write_back_bytes += data.len() as u64;
+                    inner.vols[v].cache.count(CacheCount::WriteBack, data.len() as u64);
                 }
                 Route::Through => {
                     // Logged first: logging may clean the oldest chunk, and
@@ -341,7 +448,7 @@ impl Engine {
                     self.class_range(inner, v, lba0, blocks, class)?;
                     self.write_home(inner, v, lba0, data)?;
                     self.mark_range_clean(inner, v, lba0, blocks)?;
-                    inner.vols[v].cache.stats.write_through_bytes += data.len() as u64;
+                    inner.vols[v].cache.count(CacheCount::WriteThrough, data.len() as u64);
                     home_written = true;
                 }
                 Route::Past(why) => {
@@ -351,7 +458,7 @@ impl Engine {
                     let sampled = inner.disk_id.as_ref().is_some_and(|d| d.samples_any(inner.home(v, lba0), blocks));
                     let claimed = (lba0..lba0 + blocks).any(|l| inner.residency.has_claim(vol, l));
                     if may_defer && !sampled && !claimed && !inner.any_cached(v, lba0, blocks)? {
-                        inner.vols[v].cache.home_gen += 1;
+                        inner.vols[v].cache.home_changed();
                         deferred.push(DeferredHome { index, at: inner.home(v, lba0) * BS });
                     } else {
                         self.write_past_log(inner, vol, lba0, blocks, Some(data))?;
@@ -360,13 +467,13 @@ impl Engine {
                     if why == PastWhy::Spill && !bg {
                         self.clean_for_spill(inner, blocks)?;
                     }
-                    let s = &mut inner.vols[v].cache.stats;
-                    *match why {
-                        PastWhy::Mode => &mut s.write_past_bytes,
-                        PastWhy::Cutoff => &mut s.cutoff_bypass_bytes,
-                        PastWhy::Spill => &mut s.spill_bytes,
-                        PastWhy::Class => &mut s.class_bypass_bytes,
-                    } += data.len() as u64;
+                    let what = match why {
+                        PastWhy::Mode => CacheCount::WritePast,
+                        PastWhy::Cutoff => CacheCount::CutoffBypass,
+                        PastWhy::Spill => CacheCount::Spill,
+                        PastWhy::Class => CacheCount::ClassBypass,
+                    };
+                    inner.vols[v].cache.count(what, data.len() as u64);
                 }
             }
         }
@@ -391,10 +498,10 @@ impl Engine {
         result: Result<u64, VolumeError>,
         fua: bool,
     ) -> Result<(), VolumeError> {
-        inner.vols[vol].cache.home_gen += 1;
+        inner.vols[vol].cache.home_changed();
         let bytes = result?;
         inner.cap.wrote();
-        inner.stats.capacity_write_bytes += bytes;
+        inner.stats.capacity_wrote(bytes);
         if fua {
             self.flush_capacity(inner)?;
         }
@@ -461,7 +568,7 @@ impl Engine {
     ) -> Result<(), VolumeError> {
         let missed = at_home > 0;
         let v = vol as usize;
-        let p = inner.vols[v].cache.policy;
+        let p = inner.vols[v].cache.policy();
         // Reads are streams too: a sequential read past the cutoff (a
         // scan, a bulk file read back) is not promoted.
         let vc = &mut inner.vols[v].cache;
@@ -509,7 +616,7 @@ impl Engine {
         for &(lba, _) in &due {
             self.mark_range_clean(inner, v, lba, 1)?;
         }
-        inner.vols[v].cache.stats.promoted_bytes += due.len() as u64 * BS;
+        inner.vols[v].cache.count(CacheCount::Promoted, due.len() as u64 * BS);
         Ok(())
     }
 
@@ -521,7 +628,7 @@ impl Engine {
             return Err(EngineError::Config("cache policies apply to an in-place engine (layout = in-place)"));
         }
         let v = inner.vols.iter().position(|v| v.name == name).ok_or_else(|| EngineError::NoVolume(name.into()))?;
-        inner.vols[v].cache.policy = policy;
+        inner.vols[v].cache.set_policy(policy);
         Ok(())
     }
 
@@ -541,7 +648,10 @@ impl Engine {
         }
         self.change(|e, inner| {
             if detach {
-                inner.vols.iter_mut().for_each(|v| v.cache.policy.mode = CacheMode::PassThrough);
+                inner
+                    .vols
+                    .iter_mut()
+                    .for_each(|v| v.cache.set_policy(CachePolicy { mode: CacheMode::PassThrough, ..v.cache.policy() }));
             }
             let n = e.clean_all(inner)?;
             Ok(n * BS)
@@ -553,7 +663,7 @@ impl Engine {
     pub fn home_offset(&self, name: &str) -> Option<u64> {
         let inner = self.lock();
         let v = inner.vols.iter().position(|v| v.name == name)?;
-        inner.in_place().then(|| inner.vols[v].cache.home * BS)
+        inner.in_place().then(|| inner.vols[v].cache.home() * BS)
     }
 }
 
@@ -565,13 +675,13 @@ impl Inner {
         }
         (self.vols.iter())
             .map(|v| {
-                let classes = v.cache.classes.report();
+                let classes = v.cache.classes().report();
                 CacheReport {
                     volume: v.name.clone(),
-                    policy: v.cache.policy,
-                    stats: v.cache.stats,
+                    policy: v.cache.policy(),
+                    stats: v.cache.stats(),
                     cached_bytes: classes.iter().map(|c| c.cached_bytes).sum(),
-                    dirty_bytes: v.cache.dirty_blocks * BS,
+                    dirty_bytes: v.cache.dirty_blocks() * BS,
                     classes,
                 }
             })

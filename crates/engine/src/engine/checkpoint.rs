@@ -57,7 +57,7 @@ pub(super) fn encode_checkpoint(inner: &Inner) -> (Vec<u8>, usize) {
     w.u64(inner.seq.last());
     w.u64(inner.log.lsn());
     w.u64(inner.mark_gen);
-    inner.stats.words().iter().for_each(|&x| w.u64(x));
+    inner.stats.get().words().iter().for_each(|&x| w.u64(x));
     inner.log.encode_open(&mut w);
     // Only the first GC stream's bands: shutdown closes the others' (`Engine::close_extra_streams`).
     debug_assert!((1..GC_STREAMS).all(|k| inner.stream_band(Stream::Gc(k)).0.is_none()));
@@ -230,6 +230,7 @@ pub(super) fn decode_checkpoint(
     if r.at() != r.len() {
         return Err(bad(&r));
     }
+    let gate = super::ReuseGate::new(log.chunk_count(), bands.len());
     let mut inner = Inner {
         cfg,
         vols,
@@ -243,7 +244,7 @@ pub(super) fn decode_checkpoint(
         pendings_made: 0,
         compact_cursor: None,
         seq: super::sequence::Sequence::at(seq),
-        stats: EngineStats::from_words(words),
+        stats: super::stats::Counters::restored(EngineStats::from_words(words)),
         pool: BufPool::default(),
         tag: sb.engine_tag(),
         sb,
@@ -251,7 +252,8 @@ pub(super) fn decode_checkpoint(
         cache_flushed_seq: seq,
         mark_gen,
         geo,
-        sim: None,
+        runtime: Default::default(),
+        gate,
         draining: 0,
         waiting: 0,
         assisting: false,

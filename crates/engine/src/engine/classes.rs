@@ -163,6 +163,14 @@ impl Classes {
         }
     }
 
+    /// Occupancy counted again from the log: `held` blocks, all
+    /// unclassified (`Inner::recount_classes`).
+    pub(super) fn reset_counts(&mut self, held: u64) {
+        self.ensure();
+        self.blocks.iter_mut().for_each(|b| *b = 0);
+        self.blocks[0] = held;
+    }
+
     /// The class id of a request.
     pub(super) fn class_of(&self, offset: u64, len: u64, dir: ClassDirection) -> u8 {
         (self.list.iter().position(|c| c.matches(offset, len, dir))).map_or(0, |i| i as u8 + 1)
@@ -242,10 +250,7 @@ impl Inner {
             dirty[v as usize] += !self.residency.is_clean(cb) as u64;
         }
         for ((vol, n), d) in self.vols.iter_mut().zip(held).zip(dirty) {
-            vol.cache.classes.ensure();
-            vol.cache.classes.blocks.iter_mut().for_each(|b| *b = 0);
-            vol.cache.classes.blocks[0] = n;
-            vol.cache.dirty_blocks = d;
+            vol.cache.recounted(n, d);
         }
     }
 
@@ -255,7 +260,8 @@ impl Inner {
         if !self.in_place() {
             return;
         }
-        let mut held: Vec<Vec<u64>> = self.vols.iter().map(|v| vec![0; v.cache.classes.blocks.len().max(1)]).collect();
+        let mut held: Vec<Vec<u64>> =
+            self.vols.iter().map(|v| vec![0; v.cache.classes().blocks.len().max(1)]).collect();
         let mut dirty = vec![0u64; self.vols.len()];
         for (cb, v, _) in self.log.current() {
             held[v as usize][self.residency.class(cb) as usize] += 1;
@@ -263,9 +269,9 @@ impl Inner {
         }
         for ((v, h), d) in self.vols.iter().zip(held).zip(dirty) {
             // Counted since the engine was assembled (`recount_classes`).
-            if !v.cache.classes.blocks.is_empty() {
-                assert_eq!(v.cache.classes.blocks, h, "volume {} class occupancy", v.name);
-                assert_eq!(v.cache.dirty_blocks, d, "volume {} dirty blocks", v.name);
+            if !v.cache.classes().blocks.is_empty() {
+                assert_eq!(v.cache.classes().blocks, h, "volume {} class occupancy", v.name);
+                assert_eq!(v.cache.dirty_blocks(), d, "volume {} dirty blocks", v.name);
             }
         }
     }
@@ -275,7 +281,7 @@ impl Inner {
     /// class's, counted as re-classified. Walks the class's extents or the
     /// log, whichever is smaller.
     pub(super) fn reclassify(&mut self, v: usize, id: u8) -> Result<(), VolumeError> {
-        let cls = &self.vols[v].cache.classes;
+        let cls = self.vols[v].cache.classes();
         let Some(class) = cls.list.get(id as usize - 1) else { return Ok(()) };
         let bpc = self.blocks_per_chunk();
         let log_blocks = self.log.chunk_count() as u64 * bpc;
@@ -306,7 +312,7 @@ impl Inner {
         for &cb in &found {
             self.set_class(cb, id);
         }
-        let cls = &mut self.vols[v].cache.classes;
+        let cls = self.vols[v].cache.classes_mut();
         cls.ensure();
         cls.stats[id as usize].reclassified_bytes += found.len() as u64 * BS;
         Ok(())
@@ -318,7 +324,7 @@ impl Inner {
         let (v, _) = ch.owner(i);
         assert_ne!(v, u32::MAX, "only a current block has a class");
         let old = self.residency.set_class(cb, id);
-        let classes = &mut self.vols[v as usize].cache.classes;
+        let classes = self.vols[v as usize].cache.classes_mut();
         classes.count(old, false);
         classes.count(id, true);
     }
@@ -331,7 +337,7 @@ impl Engine {
     pub fn set_class_extents(&self, volume: &str, class: &str, extents: Vec<(u64, u64)>) -> Result<(), EngineError> {
         let mut inner = self.lock();
         let v = inner.vols.iter().position(|v| v.name == volume).ok_or_else(|| EngineError::NoVolume(volume.into()))?;
-        let list = &mut inner.vols[v].cache.classes.list;
+        let list = &mut inner.vols[v].cache.classes_mut().list;
         let i = (list.iter().position(|c| c.name == class))
             .ok_or(EngineError::Config("no I/O class of that name on the volume"))?;
         list[i].extents = Some(std::sync::Arc::new(extents));
@@ -352,8 +358,8 @@ impl Engine {
         for cb in blocks {
             inner.residency.set_class(cb, 0);
         }
-        let held: u64 = inner.vols[v].cache.classes.blocks.iter().sum();
-        let cls = &mut inner.vols[v].cache.classes;
+        let held: u64 = inner.vols[v].cache.classes().blocks.iter().sum();
+        let cls = inner.vols[v].cache.classes_mut();
         cls.set(classes);
         cls.blocks.iter_mut().for_each(|b| *b = 0);
         cls.blocks[0] = held;

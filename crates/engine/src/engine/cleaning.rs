@@ -40,6 +40,7 @@
 //! durable (`log_claims`, `unclaim`: residency.rs), and the rest count as
 //! dirty and are cleaned again (the same bytes).
 
+use super::caching::CacheCount;
 use super::compaction::CompactStep;
 use super::{
     crc32c, read_at, write_at, CacheMode, ChunkId, Engine, EngineError, Inner, Layout, Loc, Serialize, VolumeError,
@@ -54,14 +55,14 @@ impl Inner {
 
     /// The capacity block that is the home of `lba` of `vol` (in place).
     pub(super) fn home(&self, vol: usize, lba: u64) -> u64 {
-        self.vols[vol].cache.home + lba
+        self.vols[vol].cache.home() + lba
     }
 
     /// Every volume's first home block: volume after volume from block 0.
     pub(super) fn place_homes(&mut self) {
         let mut at = 0;
         for v in &mut self.vols {
-            v.cache.home = at;
+            v.cache.place_home(at);
             at += v.l2p.len() as u64;
         }
     }
@@ -76,9 +77,7 @@ impl Inner {
     pub(super) fn mark_clean(&mut self, cb: u64) {
         let (v, lba) = self.log.owner_of(cb).expect("only a current block is cleaned");
         if self.residency.mark_clean(cb, v, lba) {
-            let vc = &mut self.vols[v as usize].cache;
-            assert!(vc.dirty_blocks > 0, "a dirty block the volume did not count");
-            vc.dirty_blocks -= 1;
+            self.vols[v as usize].cache.cleaned_one();
         }
     }
 
@@ -201,7 +200,7 @@ impl Inner {
     /// the log's blocks.
     pub(super) fn dirty_blocks(&self) -> (u64, u64) {
         let total = self.log.chunk_count() as u64 * self.blocks_per_chunk();
-        (self.vols.iter().map(|v| v.cache.dirty_blocks).sum(), total)
+        (self.vols.iter().map(|v| v.cache.dirty_blocks()).sum(), total)
     }
 
     /// The full chunk background cleaning should work on now, if any;
@@ -214,11 +213,12 @@ impl Inner {
         let (dirty, total) = self.dirty_blocks();
         let over = dirty as f64 > c.dirty_setpoint * total as f64;
         let aged_ok = idle >= c.idle;
+        let now = self.now_ns();
         self.log.full().find_map(|id| {
             if self.residency.dirty(id) == 0 {
                 return None;
             }
-            let aged = self.residency.sealed_at(id).is_none_or(|t| t.elapsed() >= c.age);
+            let aged = self.residency.sealed_at(id).is_none_or(|t| now.saturating_sub(t) >= c.age.as_nanos() as u64);
             match c.mode {
                 CleaningMode::Acp => Some(CleaningDue { chunk: id, paced: false }),
                 _ if aged && aged_ok => Some(CleaningDue { chunk: id, paced: false }),
@@ -349,10 +349,10 @@ impl Engine {
             .collect();
         self.unclaim(inner, vol as u32, &claimed)?;
         let at = inner.home(vol, lba0);
-        inner.sim_wait(None, None);
+        inner.reuse_wait(None, None);
         self.disk_write(inner, at, data)?;
-        inner.stats.capacity_write_bytes += data.len() as u64;
-        inner.vols[vol].cache.home_gen += 1;
+        inner.stats.capacity_wrote(data.len() as u64);
+        inner.vols[vol].cache.home_changed();
         Ok(())
     }
 
@@ -403,15 +403,15 @@ impl Engine {
             for h in &homes[i..i + n] {
                 run.extend_from_slice(h.3);
             }
-            inner.sim_wait(None, None);
+            inner.reuse_wait(None, None);
             self.disk_write(inner, homes[i].0, &run)?;
-            inner.stats.capacity_write_bytes += run.len() as u64;
+            inner.stats.capacity_wrote(run.len() as u64);
             for h in &homes[i..i + n] {
                 let vc = &mut inner.vols[h.1 as usize].cache;
-                vc.stats.cleaned_bytes += BS;
-                vc.home_gen += 1;
+                vc.count(CacheCount::Cleaned, BS);
+                vc.home_changed();
             }
-            inner.stats.compaction_bytes += run.len() as u64;
+            inner.stats.compacted(run.len() as u64);
             i += n;
         }
         for &(_, _, cb) in &todo {
@@ -466,9 +466,9 @@ impl Engine {
         for (i, v, _) in ch.current() {
             let vc = &inner.vols[v as usize].cache;
             let cb = base + i as u64;
-            let (pinned, prio) = vc.classes.rank(res.class(cb));
+            let (pinned, prio) = vc.classes().rank(res.class(cb));
             // A pass-through volume caches nothing anew (a detach).
-            if vc.policy.mode != CacheMode::PassThrough && (pinned || res.is_hot(cb) && vc.policy.retain_hot) {
+            if vc.policy().mode != CacheMode::PassThrough && (pinned || res.is_hot(cb) && vc.policy().retain_hot) {
                 cand.push(((pinned, prio), i));
             }
         }
@@ -518,7 +518,7 @@ impl Engine {
                     inner.set_class(cb, r.class);
                 }
             }
-            inner.vols[vol as usize].cache.stats.retained_bytes += n as u64 * BS;
+            inner.vols[vol as usize].cache.count(CacheCount::Retained, n as u64 * BS);
         }
         Ok(())
     }

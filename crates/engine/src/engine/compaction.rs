@@ -252,7 +252,7 @@ impl Engine {
                     };
                     let moved =
                         self.write_segments(inner, vol as u32, (s, now), (blocks, what), tombs, deferred.as_mut())?;
-                    inner.stats.compaction_bytes += moved * BS;
+                    inner.stats.compacted(moved * BS);
                 }
             }
             if let Some(data) = data {
@@ -312,8 +312,8 @@ impl Engine {
         inner.log.free_oldest(c);
         inner.residency.freed(c);
         inner.compact_cursor = None;
-        inner.sim_freed(Some(c), None);
-        inner.stats.chunks_compacted += 1;
+        inner.reuse_freed(Some(c), None);
+        inner.stats.chunk_compacted();
         Ok(CompactStep::Freed)
     }
 }

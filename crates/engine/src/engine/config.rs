@@ -181,8 +181,11 @@ pub struct VolumeSpec {
 }
 
 /// How `Engine::open_with` opens.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
+    /// The clock and schedule the engine runs on (runtime.rs; real time,
+    /// concurrent, by default).
+    pub runtime: super::Runtime,
     /// Open even though recovery found damage, or the checkpoint is
     /// damaged (recovering from the media instead): blocks whose newest copy
     /// is damaged are trimmed (they read as zeros), damaged bands are

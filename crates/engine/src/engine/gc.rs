@@ -271,7 +271,7 @@ impl Engine {
                     let what = if deferred.is_some() { Data::Deferred } else { Data::Here(&g.1) };
                     let moved =
                         self.write_segments(inner, vol as u32, (s, born), (&g.0, what), &g.2, deferred.as_mut())?;
-                    inner.stats.gc_bytes += moved * BS;
+                    inner.stats.collected(moved * BS);
                     g.0.clear();
                     g.1.clear();
                     g.2.clear();
@@ -308,8 +308,8 @@ impl Engine {
         inner.learn_lifespan(v);
         self.discard_band(inner, v)?;
         inner.gc_cursor = None;
-        inner.sim_freed(None, Some(v));
-        inner.stats.bands_reclaimed += 1;
+        inner.reuse_freed(None, Some(v));
+        inner.stats.band_reclaimed();
         Ok(GcStep::Reclaimed)
     }
 }

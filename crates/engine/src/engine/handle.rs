@@ -8,6 +8,7 @@
 //! their device I/O outside the lock, bounded by read permits and checked
 //! afterwards against the generation of each place they read (docs/engine.md).
 
+use super::caching::CacheCount;
 use super::{
     check, crc32c, pool, write_at, writers, Arc, CacheReport, CompactorSnapshot, DeviceStats, Engine, EngineError,
     EngineStats, Extent, Inner, IoBuf, Op, OpSnapshot, Serialize, StagedWrite, Volume, VolumeError, VolumeMetrics,
@@ -46,14 +47,14 @@ impl Engine {
                 name: v.name.clone(),
                 size_bytes: v.l2p.len() as u64 * BS,
                 ops: m.snapshot(),
-                compaction_bytes: v.moved.compaction_bytes,
-                gc_bytes: v.moved.gc_bytes,
+                compaction_bytes: v.moved.get().0,
+                gc_bytes: v.moved.get().1,
                 checksum_errors: m.checksum_errors(),
             })
             .collect();
         EngineSnapshot {
-            stats: inner.stats,
-            host_waf: inner.stats.host_waf(),
+            stats: inner.stats.get(),
+            host_waf: inner.stats.get().host_waf(),
             log_chunks: chunks,
             log_chunks_free: inner.log.free_len() as u64,
             log_chunk_bytes: inner.cfg.chunk_bytes,
@@ -263,7 +264,7 @@ impl EngineVolume {
             } else {
                 e.append(inner, self.id, &blocks, &crcs, fua)?;
             }
-            inner.stats.user_write_bytes += bytes;
+            inner.stats.user_wrote(bytes);
             Ok(())
         })?;
         if deferred.is_empty() {
@@ -311,9 +312,9 @@ impl EngineVolume {
 
     /// Run one request and count it (latency, bytes, error) in the metrics.
     fn timed<T>(&self, op: Op, bytes: u64, f: impl FnOnce() -> Result<T, VolumeError>) -> Result<T, VolumeError> {
-        let t = std::time::Instant::now();
+        let t = self.engine.clock.now_ns();
         let r = f();
-        self.metrics.record(op, bytes, t.elapsed().as_nanos() as u64, r.is_ok());
+        self.metrics.record(op, bytes, self.engine.clock.now_ns().saturating_sub(t), r.is_ok());
         r
     }
 
@@ -322,12 +323,12 @@ impl EngineVolume {
         if !self.in_place {
             // Logged and unmapped without a drain (trims.rs).
             self.engine.trim_concurrent(self.id, offset / BS..(offset + len) / BS)?;
-            self.engine.lock_raw().stats.user_trim_bytes += len;
+            self.engine.lock_raw().stats.user_trimmed(len);
             return Ok(());
         }
         self.change(|e, inner| {
             e.trim_logged(inner, self.id, offset / BS..(offset + len) / BS, true)?;
-            inner.stats.user_trim_bytes += len;
+            inner.stats.user_trimmed(len);
             Ok(())
         })
     }
@@ -339,9 +340,9 @@ impl EngineVolume {
     fn after_read_in_place(&self, offset: u64, data: &[u8], at_home: u64, gen: u64) {
         let bytes = data.len() as u64;
         let _ = self.change(|e, inner| {
-            let s = &mut inner.vols[self.id as usize].cache.stats;
-            s.read_miss_bytes += at_home * BS;
-            s.read_hit_bytes += bytes - at_home * BS;
+            let vc = &mut inner.vols[self.id as usize].cache;
+            vc.count(CacheCount::ReadMiss, at_home * BS);
+            vc.count(CacheCount::ReadHit, bytes - at_home * BS);
             e.promote(inner, self.id, offset / BS, data, gen, at_home)?;
             Ok(())
         });
@@ -391,8 +392,8 @@ impl Volume for EngineVolume {
             }
             let permit = e.unlocked_read_permit();
             let mut inner = e.live_raw()?;
-            inner.stats.user_read_bytes += buf.len() as u64;
-            let gen = inner.vols[vol].cache.home_gen;
+            inner.stats.user_read(buf.len() as u64);
+            let gen = inner.vols[vol].cache.home_gen();
             let r = e.read_volume(inner, permit, vol, lba0..lba0 + n, offset, buf);
             let at_home = self.report_corruption(r)?;
             if self.in_place {
@@ -450,7 +451,7 @@ impl Volume for EngineVolume {
                 check(self, offset, len)?;
                 self.change(|e, inner| {
                     e.write_past_log(inner, self.id, offset / BS, len / BS, None)?;
-                    inner.stats.user_trim_bytes += len;
+                    inner.stats.user_trimmed(len);
                     if fua {
                         e.flush_cache(inner)?;
                         e.flush_capacity(inner)?;
@@ -480,9 +481,9 @@ impl Volume for EngineVolume {
     /// each with the batch's latency. Later writes win over earlier ones to
     /// the same block, as if applied in order.
     fn write_batch(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
-        let t = std::time::Instant::now();
+        let t = self.engine.clock.now_ns();
         let r = self.write_batch_inner(writes, fua);
-        let ns = t.elapsed().as_nanos() as u64;
+        let ns = self.engine.clock.now_ns().saturating_sub(t);
         for (_, d) in writes {
             self.metrics.record(Op::Write, d.len() as u64, ns, r.is_ok());
         }

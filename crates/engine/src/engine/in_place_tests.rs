@@ -162,7 +162,7 @@ fn reads_promote_blocks_from_home_after_their_misses() {
     assert_eq!(stats(&w, 0).promoted_bytes, 2 * BS, "pass-through promotes nothing");
     // A stale promotion is dropped.
     e.set_cache_policy("v0", CachePolicy::default()).unwrap();
-    let gen = e.lock().vols[0].cache.home_gen;
+    let gen = e.lock().vols[0].cache.home_gen();
     e.change(|e, inner| e.write_past_log(inner, 0, 4, 1, Some(&pattern(0, 4, 6)))).unwrap();
     e.change(|e, inner| e.promote(inner, 0, 4, &pattern(0, 4, 5), gen, 1)).unwrap();
     assert!(read(&w, 0, 4) == pattern(0, 4, 6), "the old bytes were not promoted over the new home");

@@ -50,6 +50,7 @@ impl Inner {
     }
 
     pub(super) fn check_invariants(&self) {
+        self.stats.check();
         let mut chunk_valid = vec![0u32; self.log.chunk_count()];
         let mut band_valid = vec![0u32; self.bands.len()];
         let (bpc, bpb) = (self.blocks_per_chunk(), self.blocks_per_band());

@@ -9,13 +9,24 @@ use super::{
     checkpoint_bytes_max, checkpoint_page_bytes, checkpoint_room, crc32c, decode_checkpoint, encode_checkpoint, flush,
     label_present, marks, new_maps, on_media_config, recovery, superblock_present, write_at, write_label, zoned, Arc,
     BandId, BandState, BlockDevice, CapGeometry, CapacityLabel, Damage, Engine, EngineConfig, EngineError, Inner, L2p,
-    Layout, OpenOptions, RegionReader, SharedDevice, Superblock, VolumeError, VolumeSpec, Width, BLOCK_BYTES, BS,
-    CAPACITY_BYTES_MAX, RECORD_BLOCKS_MAX,
+    Layout, OpenOptions, RegionReader, Runtime, SharedDevice, Superblock, VolumeError, VolumeSpec, Width, BLOCK_BYTES,
+    BS, CAPACITY_BYTES_MAX, RECORD_BLOCKS_MAX,
 };
 
 impl Engine {
     /// Create a fresh engine on the two devices with these volumes.
     pub fn create(
+        cache: Arc<dyn BlockDevice>,
+        capacity: Arc<dyn BlockDevice>,
+        cfg: EngineConfig,
+        volumes: &[VolumeSpec],
+    ) -> Result<Arc<Engine>, EngineError> {
+        Engine::create_on(Runtime::default(), cache, capacity, cfg, volumes)
+    }
+
+    /// `create`, running on `runtime`'s clock and schedule (runtime.rs).
+    pub fn create_on(
+        runtime: Runtime,
         cache: Arc<dyn BlockDevice>,
         capacity: Arc<dyn BlockDevice>,
         mut cfg: EngineConfig,
@@ -151,6 +162,7 @@ impl Engine {
         };
         let maps = new_maps(&sb, &cache);
         let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count, maps);
+        inner.run_on(runtime);
         if inner.cfg.attached {
             // The disk's identity, then the superblock: nothing is written
             // to the disk.
@@ -217,7 +229,7 @@ impl Engine {
             Some(Ok(inner)) => (inner, None, Vec::new()),
             Some(Err(e)) if !opts.salvage => return Err(e),
             _ => {
-                let t = std::time::Instant::now();
+                let t = opts.runtime.clock.now_ns();
                 let mut r = recovery::scan(&*cache, &*capacity, &cache, cfg, geo, sb)?;
                 if !r.damage.is_empty() && !opts.salvage {
                     return Err(EngineError::Damaged(r.damage));
@@ -248,7 +260,11 @@ impl Engine {
                 if !r.torn_headers.is_empty() || !r.stale_bands.is_empty() {
                     flush(&*capacity)?;
                 }
-                (r.inner, Some(t.elapsed()), r.damage)
+                (
+                    r.inner,
+                    Some(std::time::Duration::from_nanos(opts.runtime.clock.now_ns().saturating_sub(t))),
+                    r.damage,
+                )
             }
         };
         // A changed disk: only a cache that holds nothing dirty may stay
@@ -270,6 +286,7 @@ impl Engine {
         inner.sb.clean = false;
         inner.sb.generation += 1;
         inner.sb.write_to(&*cache)?;
+        inner.run_on(opts.runtime.clone());
         let mut engine = Engine::assemble(cache, capacity, inner, recovered_in);
         Arc::get_mut(&mut engine).expect("not shared yet").salvaged = salvaged;
         if !disk_changed.is_empty() {

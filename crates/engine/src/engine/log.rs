@@ -11,6 +11,7 @@
 //! once its device write completed; a durable record needs every earlier
 //! record of its chunk durable, so FUA is a cache flush.
 
+use super::caching::CacheCount;
 use super::{
     encode_header, flush, pool, sync_io, writers, BandPlacement, Engine, Inner, IoBuf, IoRequest, Layout, Loc,
     VecDeque, VolumeError, BLOCK_BYTES, BS, RECORD_BLOCKS_MAX,
@@ -117,9 +118,7 @@ impl Engine {
             inner.log.place(cb, vol, lba, lifetime);
             if inner.cfg.layout == Layout::InPlace {
                 inner.residency.logged(cb);
-                let vc = &mut inner.vols[vol as usize].cache;
-                vc.classes.count(0, true);
-                vc.dirty_blocks += 1;
+                inner.vols[vol as usize].cache.logged_dirty();
             }
         }
         Ok(())
@@ -152,7 +151,7 @@ impl Engine {
         if in_place {
             // A read that looked before this trim must not promote what it
             // read from the log as if it were the home's bytes.
-            inner.vols[vol as usize].cache.home_gen += 1;
+            inner.vols[vol as usize].cache.home_changed();
         }
         for part in mapped.chunks(RECORD_BLOCKS_MAX) {
             // The tombstones' sequence (one record), kept in the map's
@@ -166,7 +165,7 @@ impl Engine {
                 let old = inner.vols[vol as usize].l2p.get(lba as usize)?;
                 if let (true, Some(cb)) = (discard && inner.in_place(), old.cache_block()) {
                     if !inner.residency.is_clean(cb) {
-                        inner.vols[vol as usize].cache.stats.discarded_dirty_bytes += BS;
+                        inner.vols[vol as usize].cache.count(CacheCount::DiscardedDirty, BS);
                     }
                 }
                 match seq {
@@ -254,13 +253,12 @@ impl Engine {
         inner.log.next_lsn();
         let header_block = chunk.0 as u64 * inner.blocks_per_chunk() + off;
         inner.log.note_header(chunk, off);
-        inner.sim_wait(Some(chunk), None);
+        inner.reuse_wait(Some(chunk), None);
         let c = sync_io(&*self.cache, IoRequest::write(header_block * BS, rec, 0));
         if let Err(e) = c.result {
             return (Err(e.into()), c.buf);
         }
-        inner.stats.cache_write_bytes += need * BS;
-        inner.stats.cache_header_bytes += BS;
+        inner.stats.logged(need);
         inner.log.advance(chunk, off, need);
         (Ok(header_block), c.buf)
     }
@@ -290,7 +288,7 @@ impl Engine {
                     return Ok(Some((c, off)));
                 }
                 let c = inner.log.seal_open();
-                inner.residency.sealed(c, std::time::Instant::now());
+                inner.residency.sealed(c, inner.now_ns());
             }
             if inner.log.free.len() > inner.cfg.log_free_chunks_min {
                 break;

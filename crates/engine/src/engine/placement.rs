@@ -138,7 +138,7 @@ impl Inner {
 
     /// The user clock placement measures lifespans with: blocks users wrote.
     pub(super) fn user_clock(&self) -> u64 {
-        self.stats.user_write_bytes / BS
+        self.stats.get().user_write_bytes / BS
     }
 
     /// A block being written over `old`, its last copy: 0 if that copy was

@@ -34,7 +34,6 @@
 
 use super::log::ChunkId;
 use crate::persist::Writer;
-use std::time::Instant;
 
 pub(super) struct Residency {
     blocks_per_chunk: usize,
@@ -52,7 +51,7 @@ pub(super) struct Residency {
     dirty: Vec<u32>,
     /// Per chunk: when it was sealed (age-based cleaning); None after a
     /// reopen, which counts as old.
-    sealed_at: Vec<Option<Instant>>,
+    sealed_at: Vec<Option<u64>>,
     /// Blocks marked clean since the disk was last flushed, and those whose
     /// homes a flush made durable since: (volume, LBA, cache block).
     pending: Vec<(u32, u64, u64)>,
@@ -108,7 +107,7 @@ impl Residency {
     pub(super) fn dirty_total(&self) -> u64 {
         self.dirty.iter().map(|&d| d as u64).sum()
     }
-    pub(super) fn sealed_at(&self, c: ChunkId) -> Option<Instant> {
+    pub(super) fn sealed_at(&self, c: ChunkId) -> Option<u64> {
         self.sealed_at[c.index()]
     }
 
@@ -218,8 +217,8 @@ impl Residency {
     }
 
     /// Chunk `c` was sealed at `now`.
-    pub(super) fn sealed(&mut self, c: ChunkId, now: Instant) {
-        self.sealed_at[c.index()] = Some(now);
+    pub(super) fn sealed(&mut self, c: ChunkId, now_ns: u64) {
+        self.sealed_at[c.index()] = Some(now_ns);
     }
 
     /// Chunk `c` was freed: nothing of it is current any more.

@@ -222,7 +222,7 @@ impl Engine {
                 Data::Cache => Some(Fill::Cache(rest[..n].iter().map(|b| b.2 as u64).collect())),
             };
             let first = band.0 as u64 * bpb + wp;
-            inner.sim_wait(None, Some(band));
+            inner.reuse_wait(None, Some(band));
             match deferred.as_deref_mut() {
                 Some(d) => {
                     d.queued.push(QueuedWrite { req: IoRequest::write(first * BS, buf, 0), fill });
@@ -230,8 +230,7 @@ impl Engine {
                 }
                 None => self.submit_capacity(inner, first * BS, buf)?,
             }
-            inner.stats.capacity_write_bytes += padded * BS;
-            inner.stats.compaction_pad_bytes += (padded - n as u64) * BS;
+            inner.stats.segment_written(padded, n as u64);
             for (i, &(lba, _, _)) in rest[..n].iter().enumerate() {
                 let loc = inner.vols[vol as usize].l2p.get(lba as usize)?;
                 let to = Loc::capacity(first + 1 + i as u64);
@@ -251,12 +250,7 @@ impl Engine {
             rest = &rest[n..];
             rest_t = &rest_t[t..];
         }
-        let m = &mut inner.vols[vol as usize].moved;
-        if s.is_gc() {
-            m.gc_bytes += moved * BS;
-        } else {
-            m.compaction_bytes += moved * BS;
-        }
+        inner.vols[vol as usize].moved.moved(moved * BS, s.is_gc());
         Ok(moved)
     }
 

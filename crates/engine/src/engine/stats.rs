@@ -2,7 +2,7 @@
 //! GC, padding) since open or since the last clean shutdown's checkpoint,
 //! each volume's compaction and GC bytes, and the DRAM the maps take.
 
-use super::{Band, Chunk, Engine, Inner, Serialize};
+use super::{Band, Chunk, Engine, Inner, Serialize, BS};
 
 /// The L2P's paging (`Engine::l2p_stats`).
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -14,10 +14,107 @@ pub struct L2pStats {
     pub page_writebacks: u64,
 }
 
+/// One volume's data bytes compaction and GC wrote to the capacity device
+/// since the engine opened (not persisted). Only rises.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Moves {
-    pub(super) compaction_bytes: u64,
-    pub(super) gc_bytes: u64,
+    compaction_bytes: u64,
+    gc_bytes: u64,
+}
+
+impl Moves {
+    /// `bytes` of the volume's data written to the capacity device by GC
+    /// (`by_gc`) or by compaction.
+    pub(super) fn moved(&mut self, bytes: u64, by_gc: bool) {
+        let c = if by_gc { &mut self.gc_bytes } else { &mut self.compaction_bytes };
+        *c = c.checked_add(bytes).expect("moved bytes overflow");
+    }
+
+    /// (compaction bytes, GC bytes).
+    pub(super) fn get(&self) -> (u64, u64) {
+        (self.compaction_bytes, self.gc_bytes)
+    }
+}
+
+/// The engine's counters (`Inner::stats`), private to this module: each
+/// path that writes or moves bytes says what it did through one method
+/// here, so every counter is changed in one file and only ever rises.
+/// Invariants: header bytes never exceed cache bytes; padding never
+/// exceeds capacity bytes (asserted by `check`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Counters(EngineStats);
+
+impl Counters {
+    /// The counters as a checkpoint restored them.
+    pub(super) fn restored(s: EngineStats) -> Counters {
+        let c = Counters(s);
+        c.check();
+        c
+    }
+
+    pub(super) fn get(&self) -> EngineStats {
+        self.0
+    }
+
+    /// What `check_invariants` asserts of them.
+    pub(super) fn check(&self) {
+        let s = &self.0;
+        assert!(s.cache_header_bytes <= s.cache_write_bytes, "header bytes past cache bytes: {s:?}");
+        assert!(s.compaction_pad_bytes <= s.capacity_write_bytes, "padding past capacity bytes: {s:?}");
+    }
+
+    pub(super) fn user_wrote(&mut self, bytes: u64) {
+        self.0.user_write_bytes += bytes;
+    }
+
+    pub(super) fn user_read(&mut self, bytes: u64) {
+        self.0.user_read_bytes += bytes;
+    }
+
+    pub(super) fn user_trimmed(&mut self, bytes: u64) {
+        self.0.user_trim_bytes += bytes;
+    }
+
+    /// One log record of `blocks` blocks (its header block included)
+    /// written to the cache device.
+    pub(super) fn logged(&mut self, blocks: u64) {
+        assert!(blocks >= 1, "a record has its header block");
+        self.0.cache_write_bytes += blocks * BS;
+        self.0.cache_header_bytes += BS;
+    }
+
+    /// Bytes written to the capacity device outside a segment (in place:
+    /// homes, written past the log or cleaned).
+    pub(super) fn capacity_wrote(&mut self, bytes: u64) {
+        self.0.capacity_write_bytes += bytes;
+    }
+
+    /// A segment of `blocks` blocks (header and padding included), `data`
+    /// of them data, written to a band.
+    pub(super) fn segment_written(&mut self, blocks: u64, data: u64) {
+        assert!(data <= blocks, "a segment of {blocks} blocks holds {data} of data");
+        self.0.capacity_write_bytes += blocks * BS;
+        self.0.compaction_pad_bytes += (blocks - data) * BS;
+    }
+
+    /// User data bytes compaction (in place: cleaning) moved to the
+    /// capacity device.
+    pub(super) fn compacted(&mut self, bytes: u64) {
+        self.0.compaction_bytes += bytes;
+    }
+
+    /// User data bytes GC relocated.
+    pub(super) fn collected(&mut self, bytes: u64) {
+        self.0.gc_bytes += bytes;
+    }
+
+    pub(super) fn chunk_compacted(&mut self) {
+        self.0.chunks_compacted += 1;
+    }
+
+    pub(super) fn band_reclaimed(&mut self) {
+        self.0.bands_reclaimed += 1;
+    }
 }
 
 /// Counters of the engine (bytes unless named otherwise).
@@ -83,12 +180,12 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let mut inner = self.lock();
         self.fold_read_bytes(&mut inner);
-        inner.stats
+        inner.stats.get()
     }
 
     /// Add the bytes lock-free reads counted to the engine's counters.
     pub(super) fn fold_read_bytes(&self, inner: &mut Inner) {
-        inner.stats.user_read_bytes += self.read_bytes.take();
+        inner.stats.user_read(self.read_bytes.take());
     }
 
     /// DRAM the maps take per 4 KiB block of volume capacity: the L2P, the

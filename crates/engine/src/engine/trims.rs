@@ -160,8 +160,8 @@ impl Engine {
     }
 
     /// Trim blocks `lbas` of volume `vol` (with bands) through the
-    /// concurrent path, a record at a time. On a simulated clock, under the
-    /// drained lock instead (`trim_logged`), as writes do.
+    /// concurrent path, a record at a time. On the `Serial` schedule, under
+    /// the drained lock instead (`trim_logged`), as writes do.
     pub(super) fn trim_concurrent(&self, vol: u32, lbas: std::ops::Range<u64>) -> Result<(), VolumeError> {
         let mut cur = TrimCursor { next: lbas.start, end: lbas.end };
         let mut g = self.lock_for_request();
@@ -172,7 +172,7 @@ impl Engine {
                 g = self.wait_published(g);
                 continue;
             }
-            if g.sim.is_some() || waits > WAITS_MAX {
+            if g.serial() || waits > WAITS_MAX {
                 // Under the drained lock, which holds new reservations back.
                 let mut g = self.drained(g);
                 let r = self.trim_logged(&mut g, vol, cur.next..cur.end, true);
@@ -367,7 +367,7 @@ mod tag_tests {
         }
         let g = w.engine.lock();
         let tombs: u64 = g.bands.iter().map(|b| b.tombstones() as u64).sum();
-        assert!(g.stats.bands_reclaimed > 1000, "GC ran: {} bands", g.stats.bands_reclaimed);
+        assert!(g.stats.get().bands_reclaimed > 1000, "GC ran: {} bands", g.stats.get().bands_reclaimed);
         assert!(tombs <= 16 * 32, "{tombs} tombstones in the bands for 32 trimmed blocks");
         drop(g);
         w.engine.check_invariants();

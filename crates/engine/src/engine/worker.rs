@@ -33,7 +33,7 @@ use super::{Arc, DeviceError, Engine, EngineError, Inner, Mutex, Serialize, Volu
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where the compactor and the throttle act, as fractions of the log's chunks.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -296,7 +296,7 @@ impl Engine {
         if !self.bg.on.load(Ordering::Relaxed) {
             return inner;
         }
-        self.bg.last_request_ns.store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.bg.last_request_ns.store(self.clock.now_ns(), Ordering::Relaxed);
         inner
     }
 
@@ -325,7 +325,7 @@ impl Engine {
     /// without the engine lock when there is room for it (`preread`), the
     /// rest under one hold of the lock.
     fn background_step(&self, last: Work) -> Result<Work, VolumeError> {
-        let t = Instant::now();
+        let t = self.clock.now_ns();
         let step_blocks = |inner: &Inner| (inner.blocks_per_chunk() / STEP_PARTS).max(1);
         // A GC step walks at least what it reads anyway (a largest
         // segment): what it relocates goes out packed into one segment per
@@ -357,7 +357,7 @@ impl Engine {
                         self.bg.gc_reclaims_in_a_row.fetch_add(1, Ordering::Relaxed);
                     }
                     self.finish_step(inner, made)?;
-                    let ns = t.elapsed().as_nanos() as u64;
+                    let ns = self.clock.now_ns().saturating_sub(t);
                     self.bg.gc_windows.fetch_add(1, Ordering::Relaxed);
                     self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
                     self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
@@ -368,7 +368,7 @@ impl Engine {
         if !compact_due {
             // In place, with nothing to reclaim: clean ahead, if the policy
             // says a chunk is due (cleaning.rs).
-            let now = self.epoch.elapsed().as_nanos() as u64;
+            let now = self.clock.now_ns();
             let idle = Duration::from_nanos(now.saturating_sub(self.bg.last_request_ns.load(Ordering::Relaxed)));
             let Some(due) = inner.cleaning_due(idle) else {
                 self.bg.cleaning_rate_bits.store(0, Ordering::Relaxed);
@@ -405,9 +405,9 @@ impl Engine {
         self.bg.gc_reclaims_in_a_row.store(0, Ordering::Relaxed);
         self.bg.free_chunks.store(inner.log.free_len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
-        let compacted = inner.stats.chunks_compacted;
+        let compacted = inner.stats.get().chunks_compacted;
         self.finish_step(inner, made)?;
-        let ns = t.elapsed().as_nanos() as u64;
+        let ns = self.clock.now_ns().saturating_sub(t);
         self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
         self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
         if step == CompactStep::Freed {
@@ -510,7 +510,7 @@ impl Engine {
         let delay = {
             let mut t = self.bg.throttle.lock().expect("throttle");
             let Some(t) = t.as_mut() else { return };
-            t.admit(self.epoch.elapsed().as_nanos() as u64, bytes, free)
+            t.admit(self.clock.now_ns(), bytes, free)
         };
         if delay > 0 {
             self.bg.throttled_writes.fetch_add(1, Ordering::Relaxed);
@@ -566,7 +566,7 @@ mod tests {
     /// Poll `cond` for up to 20 s (a loaded CI machine may be slow; the
     /// outcome, not the time, is what is asserted).
     fn eventually(mut cond: impl FnMut() -> bool) -> bool {
-        let t = Instant::now();
+        let t = std::time::Instant::now();
         while t.elapsed() < Duration::from_secs(20) {
             if cond() {
                 return true;

@@ -50,8 +50,8 @@
 //!   lock: recovery takes the chunk's generation from it, so a later record
 //!   of the chunk must never be durable without it.
 //! - **Everything else** but reads and FLUSH (trim, write-zeroes,
-//!   compaction and GC steps, checkpoint, invariants, the simulation's
-//!   virtual time) takes the lock
+//!   compaction and GC steps, checkpoint, invariants, and every write on
+//!   the `Serial` schedule, runtime.rs) takes the lock
 //!   through `Engine::lock`, which waits until no record is in flight and
 //!   holds new reservations back meanwhile (`Inner::draining`): those paths
 //!   see the log as when every write ran under the lock.
@@ -131,8 +131,8 @@ impl Engine {
 
     /// Log `records` of volume `vol` (built by `records_of`) through the
     /// concurrent path; the buffers come back in order, whatever happened.
-    /// Falls back to logging under the lock (`append_record`) on a simulated
-    /// clock, whose virtual time orders device I/O under the lock.
+    /// Logs under the lock instead (`append_record`) on the `Serial`
+    /// schedule, which orders device I/O under the lock (runtime.rs).
     pub(super) fn write_concurrent(
         &self,
         vol: u32,
@@ -172,8 +172,8 @@ impl Engine {
                 }
                 continue;
             }
-            if g.sim.is_some() {
-                // Virtual time: every device I/O in order, under the lock.
+            if g.serial() {
+                // The serial schedule: every device I/O in order, under the lock.
                 let mut g = self.drained(g);
                 for rec in &mut recs[next..] {
                     let bytes = rec.entries.len() as u64 * BS;
@@ -181,7 +181,7 @@ impl Engine {
                     let r = g.stop_on_device_error(r);
                     self.after_change(&g);
                     r?;
-                    g.stats.user_write_bytes += bytes;
+                    g.stats.user_wrote(bytes);
                 }
                 return Ok(());
             }
@@ -276,7 +276,7 @@ impl Engine {
         }
         let mapped = Self::map_record(g, vol, r.header_block, rec.entries.iter().map(|e| (e.lba, e.crc)));
         g.stop_on_device_error(mapped)?;
-        g.stats.user_write_bytes += rec.entries.len() as u64 * BS;
+        g.stats.user_wrote(rec.entries.len() as u64 * BS);
         Ok(())
     }
 
@@ -326,8 +326,7 @@ impl Engine {
         let lsn = g.log.reserve(super::log::InFlight { seq, vol, chunk, entries: h.entries });
         g.log.note_header(chunk, off);
         g.log.advance(chunk, off, need);
-        g.stats.cache_write_bytes += need * BS;
-        g.stats.cache_header_bytes += BS;
+        g.stats.logged(need);
         let header_block = chunk.0 as u64 * g.blocks_per_chunk() + off;
         let mut r = Reserved { rec: index, header_block, lsn, seq, written: false };
         if off == 0 {

@@ -696,7 +696,7 @@ pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), 
     let cache = cfg.open_device("cache", &cfg.cache)?.dev;
     let capacity = cfg.open_device("capacity", &cfg.capacity)?.dev;
     if salvage {
-        let e = Engine::open_with(cache, capacity, sluice_engine::OpenOptions { salvage: true })?;
+        let e = Engine::open_with(cache, capacity, sluice_engine::OpenOptions { salvage: true, ..Default::default() })?;
         let lines: Vec<String> = e.salvaged().iter().map(|d| format!("  {d}")).collect();
         e.shutdown()?;
         let text = if lines.is_empty() {

@@ -83,7 +83,8 @@ fn a_damaged_header_of_a_durable_log_record_is_damage_not_a_torn_tail() {
     assert!(read_at(&*cache, 0, cache.info().capacity_bytes as usize).unwrap()[..] == before[..]);
     // Salvaged: it opens, what the damaged record held is gone (block
     // 4 was its only write), every other block is there.
-    let e = Engine::open_with(cache.clone(), capacity.clone(), OpenOptions { salvage: true }).unwrap();
+    let e = Engine::open_with(cache.clone(), capacity.clone(), OpenOptions { salvage: true, ..Default::default() })
+        .unwrap();
     assert_eq!(e.salvaged(), &d[..]);
     let v = e.volume("v0").unwrap();
     let mut b = vec![0u8; BLOCK_BYTES];
@@ -107,7 +108,8 @@ fn a_damaged_data_block_of_a_durable_log_record_is_named_and_salvage_trims_it() 
     flip(&*cache, at + 1, 3000);
     let d = damage_of(Engine::open(cache.clone(), capacity.clone()));
     assert!(matches!(&d[..], [Damage::LogBlock { lba: 6, .. }]), "{d:?}");
-    let e = Engine::open_with(cache.clone(), capacity.clone(), OpenOptions { salvage: true }).unwrap();
+    let e = Engine::open_with(cache.clone(), capacity.clone(), OpenOptions { salvage: true, ..Default::default() })
+        .unwrap();
     let v = e.volume("v0").unwrap();
     let mut b = vec![0u8; BLOCK_BYTES];
     v.read(6 * BS, &mut b).unwrap();
@@ -229,7 +231,7 @@ fn check_finds_blocks_damaged_at_rest_and_a_damaged_checkpoint() {
     assert_eq!(r.damage, vec![Damage::CheckpointUnreadable], "{}", r.text());
     assert!(matches!(Engine::open(cache.clone(), capacity.clone()), Err(EngineError::CheckpointChecksum)));
     // Salvage recovers from the media instead, every block intact.
-    let e = Engine::open_with(cache, capacity, OpenOptions { salvage: true }).unwrap();
+    let e = Engine::open_with(cache, capacity, OpenOptions { salvage: true, ..Default::default() }).unwrap();
     let v = e.volume("v0").unwrap();
     let mut b = vec![0u8; BLOCK_BYTES];
     for lba in 0..256 {
@@ -291,7 +293,8 @@ fn a_damaged_winner_of_a_torn_copy_is_refused_before_anything_is_written() {
     assert_eq!(d, vec![named.clone()]);
     assert!(before == (image(&cache), image(&capacity)), "the refused reopen wrote");
     assert_eq!(Engine::check(cache.clone(), capacity.clone()).unwrap().damage, vec![named]);
-    let e = Engine::open_with(cache.clone(), capacity.clone(), OpenOptions { salvage: true }).unwrap();
+    let e = Engine::open_with(cache.clone(), capacity.clone(), OpenOptions { salvage: true, ..Default::default() })
+        .unwrap();
     let mut b = vec![0u8; BLOCK_BYTES];
     e.volume("v0").unwrap().read(lba * BS, &mut b).unwrap();
     assert!(b == vec![0u8; BLOCK_BYTES], "salvage trims the damaged block");
