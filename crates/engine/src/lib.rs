@@ -2,15 +2,17 @@
 //! log) and a capacity device, written against the media traits only.
 
 pub mod engine;
-pub mod ext4;
 pub mod faults;
 pub mod layout;
 pub mod metrics;
 pub mod persist;
-pub mod report;
+/// Operator messages, rate-limited (shared with the frontends).
+pub use sluice_volume::report;
 #[cfg(test)]
 mod testkit;
-pub mod volume;
+/// The `Volume` trait the engine serves (its own crate, so that the
+/// frontends depend on it and not on the engine).
+pub use sluice_volume as volume;
 
 pub use engine::{
     BandPlacement, CacheMode, CachePolicy, CacheReport, CacheStats, CheckReport, ClassDirection, ClassStats, Cleaning,

@@ -26,7 +26,7 @@
 use std::io::{Read, Write};
 use std::sync::Arc;
 
-use sluice_engine::Volume;
+use sluice_volume::Volume;
 
 use crate::access::{ClientIdentity, Grant};
 use crate::proto::{self, ClientOption, Info, OptionHeader, OptionReply, ProtoError};

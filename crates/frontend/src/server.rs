@@ -30,7 +30,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use sluice_engine::{Volume, VolumeError};
+use sluice_volume::{Volume, VolumeError};
 
 use crate::access::{self, ClientIdentity, ExportAccess, Grant};
 use crate::pool::WorkerPool;
@@ -551,7 +551,7 @@ fn log_violation(peer: &str, e: &ConnError) {
 /// One line about a client: at most 10 lines a second (all clients
 /// together), with how many were left out.
 pub(crate) fn log_client(peer: &str, what: &str) {
-    use sluice_engine::report::LogLimit;
+    use sluice_volume::report::LogLimit;
     static LIMIT: LogLimit = LogLimit::new();
     if let Some(left_out) = LIMIT.admit() {
         eprintln!("sluice: NBD client {peer}: {what}{}", LogLimit::also(left_out));

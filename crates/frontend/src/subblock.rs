@@ -32,7 +32,7 @@
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use sluice_engine::{Volume, VolumeError};
+use sluice_volume::{Volume, VolumeError};
 
 /// Orders sub-block read-modify-writes against every other write of one
 /// export (see the module invariants).

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use sluice_engine::{Volume, VolumeError, WriteBuf};
+use sluice_volume::{Volume, VolumeError, WriteBuf};
 
 use crate::dispatch::Pace;
 use crate::handshake::Session;

@@ -40,7 +40,7 @@ fn setup() -> (std::sync::Arc<MemVolume>, sluice_frontend::ServerHandle) {
 
 fn setup_with(opts: ServerOptions) -> (std::sync::Arc<MemVolume>, sluice_frontend::ServerHandle) {
     let vol = MemVolume::new("default", SIZE);
-    use sluice_engine::Volume;
+    use sluice_volume::Volume;
     vol.write(0, &pattern(99, MIB as usize), false).expect("prefill");
     let h = start_with(vec![vol.clone()], opts);
     (vol, h)

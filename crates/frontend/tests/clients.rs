@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use sluice_engine::Volume;
+use sluice_volume::Volume;
 
 use common::*;
 
@@ -286,7 +286,7 @@ fn unix_socket_listener_serves_qemu_io_and_nbdinfo() {
     let dir = TempDir::new("unix");
     let sock = dir.path("nbd.sock");
     let vol = MemVolume::new("default", 8 * MIB);
-    let exports: Vec<std::sync::Arc<dyn sluice_engine::Volume>> = vec![vol.clone()];
+    let exports: Vec<std::sync::Arc<dyn sluice_volume::Volume>> = vec![vol.clone()];
     let server = sluice_frontend::Server::new(exports, Default::default()).expect("server");
     let h = server.spawn(sluice_frontend::Listener::bind_unix(&sock).expect("bind unix")).expect("spawn");
     let u = format!("nbd+unix:///default?socket={}", sock.display());

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::raw::{Raw, Reply};
 use common::*;
-use sluice_engine::Volume;
 use sluice_frontend::proto::{self, Chunk, ClientOption, Command};
+use sluice_volume::Volume;
 
 const MIB: u64 = 1 << 20;
 const SIZE: u64 = 4 * MIB;

@@ -41,8 +41,9 @@ impl DirectoryClasses {
                 let mut said: std::collections::HashMap<(String, String), String> = std::collections::HashMap::new();
                 while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                     for (vol, name, class, dir) in &jobs {
-                        let read = |o: u64, b: &mut [u8]| vol.read_unaccounted(o, b).map_err(|e| e.to_string());
-                        let found = sluice_engine::ext4::directory_extents_via(vol.size_bytes(), 4096, read, dir);
+                        let read =
+                            |o: u64, b: &mut [u8]| vol.read_unaccounted(o, b).map_err(sluice_ext4::ReadError::from);
+                        let found = sluice_ext4::directory_extents_via(vol.size_bytes(), 4096, read, dir);
                         let (extents, err) = match found {
                             Ok(e) => (e, String::new()),
                             Err(e) => (Vec::new(), e.to_string()),

@@ -355,11 +355,11 @@ fn the_ext4_reader_replays_the_journal_of_a_mounted_file_system() {
     std::fs::write(mnt.join("spills/deep/s0"), &data).unwrap();
     sh("sync", &[]);
     let image = std::fs::read(&img).unwrap();
-    let read = |offset: u64, len: usize| -> Result<Vec<u8>, String> {
+    let read = |offset: u64, len: usize| -> Result<Vec<u8>, sluice_ext4::ReadError> {
         image.get(offset as usize..offset as usize + len).map(|b| b.to_vec()).ok_or_else(|| "past the end".into())
     };
-    let found = sluice_engine::ext4::Ext4::open(read)
-        .and_then(|fs| Ok((fs.journal_blocks(), fs.directory_extents("/spills")?)));
+    let found =
+        sluice_ext4::Ext4::open(read).and_then(|fs| Ok((fs.journal_blocks(), fs.directory_extents("/spills")?)));
     try_sh("umount", &[mnt.to_str().unwrap()]);
     let (journal, extents) = found.unwrap();
     assert!(journal > 0, "a mounted, synced file system has committed transactions in its journal");

@@ -133,6 +133,7 @@ impl Engine {
         if !g.relocations_clear() {
             return (g, Ok(Assist::Blocked));
         }
+        assert!(!g.assisting, "one writer's step planned, read and walked at a time");
         g.assisting = true;
         // A step walks 1/16 of a chunk, and at least a largest segment: the
         // blocks it moves go out as segments padded to the write unit, and
@@ -177,6 +178,7 @@ impl Engine {
         // fills and writes (`compact_step` leaves this one pending beside
         // its own; a GC step, a zoned device or a third step settles it
         // first, waiting for these writes, which need no lock).
+        assert!(g.assisting, "the step ends that began");
         g.assisting = false;
         if g.waiting > 0 {
             self.published.notify_all();

@@ -167,12 +167,6 @@ pub enum EngineError {
     NoDiskIdentity([u8; 16]),
 }
 
-impl From<DeviceError> for VolumeError {
-    fn from(e: DeviceError) -> VolumeError {
-        VolumeError::Io(e)
-    }
-}
-
 /// A volume to create.
 #[derive(Clone, Debug)]
 pub struct VolumeSpec {

@@ -52,17 +52,22 @@ impl Health {
     /// said at once: every later change fails until a restart recovers
     /// from the devices).
     pub(super) fn stop(&mut self, cause: &VolumeError) {
+        let before = self.stopped.clone();
         if self.stopped.is_none() {
             crate::report::say(format_args!(
                 "sluice: engine stopped taking changes: {cause}; reads go on, restart to recover"
             ));
             self.stopped = Some(cause.clone());
         }
+        assert!(self.stopped.is_some(), "a stop leaves the engine stopped");
+        assert!(before.is_none() || before == self.stopped, "a stopped engine's cause never changes");
     }
 
     /// Shut down: every later request fails.
     pub(super) fn close(&mut self) {
+        let stopped = self.stopped.is_some();
         self.closed = true;
+        assert!(self.taking_changes().is_err() && self.stopped.is_some() == stopped, "closing never serves again");
     }
 }
 

@@ -515,7 +515,7 @@ fn a_directory_class_selects_the_blocks_of_its_files() {
     let w = in_place_world(&[2048]);
     let (e, v) = (&w.engine, &w.volumes[0]);
     v.write(0, &image, false).unwrap();
-    let yarn = crate::ext4::volume_directory_extents(v, "/yarn").unwrap();
+    let yarn = sluice_ext4::volume_directory_extents(v, "/yarn").unwrap();
     assert!(!yarn.is_empty());
     let mut c = IoClass::new("yarn", 0.0);
     c.extents = Some(Arc::new(Vec::new()));

@@ -203,6 +203,8 @@ impl Inner {
         let owner = std::thread::current().id();
         let (done, ready) = (Mutex::new(None), std::sync::Condvar::new());
         let writes = d.queued.len();
+        assert!(writes <= CAP_QUEUE_DEPTH, "a step left {writes} writes pending, past the queue depth");
+        assert!(self.pending.len() < PENDING_STEPS_MAX, "{} steps pending already", self.pending.len());
         let queued = Mutex::new((d.queued, d.sources));
         let io = Arc::new(PendingIo { owner, writes, queued, done, ready });
         self.pending.push(Pending { io, remaps: d.remaps });

@@ -42,6 +42,7 @@ impl BufPool {
             None => IoBuf::zeroed(fits),
         };
         b.set_len(len);
+        assert_eq!(b.len(), len, "a pooled buffer of the length asked for");
         b
     }
 
@@ -58,6 +59,7 @@ impl BufPool {
         if self.bufs.len() < BUFS_MAX && held + b.capacity() <= bytes_max {
             self.bufs.push(b);
         }
+        debug_assert!(self.bufs.len() <= BUFS_MAX, "the pool keeps at most BUFS_MAX buffers");
     }
 }
 

@@ -11,9 +11,9 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use sluice_engine::volume::check;
-use sluice_engine::{Extent, Volume, VolumeError};
 use sluice_frontend::{Listener, Server, ServerHandle, ServerOptions};
+use sluice_volume::check;
+use sluice_volume::{Extent, Volume, VolumeError};
 
 pub const BLOCK: u64 = 4096;
 

@@ -34,11 +34,20 @@
 
 use std::collections::HashSet;
 
+/// What a caller's read function fails with: its own error, kept as the
+/// cause (`Ext4Error::Io`), e.g. a `VolumeError` or an `std::io::Error`.
+pub type ReadError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Errors reading ext4 metadata.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Ext4Error {
     #[error("reading the file system: {0}")]
-    Io(String),
+    Io(#[source] ReadError),
+    #[error("reading the file system: {len} bytes at byte {offset} came back as {got}")]
+    ShortRead { offset: u64, len: usize, got: usize },
+    #[error("byte {end} is past the device's end ({size} bytes)")]
+    PastEnd { end: u64, size: u64 },
     #[error("not an ext4 file system (no superblock magic)")]
     NotExt4,
     #[error("unsupported ext4 feature: {0}")]
@@ -62,7 +71,7 @@ const COMPAT_HAS_JOURNAL: u32 = 0x4;
 const ITEMS_MAX: usize = 1 << 22;
 
 /// An ext4 file system, read through `read(byte offset, length)`.
-pub struct Ext4<R: Fn(u64, usize) -> Result<Vec<u8>, String>> {
+pub struct Ext4<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> {
     read: R,
     block: u64,
     /// The file system's size in bytes.
@@ -83,7 +92,7 @@ struct Inode {
     i_block: [u8; 60],
 }
 
-impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
+impl<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> Ext4<R> {
     /// Read and check the superblock.
     pub fn open(read: R) -> Result<Ext4<R>, Ext4Error> {
         let sb = read(1024, 1024).map_err(Ext4Error::Io)?;
@@ -258,7 +267,7 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
         }
         let b = (self.read)(offset, len).map_err(Ext4Error::Io)?;
         if b.len() != len {
-            return Err(Ext4Error::Io(format!("short read at byte {offset}")));
+            return Err(Ext4Error::ShortRead { offset, len, got: b.len() });
         }
         Ok(b)
     }
@@ -426,8 +435,8 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, String>> Ext4<R> {
 
 /// The byte ranges of `volume` holding the files under directory `path` of
 /// the ext4 file system on it (reads are widened to the volume's blocks).
-pub fn volume_directory_extents(volume: &dyn crate::Volume, path: &str) -> Result<Vec<(u64, u64)>, Ext4Error> {
-    let read = |offset: u64, buf: &mut [u8]| volume.read(offset, buf).map_err(|e| e.to_string());
+pub fn volume_directory_extents(volume: &dyn sluice_volume::Volume, path: &str) -> Result<Vec<(u64, u64)>, Ext4Error> {
+    let read = |offset: u64, buf: &mut [u8]| volume.read(offset, buf).map_err(ReadError::from);
     directory_extents_via(volume.size_bytes(), volume.block_bytes(), read, path)
 }
 
@@ -436,14 +445,14 @@ pub fn volume_directory_extents(volume: &dyn crate::Volume, path: &str) -> Resul
 pub fn directory_extents_via(
     size: u64,
     bs: u64,
-    read_blocks: impl Fn(u64, &mut [u8]) -> Result<(), String>,
+    read_blocks: impl Fn(u64, &mut [u8]) -> Result<(), ReadError>,
     path: &str,
 ) -> Result<Vec<(u64, u64)>, Ext4Error> {
-    let read = |offset: u64, len: usize| -> Result<Vec<u8>, String> {
+    let read = |offset: u64, len: usize| -> Result<Vec<u8>, ReadError> {
         let start = offset / bs * bs;
         let end = (offset + len as u64).div_ceil(bs) * bs;
         if end > size {
-            return Err(format!("byte {end} is past the volume's end"));
+            return Err(Box::new(Ext4Error::PastEnd { end, size }));
         }
         let mut b = vec![0u8; (end - start) as usize];
         read_blocks(start, &mut b)?;
@@ -509,8 +518,8 @@ mod tests {
             .expect("mkfs.ext4 (e2fsprogs) is installed by scripts/setup.sh");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let image = std::fs::read(&img).unwrap();
-        let read = |o: u64, n: usize| -> Result<Vec<u8>, String> {
-            image.get(o as usize..o as usize + n).map(|s| s.to_vec()).ok_or_else(|| "past the image".to_string())
+        let read = |o: u64, n: usize| -> Result<Vec<u8>, ReadError> {
+            image.get(o as usize..o as usize + n).map(|s| s.to_vec()).ok_or_else(|| "past the image".into())
         };
         let fs = Ext4::open(read).unwrap();
         assert_eq!(fs.block_bytes(), 4096);
@@ -536,7 +545,7 @@ mod tests {
         // Typed refusals.
         assert!(matches!(fs.directory_extents("/nope"), Err(Ext4Error::NotFound(_))));
         assert!(matches!(fs.directory_extents("/hdfs/blk_1"), Err(Ext4Error::NotFound(_))));
-        let zeros = |_o: u64, n: usize| -> Result<Vec<u8>, String> { Ok(vec![0; n]) };
+        let zeros = |_o: u64, n: usize| -> Result<Vec<u8>, ReadError> { Ok(vec![0; n]) };
         assert!(matches!(Ext4::open(zeros), Err(Ext4Error::NotExt4)));
         // A corrupt image (every byte of the inode tables flipped) is an
         // error, never a panic or a hang.
@@ -544,8 +553,8 @@ mod tests {
         for b in bad.iter_mut().skip(4096 * 2).take(4096 * 64) {
             *b = !*b;
         }
-        let read_bad = |o: u64, n: usize| -> Result<Vec<u8>, String> {
-            bad.get(o as usize..o as usize + n).map(|s| s.to_vec()).ok_or_else(|| "past the image".to_string())
+        let read_bad = |o: u64, n: usize| -> Result<Vec<u8>, ReadError> {
+            bad.get(o as usize..o as usize + n).map(|s| s.to_vec()).ok_or_else(|| "past the image".into())
         };
         if let Ok(fs) = Ext4::open(read_bad) {
             let _ = fs.directory_extents("/yarn/local");

@@ -10,6 +10,11 @@
 //! write is durable when it returns.
 //!
 //! Calls are synchronous and `&self`: a frontend may call from many threads.
+//!
+//! Its own crate so that a frontend depends on this and not on the engine;
+//! `report` (rate-limited operator messages) is shared the same way.
+
+pub mod report;
 
 use serde::Serialize;
 use sluice_media::{DeviceError, IoBuf};
@@ -168,6 +173,12 @@ pub fn check<V: Volume + ?Sized>(v: &V, offset: u64, len: u64) -> Result<(), Vol
     match offset.checked_add(len) {
         Some(end) if end <= v.size_bytes() => Ok(()),
         _ => Err(VolumeError::OutOfRange { offset, len, size_bytes: v.size_bytes() }),
+    }
+}
+
+impl From<DeviceError> for VolumeError {
+    fn from(e: DeviceError) -> VolumeError {
+        VolumeError::Io(e)
     }
 }
 
