@@ -166,7 +166,7 @@ pub enum ValueError {
     Empty,
     #[error("not a non-negative integer: {0:?}")]
     BadNumber(String),
-    #[error("unknown unit suffix {0:?}")]
+    #[error("unknown unit suffix {0:?} (sizes take k, m, g, t, p; KiB, MiB, GiB, TiB, PiB; KB, MB, GB, TB, PB)")]
     UnknownSuffix(String),
     #[error("value {0:?} overflows 64 bits")]
     Overflow(String),
@@ -245,8 +245,26 @@ pub fn parse_uint(s: &str) -> Result<u64, ValueError> {
     u64::from_str_radix(digits, radix).map_err(|_| ValueError::Overflow(s.into()))
 }
 
+/// How a size's unit suffix is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Units {
+    /// fio's, in job files (module docs): `k`/`kb` are 1024, and — fio's
+    /// `kb_base=1024` quirk — `KiB` is 1000.
+    Fio,
+    /// Sluice's own, in its config and on its command line
+    /// (docs/serve.md, "Sizes"): `KiB`/`MiB`/`GiB`/`TiB`/`PiB` are powers
+    /// of two, `KB`/`MB`/`GB`/`TB`/`PB` powers of ten, and the one-letter
+    /// `k`/`m`/`g`/`t`/`p` powers of two as fio reads them.
+    Sluice,
+}
+
 /// Parses a fio size: integer with optional unit suffix (see module docs), or `N%`.
 pub fn parse_size(s: &str) -> Result<SizeValue, ValueError> {
+    parse_size_in(s, Units::Fio)
+}
+
+/// Parses a size with a unit suffix read as `units` says, or `N%`.
+pub fn parse_size_in(s: &str, units: Units) -> Result<SizeValue, ValueError> {
     let s = s.trim();
     if s.is_empty() {
         return Err(ValueError::Empty);
@@ -270,6 +288,12 @@ pub fn parse_size(s: &str) -> Result<SizeValue, ValueError> {
                 .ok_or(ValueError::PercentOutOfRange(value))
         }
         "" | "b" => (1, 0),
+        "k" | "kib" | "m" | "mib" | "g" | "gib" | "t" | "tib" | "p" | "pib" | "kb" | "mb" | "gb" | "tb" | "pb"
+            if units == Units::Sluice =>
+        {
+            let pow = 1 + "kmgtp".find(&suffix[..1]).expect("a known prefix") as u32;
+            (if suffix.len() == 2 { 1000 } else { 1024 }, pow)
+        }
         "k" | "kb" => (1024, 1),
         "m" | "mb" => (1024, 2),
         "g" | "gb" => (1024, 3),
@@ -286,9 +310,18 @@ pub fn parse_size(s: &str) -> Result<SizeValue, ValueError> {
     base.checked_pow(pow).and_then(|m| value.checked_mul(m)).map(SizeValue::Bytes).ok_or(ValueError::Overflow(s.into()))
 }
 
-/// Parses a size that must be absolute.
-pub fn parse_bytes(s: &str) -> Result<u64, ValueError> {
+/// Parses a size in a job file that must be absolute (fio's units).
+pub fn parse_fio_bytes(s: &str) -> Result<u64, ValueError> {
     match parse_size(s)? {
+        SizeValue::Bytes(b) => Ok(b),
+        SizeValue::Percent(_) => Err(ValueError::PercentNotAllowed),
+    }
+}
+
+/// Parses a size in Sluice's config or on its command line (`Units::Sluice`),
+/// which must be absolute: the one parser of sizes outside job files.
+pub fn parse_bytes(s: &str) -> Result<u64, ValueError> {
+    match parse_size_in(s, Units::Sluice)? {
         SizeValue::Bytes(b) => Ok(b),
         SizeValue::Percent(_) => Err(ValueError::PercentNotAllowed),
     }
@@ -353,7 +386,7 @@ fn parse_block_sizes(s: &str, current: BlockSizes) -> Result<BlockSizes, ValueEr
         if p.is_empty() {
             return Ok(None);
         }
-        in_range(parse_bytes(p)?, 1, u64::MAX).map(Some)
+        in_range(parse_fio_bytes(p)?, 1, u64::MAX).map(Some)
     };
     match parts.as_slice() {
         [all] => {

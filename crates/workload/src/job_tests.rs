@@ -8,7 +8,7 @@ const GI: u64 = 1024 * 1024 * 1024;
 
 #[test]
 fn size_suffixes_follow_fio_kb_base_1024() {
-    let b = |s| parse_bytes(s).unwrap();
+    let b = |s| parse_fio_bytes(s).unwrap();
     assert_eq!(b("4096"), 4096);
     assert_eq!(b("4k"), 4 * KI);
     assert_eq!(b("4K"), 4 * KI);
@@ -45,6 +45,7 @@ fn size_errors_and_percentages() {
     assert_eq!(parse_size("0xZZ"), Err(ValueError::BadNumber("0xZZ".into())));
     assert_eq!(parse_size("20000000p"), Err(ValueError::Overflow("20000000p".into())));
     assert_eq!(parse_size("99999999999999999999"), Err(ValueError::Overflow("99999999999999999999".into())));
+    assert_eq!(parse_fio_bytes("10%"), Err(ValueError::PercentNotAllowed));
     assert_eq!(parse_bytes("10%"), Err(ValueError::PercentNotAllowed));
 }
 
@@ -293,4 +294,35 @@ fn resolved_job_generates_whole_region_once() {
     let expect: Vec<u64> = (0..256).map(|i| MI + i * 4096).collect();
     assert_eq!(offs, expect);
     assert!(r.precondition(0).unwrap().is_none(), "precondition=none yields no stream");
+}
+
+#[test]
+fn sluice_sizes_read_iec_units_as_powers_of_two_and_si_units_as_powers_of_ten() {
+    let b = |s| parse_bytes(s).unwrap();
+    for (text, want) in [
+        ("1GiB", KI * KI * KI),
+        ("1gib", KI * KI * KI),
+        ("4KiB", 4 * KI),
+        ("3MiB", 3 * KI * KI),
+        ("2TiB", 2 * KI * KI * KI * KI),
+        ("1PiB", KI * KI * KI * KI * KI),
+        ("1GB", 1_000_000_000),
+        ("5MB", 5_000_000),
+        ("8kB", 8_000),
+        ("1TB", 1_000_000_000_000),
+        ("1g", KI * KI * KI),
+        ("64k", 64 * KI),
+        ("2M", 2 * KI * KI),
+        ("4096", 4096),
+        ("4096b", 4096),
+        ("0x1000", 4096),
+    ] {
+        assert_eq!(b(text), want, "{text}");
+    }
+    assert_eq!(parse_bytes("1GiBs"), Err(ValueError::UnknownSuffix("gibs".into())));
+    assert_eq!(parse_bytes("1.5GiB"), Err(ValueError::BadNumber("1.5GiB".into())));
+    assert_eq!(parse_bytes("20000000PiB"), Err(ValueError::Overflow("20000000PiB".into())));
+    // Job files keep fio's reading (its kb_base=1024 quirk).
+    assert_eq!(parse_fio_bytes("1GiB"), Ok(1_000_000_000));
+    assert_eq!(parse_fio_bytes("1GB"), Ok(KI * KI * KI));
 }

@@ -24,8 +24,8 @@ pub mod trace;
 pub use dist::{DistError, Distribution, Pareto, Permutation, Sampler, Uniform, UniformNoMap, Zipf};
 pub use gen::{GenError, GenParams, Io, IoGen, Op, Precondition, PreconditionGen, RwKind};
 pub use job::{
-    parse_bytes, parse_job_file, BlockSizes, JobError, JobFile, JobInstance, JobSpec, ResolveError, ResolvedJob,
-    SizeValue, ValueError, Warning,
+    parse_bytes, parse_fio_bytes, parse_job_file, parse_size_in, BlockSizes, JobError, JobFile, JobInstance, JobSpec,
+    ResolveError, ResolvedJob, SizeValue, Units, ValueError, Warning,
 };
 pub use rng::Rng;
 pub use trace::{parse_trace, TraceError, TraceFormat, TraceLineError, TraceOp, TraceReader, TraceRecord};
