@@ -867,6 +867,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Serve { config, flags, print_config } => {
             let cfg = flags.apply(serve::Config::load(config.as_deref())?)?;
             if print_config {
+                // Refused as a start would refuse it (nothing is opened).
+                serve::preflight(&cfg)?;
                 print!("{}", toml::to_string(&cfg)?);
                 return Ok(());
             }

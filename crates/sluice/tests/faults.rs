@@ -380,3 +380,64 @@ fn protocol_violations_get_an_error_reply_and_a_log_line_with_the_peer() {
     assert!(err.contains(&format!("NBD client {local}")) && err.contains("option data"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A start refused for a value that is wrong only when serving (a duration
+/// in the wrong unit, an unknown cache mode, a listen port in use) writes
+/// nothing: no data directory, no device file, no engine marked unclean.
+/// `--print-config` refuses the same values.
+#[test]
+fn a_refused_start_writes_nothing() {
+    let dir = std::env::temp_dir().join(format!("sluice-refused-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_port = busy.local_addr().unwrap().port();
+    let data = dir.join("data");
+    let devices = "[cache]\nsize = \"64m\"\n[capacity]\nsize = \"256m\"\n";
+    let in_place = "[engine]\nlayout = \"in-place\"\n";
+    let free = "127.0.0.1:0".to_string();
+    for (name, listen, tables, expect) in [
+        (
+            "cleaning_idle",
+            free.clone(),
+            format!("{in_place}cleaning = \"alru\"\ncleaning_idle = \"200ms\"\n"),
+            "cleaning_idle",
+        ),
+        (
+            "mode",
+            free.clone(),
+            format!("{in_place}[[volume]]\nname = \"v\"\nsize = \"64m\"\nmode = \"writeback\"\n"),
+            "writeback",
+        ),
+        ("port", format!("127.0.0.1:{busy_port}"), String::new(), "127.0.0.1"),
+    ] {
+        let config = dir.join(format!("{name}.toml"));
+        let top = format!("data_dir = {data:?}\nmetrics_listen = \"\"\nlisten = [{listen:?}]\n");
+        std::fs::write(&config, format!("{top}{devices}{tables}")).unwrap();
+        let out = sluice().args(["serve", "--config"]).arg(&config).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(expect), "{name}: {err}");
+        assert!(!data.exists(), "{name}: a refused start created {}", data.display());
+        if name != "port" {
+            let out = sluice().args(["serve", "--print-config", "--config"]).arg(&config).output().unwrap();
+            assert!(!out.status.success(), "{name}: --print-config accepted what serve refuses");
+        }
+    }
+    drop(busy);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sizes in the config read as their units say (docs/serve.md, "Sizes"):
+/// `MiB` is 2^20 (it was read as 10^6, and "1GiB" refused as not a
+/// multiple of the block).
+#[test]
+fn iec_sizes_in_the_config_are_powers_of_two() {
+    need("qemu-io");
+    let (dir, config) = device_config("sizes", "size = \"64MiB\"", "size = \"1GiB\"");
+    let (server, port) = start(&config);
+    qemu_io(port, &["write -P 0x4c 0 1M", "flush"]);
+    stop(server);
+    assert_eq!(std::fs::metadata(data_file(&dir, "cache.img")).unwrap().len(), 64 << 20);
+    assert_eq!(std::fs::metadata(data_file(&dir, "capacity.img")).unwrap().len(), 1 << 30);
+    let _ = std::fs::remove_dir_all(&dir);
+}

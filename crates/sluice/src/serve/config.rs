@@ -344,10 +344,13 @@ impl VolumeConfig {
         let bad = |msg: String| ServeError::Config { path: format!("volume {}", self.name), msg };
         let mut p = sluice_engine::CachePolicy::default();
         if !self.mode.is_empty() {
-            p.mode = self.mode.parse().map_err(|e: EngineError| bad(e.to_string()))?;
+            p.mode = self.mode.parse().map_err(|e: EngineError| bad(format!("mode {:?}: {e}", self.mode)))?;
         }
         if !self.seq_cutoff.is_empty() {
-            p.seq_cutoff = self.seq_cutoff.parse().map_err(|e: EngineError| bad(e.to_string()))?;
+            p.seq_cutoff = self
+                .seq_cutoff
+                .parse()
+                .map_err(|e: EngineError| bad(format!("seq_cutoff {:?}: {e}", self.seq_cutoff)))?;
         }
         if !self.seq_cutoff_size.is_empty() {
             p.seq_cutoff_bytes = size_of(&format!("volume {} seq_cutoff_size", self.name), &self.seq_cutoff_size)?;

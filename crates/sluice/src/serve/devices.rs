@@ -44,6 +44,28 @@ impl Config {
         cache: Arc<dyn BlockDevice>,
         capacity: Arc<dyn BlockDevice>,
     ) -> Result<Arc<Engine>, ServeError> {
+        let ecfg = self.engine_config()?;
+        let disk_bytes = capacity.info().capacity_bytes;
+        let specs = (self.volumes.iter())
+            .map(|v| Ok(VolumeSpec { name: v.name.clone(), size_bytes: self.volume_bytes(v, disk_bytes)? }))
+            .collect::<Result<Vec<_>, ServeError>>()?;
+        Ok(Engine::create(cache, capacity, ecfg, &specs)?)
+    }
+
+    /// Everything about the devices and the engine's geometry this config
+    /// says, checked without opening or creating anything (`preflight`).
+    pub(super) fn check_devices(&self) -> Result<(), ServeError> {
+        self.device_plan("cache", &self.cache)?;
+        self.device_plan("capacity", &self.capacity)?;
+        self.engine_config()?;
+        for v in self.volumes.iter().filter(|v| v.size != "disk") {
+            self.volume_bytes(v, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The engine geometry and layout this config creates.
+    fn engine_config(&self) -> Result<EngineConfig, ServeError> {
         let ecfg = EngineConfig {
             chunk_bytes: size_of("engine.chunk_size", &self.engine.chunk_size)?,
             band_bytes: size_of("engine.band_size", &self.engine.band_size)?,
@@ -55,12 +77,7 @@ impl Config {
             layout: self.layout()?,
             ..Default::default()
         };
-        let ecfg = EngineConfig { attached: self.attach()?, ..ecfg };
-        let disk_bytes = capacity.info().capacity_bytes;
-        let specs = (self.volumes.iter())
-            .map(|v| Ok(VolumeSpec { name: v.name.clone(), size_bytes: self.volume_bytes(v, disk_bytes)? }))
-            .collect::<Result<Vec<_>, ServeError>>()?;
-        Ok(Engine::create(cache, capacity, ecfg, &specs)?)
+        Ok(EngineConfig { attached: self.attach()?, ..ecfg })
     }
 
     /// `[engine] attach`, checked against the rest of the config: an
@@ -185,9 +202,104 @@ impl Config {
 
     /// Open (creating a missing file, fully allocated) the `which` device.
     pub(super) fn open_device(&self, which: &'static str, d: &DeviceConfig) -> Result<OpenedDevice, ServeError> {
-        // The disk a cache attaches to is opened as it is: never created,
-        // resized or allocated; a size given must be its size.
         let attach_disk = which == "capacity" && self.engine.attach;
+        let (mut size, zns) = self.device_plan(which, d)?;
+        let bad = |msg: String| ServeError::Config { path: format!("{which}.emulate"), msg };
+        let ssd_fits = |p: &SsdProfile, size: u64| {
+            let erase_block = p.erase_block_ius as u64 * p.iu_bytes;
+            if size.is_multiple_of(erase_block) && size >= 64 * erase_block {
+                Ok(())
+            } else {
+                Err(bad(format!(
+                    "{} needs a size that is a multiple of {} MiB and at least {} MiB",
+                    d.emulate,
+                    erase_block >> 20,
+                    (64 * erase_block) >> 20
+                )))
+            }
+        };
+        let mut created = None;
+        let backend: Box<dyn BlockDevice> = match d.kind.as_str() {
+            "memory" => memory(size, d.prealloc),
+            "file" => {
+                let path = self.in_data_dir(&d.file_path(which));
+                let opts = FileOptions {
+                    capacity_bytes: (!attach_disk).then_some(size),
+                    cache: CacheMode::DirectOrBuffered,
+                    allocate: true,
+                    // The log: small records and frequent flushes (FileOptions).
+                    zero_fill: which == "cache",
+                    exclusive: true,
+                    ..Default::default()
+                };
+                let dev = FileDevice::open(&path, &opts)
+                    .map_err(|e| ServeError::Device(format!("opening the {which} device: {e}")))?;
+                if attach_disk && size != 0 && size != dev.info().capacity_bytes {
+                    return Err(ServeError::Config {
+                        path: "capacity.size".into(),
+                        msg: format!(
+                            "the disk to attach to is {} bytes, not {size} (leave size out to take the disk as it is)",
+                            dev.info().capacity_bytes
+                        ),
+                    });
+                }
+                size = dev.info().capacity_bytes;
+                if dev.created() {
+                    created = Some(path);
+                }
+                Box::new(dev)
+            }
+            other => unreachable!("kind {other:?} passed device_plan"),
+        };
+        let clock: ClockRef = RealClock::new();
+        let fresh = d.kind == "memory" || created.is_some();
+        let dev: Arc<dyn BlockDevice> = match d.emulate.as_str() {
+            "" => Arc::from(backend),
+            "scm" => {
+                let mut p = ScmProfile::p5800x();
+                p.capacity_bytes = size;
+                Arc::new(scm_device(p, backend, clock))
+            }
+            "hdd" if d.disks > 1 => {
+                // Each disk its own memory; the striped device the engine sees.
+                drop(backend);
+                let each = (size / d.disks as u64) / (1 << 20) * (1 << 20);
+                let members: Vec<Arc<dyn BlockDevice>> = (0..d.disks)
+                    .map(|_| {
+                        let p = HddProfile { capacity_bytes: each, ..HddProfile::hdd_7200() };
+                        Arc::new(hdd_device(p, memory(each, d.prealloc), clock.clone())) as Arc<dyn BlockDevice>
+                    })
+                    .collect();
+                Arc::new(StripedDevice::new(members, 1 << 20))
+            }
+            "hdd" => {
+                let p = HddProfile { capacity_bytes: size / 4096 * 4096, ..HddProfile::hdd_7200() };
+                Arc::new(hdd_device(p, backend, clock))
+            }
+            "qlc" | "tlc" => {
+                // A raw block device's own size decides.
+                let p = if d.emulate == "qlc" { SsdProfile::qlc(size) } else { SsdProfile::tlc(size) };
+                ssd_fits(&p, size)?;
+                Arc::new(ssd_device(p, backend, clock))
+            }
+            _ => Arc::new(zns_device(zns.expect("zns profile"), backend, clock)),
+        };
+        Ok(OpenedDevice { which, dev, fresh, created })
+    }
+
+    /// The `which` device's size and ZNS profile as the config gives them,
+    /// every value checked (kind, medium, size, prealloc, disks) before
+    /// anything is opened or created. The disk a cache attaches to is
+    /// opened as it is (never created, resized or allocated): its size may
+    /// be left out (0 here), and a size given must be its size.
+    fn device_plan(&self, which: &'static str, d: &DeviceConfig) -> Result<(u64, Option<ZnsProfile>), ServeError> {
+        let attach_disk = which == "capacity" && self.engine.attach;
+        if !matches!(d.kind.as_str(), "memory" | "file") {
+            return Err(ServeError::Config {
+                path: format!("{which}.kind"),
+                msg: format!("unknown kind {:?} (file or memory)", d.kind),
+            });
+        }
         let mut size = match attach_disk && d.size.is_empty() {
             true => 0,
             false => size_of(&format!("{which}.size"), &d.size)?,
@@ -239,78 +351,7 @@ impl Config {
         if let Some(p) = &ssd {
             ssd_fits(p, size)?;
         }
-        let mut created = None;
-        let backend: Box<dyn BlockDevice> = match d.kind.as_str() {
-            "memory" => memory(size, d.prealloc),
-            "file" => {
-                let path = self.in_data_dir(&d.file_path(which));
-                let opts = FileOptions {
-                    capacity_bytes: (!attach_disk).then_some(size),
-                    cache: CacheMode::DirectOrBuffered,
-                    allocate: true,
-                    // The log: small records and frequent flushes (FileOptions).
-                    zero_fill: which == "cache",
-                    exclusive: true,
-                    ..Default::default()
-                };
-                let dev = FileDevice::open(&path, &opts)
-                    .map_err(|e| ServeError::Device(format!("opening the {which} device: {e}")))?;
-                if attach_disk && size != 0 && size != dev.info().capacity_bytes {
-                    return Err(ServeError::Config {
-                        path: "capacity.size".into(),
-                        msg: format!(
-                            "the disk to attach to is {} bytes, not {size} (leave size out to take the disk as it is)",
-                            dev.info().capacity_bytes
-                        ),
-                    });
-                }
-                size = dev.info().capacity_bytes;
-                if dev.created() {
-                    created = Some(path);
-                }
-                Box::new(dev)
-            }
-            other => {
-                return Err(ServeError::Config {
-                    path: format!("{which}.kind"),
-                    msg: format!("unknown kind {other:?} (file or memory)"),
-                })
-            }
-        };
-        let clock: ClockRef = RealClock::new();
-        let fresh = d.kind == "memory" || created.is_some();
-        let dev: Arc<dyn BlockDevice> = match d.emulate.as_str() {
-            "" => Arc::from(backend),
-            "scm" => {
-                let mut p = ScmProfile::p5800x();
-                p.capacity_bytes = size;
-                Arc::new(scm_device(p, backend, clock))
-            }
-            "hdd" if d.disks > 1 => {
-                // Each disk its own memory; the striped device the engine sees.
-                drop(backend);
-                let each = (size / d.disks as u64) / (1 << 20) * (1 << 20);
-                let members: Vec<Arc<dyn BlockDevice>> = (0..d.disks)
-                    .map(|_| {
-                        let p = HddProfile { capacity_bytes: each, ..HddProfile::hdd_7200() };
-                        Arc::new(hdd_device(p, memory(each, d.prealloc), clock.clone())) as Arc<dyn BlockDevice>
-                    })
-                    .collect();
-                Arc::new(StripedDevice::new(members, 1 << 20))
-            }
-            "hdd" => {
-                let p = HddProfile { capacity_bytes: size / 4096 * 4096, ..HddProfile::hdd_7200() };
-                Arc::new(hdd_device(p, backend, clock))
-            }
-            "qlc" | "tlc" => {
-                // A raw block device's own size decides.
-                let p = if d.emulate == "qlc" { SsdProfile::qlc(size) } else { SsdProfile::tlc(size) };
-                ssd_fits(&p, size)?;
-                Arc::new(ssd_device(p, backend, clock))
-            }
-            _ => Arc::new(zns_device(zns.expect("zns profile"), backend, clock)),
-        };
-        Ok(OpenedDevice { which, dev, fresh, created })
+        Ok((size, zns))
     }
 
     /// `[engine] compaction_start` and `compaction_setpoint`, or the

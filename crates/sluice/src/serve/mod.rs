@@ -95,6 +95,18 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 /// classes from `cfg`: all parsed and checked first, so a bad config
 /// changes nothing.
 fn apply_policies(cfg: &Config, engine: &Arc<Engine>) -> Result<(), ServeError> {
+    apply_parsed(&policies(cfg)?, engine)
+}
+
+/// Every volume's cache policy and classes and the cleaning policy, parsed
+/// and checked against the config's layout (nothing opened).
+struct Policies {
+    in_place: bool,
+    cleaning: sluice_engine::Cleaning,
+    volumes: Vec<(String, sluice_engine::CachePolicy, Vec<sluice_engine::IoClass>)>,
+}
+
+fn policies(cfg: &Config) -> Result<Policies, ServeError> {
     let in_place = cfg.layout()? == sluice_engine::Layout::InPlace;
     let cleaning = cfg.cleaning()?;
     if !in_place && cleaning.mode != sluice_engine::CleaningMode::None {
@@ -114,18 +126,25 @@ fn apply_policies(cfg: &Config, engine: &Arc<Engine>) -> Result<(), ServeError> 
                     .into(),
             });
         }
-        engine.volume(&v.name)?;
         sluice_engine::engine::check_io_classes(&classes)
             .map_err(|e| ServeError::Config { path: format!("volume {}", v.name), msg: e.to_string() })?;
-        volumes.push((v.name.as_str(), policy, classes));
+        volumes.push((v.name.clone(), policy, classes));
     }
-    if !in_place {
+    Ok(Policies { in_place, cleaning, volumes })
+}
+
+/// Apply parsed policies to the engine (every volume checked to exist first).
+fn apply_parsed(p: &Policies, engine: &Arc<Engine>) -> Result<(), ServeError> {
+    for (name, _, _) in &p.volumes {
+        engine.volume(name)?;
+    }
+    if !p.in_place {
         return Ok(());
     }
-    engine.set_cleaning(cleaning)?;
-    for (name, policy, classes) in volumes {
-        engine.set_cache_policy(name, policy)?;
-        engine.set_io_classes(name, classes)?;
+    engine.set_cleaning(p.cleaning)?;
+    for (name, policy, classes) in &p.volumes {
+        engine.set_cache_policy(name, *policy)?;
+        engine.set_io_classes(name, classes.clone())?;
     }
     Ok(())
 }
@@ -341,23 +360,24 @@ fn open_files_advice(got: u64, connections_max: u64, listeners: u64) -> String {
 
 /// Run the server until SIGTERM/SIGINT; prints one line per listener.
 /// SIGHUP reloads the cache policies from `path` (`reload`).
-pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), ServeError> {
-    let set = block_signals();
-    // TLS first: a bad [tls] section must not leave an opened engine behind.
+/// What `serve` checks of a config before it opens or creates anything:
+/// every value parsed (server, access, TLS, compactor, layout, cleaning,
+/// policies and classes, traces, device and engine geometry). `sluice serve
+/// --print-config` runs it too, so it refuses what a start would.
+pub struct Preflight {
+    opts: ServerOptions,
+    compactor: Option<CompactorConfig>,
+    policies: Policies,
+}
+
+pub fn preflight(cfg: &Config) -> Result<Preflight, ServeError> {
     let mut opts = ServerOptions {
         connections_max: cfg.server.connections_max,
         workers_max: cfg.server.workers_max,
         inflight_bytes_max: size_of("server.inflight_bytes_max", &cfg.server.inflight_bytes_max)?,
         ..ServerOptions::default()
     };
-    let listeners = cfg.listen.len() as u64 + u64::from(!cfg.unix_socket.is_empty());
-    let fds_wanted = opts.connections_max as u64 * FDS_PER_CONNECTION * listeners + FDS_RESERVED;
-    match raise_open_files_limit(fds_wanted) {
-        Ok(got) if got >= fds_wanted => {}
-        Ok(got) => eprintln!("sluice: warning: {}", open_files_advice(got, opts.connections_max as u64, listeners)),
-        Err(e) => eprintln!("sluice: warning: cannot raise the open-file limit: {e}"),
-    }
-    opts.access = export_access(&cfg)?;
+    opts.access = export_access(cfg)?;
     match cfg.tls.mode.as_str() {
         "" | "off" => {}
         mode @ ("allow" | "require") => {
@@ -383,13 +403,78 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
             return Err(ServeError::Config { path: "tls".into(), msg });
         }
     }
-    // Checked before the engine opens: bad input changes nothing.
-    let compactor_cfg = cfg.engine.background_compaction.then_some(cfg.compactor(cfg.layout()?));
-    if let Some(c) = &compactor_cfg {
+    let compactor = cfg.engine.background_compaction.then_some(cfg.compactor(cfg.layout()?));
+    if let Some(c) = &compactor {
         c.check().map_err(|e| ServeError::Config { path: "engine".into(), msg: e.to_string() })?;
     }
+    let policies = policies(cfg)?;
+    cfg.trace_targets()?;
+    cfg.check_devices()?;
+    Ok(Preflight { opts, compactor, policies })
+}
+
+pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), ServeError> {
+    let set = block_signals();
+    // Every value checked, and every TCP listener bound, before the data
+    // directory, a device or the engine is touched: a refused start writes
+    // nothing (docs/serve.md).
+    let Preflight { opts, compactor: compactor_cfg, policies } = preflight(&cfg)?;
+    let listeners = cfg.listen.len() as u64 + u64::from(!cfg.unix_socket.is_empty());
+    let fds_wanted = opts.connections_max as u64 * FDS_PER_CONNECTION * listeners + FDS_RESERVED;
+    match raise_open_files_limit(fds_wanted) {
+        Ok(got) if got >= fds_wanted => {}
+        Ok(got) => eprintln!("sluice: warning: {}", open_files_advice(got, opts.connections_max as u64, listeners)),
+        Err(e) => eprintln!("sluice: warning: cannot raise the open-file limit: {e}"),
+    }
+    let mut bound = Vec::new();
+    for addr in &cfg.listen {
+        bound.push(Listener::bind_tcp(addr.as_str()).map_err(|source| ServeError::Io { what: addr.clone(), source })?);
+    }
+    let metrics_listener = match cfg.metrics_listen.is_empty() {
+        true => None,
+        false => Some(
+            std::net::TcpListener::bind(&cfg.metrics_listen)
+                .map_err(|source| ServeError::Io { what: format!("metrics_listen {}", cfg.metrics_listen), source })?,
+        ),
+    };
     let _lock = DirLock::take_creating(&cfg.data_dir)?;
+    if !cfg.unix_socket.is_empty() {
+        let p = cfg.in_data_dir(&cfg.unix_socket);
+        bound.push(Listener::bind_unix(&p).map_err(|source| ServeError::Io { what: p.display().to_string(), source })?);
+    }
     let (engine, how) = open_engine(&cfg)?;
+    let started = Started { opts, compactor_cfg, policies, bound, metrics_listener };
+    let r = serve_opened(&cfg, path, flags, &set, &engine, how, started);
+    if r.is_err() {
+        // A start that fails after the open leaves the engine clean (a
+        // no-op once it shut down).
+        if let Err(e) = engine.shutdown() {
+            eprintln!("sluice: after a failed start, shutting the engine down failed too: {e}");
+        }
+    }
+    r
+}
+
+/// What `run` prepared before it opened the engine.
+struct Started {
+    opts: ServerOptions,
+    compactor_cfg: Option<CompactorConfig>,
+    policies: Policies,
+    bound: Vec<Listener>,
+    metrics_listener: Option<std::net::TcpListener>,
+}
+
+/// Serve the opened engine until a stop signal, then shut it down.
+fn serve_opened(
+    cfg: &Config,
+    path: Option<&Path>,
+    flags: &Overrides,
+    set: &libc::sigset_t,
+    engine: &Arc<Engine>,
+    how: Opened,
+    started: Started,
+) -> Result<(), ServeError> {
+    let Started { opts, compactor_cfg, policies, bound, metrics_listener } = started;
     match (how, engine.recovered_in()) {
         (_, Some(t)) => {
             eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64())
@@ -410,7 +495,7 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
         );
     }
     let targets = cfg.trace_targets()?;
-    apply_policies(&cfg, &engine)?;
+    apply_parsed(&policies, engine)?;
     for line in cfg.device_lines() {
         eprintln!("sluice: {line}");
     }
@@ -430,7 +515,7 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
         Some(c) => Some(engine.start_compactor(c)?),
         None => None,
     };
-    let classifier = crate::directories::DirectoryClasses::start(&cfg, &engine)?;
+    let classifier = crate::directories::DirectoryClasses::start(cfg, engine)?;
     let mut exports: Vec<Arc<dyn Volume>> = Vec::new();
     let mut traces = Vec::new();
     for (v, (_, target)) in cfg.volumes.iter().zip(targets) {
@@ -444,13 +529,7 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
     }
     let server = Server::new(exports, opts).map_err(|e| ServeError::Server(e.to_string()))?;
     let mut handles = Vec::new();
-    for addr in &cfg.listen {
-        let l = Listener::bind_tcp(addr.as_str()).map_err(|source| ServeError::Io { what: addr.clone(), source })?;
-        handles.push(server.spawn(l).map_err(|e| ServeError::Server(e.to_string()))?);
-    }
-    if !cfg.unix_socket.is_empty() {
-        let p = cfg.in_data_dir(&cfg.unix_socket);
-        let l = Listener::bind_unix(&p).map_err(|source| ServeError::Io { what: p.display().to_string(), source })?;
+    for l in bound {
         handles.push(server.spawn(l).map_err(|e| ServeError::Server(e.to_string()))?);
     }
     for h in &handles {
@@ -460,10 +539,8 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
             h.local_addr()
         );
     }
-    if !cfg.metrics_listen.is_empty() {
+    if let Some(l) = metrics_listener {
         let what = || format!("metrics_listen {}", cfg.metrics_listen);
-        let l = std::net::TcpListener::bind(&cfg.metrics_listen)
-            .map_err(|source| ServeError::Io { what: what(), source })?;
         let addr = l.local_addr().map_err(|source| ServeError::Io { what: what(), source })?;
         let monitors: Vec<ServerMonitor> = handles.iter().map(|h| h.monitor()).collect();
         let counters = move || {
@@ -491,11 +568,11 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
     };
     notify_systemd("READY=1");
     let mut classifier = classifier;
-    let mut applied = policy_view(&cfg);
+    let mut applied = policy_view(cfg);
     let sig = loop {
-        match wait_for_signal(&set) {
+        match wait_for_signal(set) {
             libc::SIGHUP => {
-                if let Err(e) = reload(path, flags, &cfg, &mut applied, &engine, &mut classifier, &traces) {
+                if let Err(e) = reload(path, flags, cfg, &mut applied, engine, &mut classifier, &traces) {
                     eprintln!("sluice: reload refused, nothing changed: {e}");
                 }
             }
