@@ -1,10 +1,11 @@
 //! `sluice serve`: engine volumes over NBD.
 //!
 //! Startup steps, in order: read the config (TOML, every key optional) →
-//! create the data directory → open the cache and capacity devices (files,
+//! check every value (`preflight`) and bind the TCP listeners, so that a
+//! refused start writes nothing → create and lock the data directory →
+//! bind the Unix socket in it → open the cache and capacity devices (files,
 //! raw block devices or memory) → reopen the engine from its superblock, or
-//! create it on blank devices → bind the listeners (TCP and a Unix socket in
-//! the data directory) → serve until SIGTERM or SIGINT. Shutdown steps: stop
+//! create it on blank devices → serve until SIGTERM or SIGINT. Shutdown steps: stop
 //! accepting, finish in-flight requests and flush (the server does that), then
 //! checkpoint the engine and mark it clean, so the next start reopens fast.
 //!
