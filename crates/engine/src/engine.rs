@@ -286,6 +286,9 @@ pub struct Engine {
     /// User bytes read without the lock, not yet added to `Inner::stats`
     /// (`Engine::fold_read_bytes`).
     read_bytes: stats::ShardedCounter,
+    /// Opened read-only (`OpenOptions::read_only`; also in `Inner::health`):
+    /// asked without the lock by FLUSH, which then has nothing to do.
+    read_only: bool,
 }
 
 impl Engine {
@@ -325,6 +328,7 @@ impl Engine {
             published: Default::default(),
             closed: Default::default(),
             read_bytes: Default::default(),
+            read_only: false,
         })
     }
 
@@ -340,6 +344,11 @@ impl Engine {
     /// the cached copies dropped for it (every read goes to the disk).
     pub fn disk_changed(&self) -> Option<&(Vec<disk_identity::ChangedBlock>, u64)> {
         self.disk_changed.as_ref()
+    }
+
+    /// Whether the engine was opened read-only (`OpenOptions::read_only`).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     pub fn recovered_in(&self) -> Option<std::time::Duration> {

@@ -113,6 +113,13 @@ pub struct FileOptions {
     /// while it is mounted or held the same way). A second opener gets
     /// `FileError::Busy`.
     pub exclusive: bool,
+    /// Open for reading only (`O_RDONLY`): nothing is created, extended or
+    /// allocated (a regular file must then be exactly `capacity_bytes`, if
+    /// given: `FileError::SizeMismatch`), and with `exclusive`
+    /// the claim is shared (`flock(LOCK_SH)`), so readers may run together
+    /// while a writer's exclusive claim refuses them (`FileError::Busy`).
+    /// Works on a read-only file system. A write fails with `EBADF`.
+    pub read_only: bool,
 }
 
 impl Default for FileOptions {
@@ -127,6 +134,7 @@ impl Default for FileOptions {
             allocate: false,
             zero_fill: false,
             exclusive: false,
+            read_only: false,
         }
     }
 }
@@ -263,7 +271,7 @@ impl FileDevice {
             |what: &'static str, e: std::io::Error| FileError::Sys { path: path.clone(), what, errno: errno_of(&e) };
         let meta = file.metadata().map_err(|e| sys("fstat", e))?;
         let block_device = meta.file_type().is_block_device();
-        let claimed = if opts.exclusive { Some(claim(&path, block_device)?) } else { None };
+        let claimed = if opts.exclusive { Some(claim(&path, block_device, opts.read_only)?) } else { None };
         let (logical_block_bytes, device_bytes) = if block_device {
             let lbs = ioctl_u32(&file, BLKSSZGET).map_err(|e| sys("BLKSSZGET", e))? as u64;
             let bytes = ioctl_u64(&file, BLKGETSIZE64).map_err(|e| sys("BLKGETSIZE64", e))?;
@@ -283,6 +291,12 @@ impl FileDevice {
         let capacity_bytes = match opts.capacity_bytes {
             Some(cap) if block_device && cap > device_bytes => {
                 return Err(FileError::CapacityTooLarge { path, capacity_bytes: cap, device_bytes });
+            }
+            Some(cap) if opts.read_only && !block_device => {
+                if device_bytes != cap {
+                    return Err(FileError::SizeMismatch { path, file_bytes: device_bytes, capacity_bytes: cap });
+                }
+                cap
             }
             Some(cap) if opts.allocate && !block_device => {
                 if existed && device_bytes != cap {
@@ -580,17 +594,20 @@ fn enter(ring: &mut IoUring, want: usize) -> std::io::Result<()> {
 /// is torn down, which the kernel finishes asynchronously after the process
 /// exits, so a lock on it would outlive a killed server and refuse its
 /// restart. This descriptor closes with the process.
-fn claim(path: &Path, block_device: bool) -> Result<File, FileError> {
+/// (`shared`: a reader's claim, `LOCK_SH`, and no `O_EXCL` on a block
+/// device, which a mounted device would refuse.)
+fn claim(path: &Path, block_device: bool, shared: bool) -> Result<File, FileError> {
     let f = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_CLOEXEC | if block_device { libc::O_EXCL } else { 0 })
+        .custom_flags(libc::O_CLOEXEC | if block_device && !shared { libc::O_EXCL } else { 0 })
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::EBUSY) => FileError::Busy { path: path.to_path_buf() },
             _ => FileError::Open { path: path.to_path_buf(), errno: errno_of(&e) },
         })?;
     // SAFETY: flock on a descriptor this function owns; released when it closes.
-    if !block_device && unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let how = if shared { libc::LOCK_SH } else { libc::LOCK_EX };
+    if !block_device && unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
             return Err(FileError::Busy { path: path.to_path_buf() });
@@ -639,8 +656,8 @@ fn open_file(path: &Path, opts: &FileOptions) -> Result<(File, bool), FileError>
     let open = |direct: bool| {
         OpenOptions::new()
             .read(true)
-            .write(true)
-            .create(opts.capacity_bytes.is_some())
+            .write(!opts.read_only)
+            .create(opts.capacity_bytes.is_some() && !opts.read_only)
             .mode(0o644)
             .custom_flags(libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 })
             .open(path)

@@ -441,3 +441,76 @@ fn iec_sizes_in_the_config_are_powers_of_two() {
     assert_eq!(std::fs::metadata(data_file(&dir, "capacity.img")).unwrap().len(), 1 << 30);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A read-only file system holding the data directory (a snapshot, a
+/// recovery mount): `sluice check`, a read-only scan, works there, and so
+/// does `sluice serve --read-only`, which opens the engine read-only (shared
+/// claims, nothing written: every file is byte for byte as it was); a
+/// read-write start is refused with the file system's error. Needs root
+/// (mount), as CI has.
+#[test]
+fn check_and_read_only_serve_work_on_a_read_only_file_system() {
+    need("qemu-io");
+    let (dir, config) = device_config("rofs", "size = \"64m\"", "size = \"512m\"");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mount = |args: &[&str]| {
+        let out = Command::new("mount").args(args).output().unwrap();
+        assert!(out.status.success(), "mount {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let d = data.to_str().unwrap();
+    mount(&["-t", "tmpfs", "-o", "size=1g", "tmpfs", d]);
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(d.to_string());
+    let (server, port) = start(&config);
+    qemu_io(port, &["write -P 0x6b 0 2M", "write -P 0x6c 100M 64k", "flush"]);
+    stop(server);
+    // The kernel closes a stopped server's io_uring files asynchronously:
+    // the file system may stay busy (open for writing) a moment longer.
+    let t = Instant::now();
+    while !Command::new("mount").args(["-o", "remount,ro", d]).status().unwrap().success() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{d} stayed busy after the server stopped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let files = ["cache.img", "capacity.img", "sluice.lock"];
+    let before: Vec<Vec<u8>> = files.iter().map(|f| contents(&data.join(f))).collect();
+    let out = check(&config, &[]);
+    assert!(
+        out.status.success(),
+        "check on a read-only file system: {}{}",
+        stderr(&out),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let mut cmd = common::serve_command(&config);
+    cmd.arg("--read-only");
+    let (server, port, _) = common::start_command(cmd);
+    let io = |args: &[&str]| Command::new("qemu-io").args(args).output().unwrap();
+    let uri = format!("nbd://127.0.0.1:{port}/default");
+    let read = io(&[
+        "-r",
+        "-f",
+        "raw",
+        &uri,
+        "-c",
+        "read -P 0x6b 0 2M",
+        "-c",
+        "read -P 0x6c 100M 64k",
+        "-c",
+        "read -P 0 200M 1M",
+    ]);
+    let said = String::from_utf8_lossy(&read.stdout).to_string();
+    assert!(read.status.success() && !said.contains("Pattern verification failed"), "{said}");
+    let log = stop(server);
+    assert!(log.contains("read-only"), "{log}");
+    let after: Vec<Vec<u8>> = files.iter().map(|f| contents(&data.join(f))).collect();
+    assert!(before == after, "a read-only check or serve changed a file");
+    // A read-write start is refused, and says why.
+    let out = refused_start(&config);
+    assert!(stderr(&out).contains("Read-only file system"), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}

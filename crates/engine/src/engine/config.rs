@@ -120,6 +120,11 @@ pub enum EngineError {
     #[error("no Sluice engine on these devices (neither holds a Sluice superblock or label)")]
     NoEngine,
     #[error(
+        "the engine on the devices was not shut down cleanly, and recovering it writes to them: \
+         start it once read-write (without --read-only, on a writable file system), or run `sluice check`"
+    )]
+    ReadOnlyNeedsRecovery,
+    #[error(
         "the cache device holds no Sluice superblock, but the capacity device belongs to engine {}: \
          the cache device was replaced, wiped or truncated; restore it (starting an empty engine over the \
          capacity device's data would lose it)",
@@ -180,6 +185,11 @@ pub struct OpenOptions {
     /// The clock and schedule the engine runs on (runtime.rs; real time,
     /// concurrent, by default).
     pub runtime: super::Runtime,
+    /// Serve reads only and write nothing, ever (a read-only file system,
+    /// `sluice serve --read-only`): only an engine shut down cleanly opens
+    /// this way (recovery writes), and every change is refused with
+    /// `VolumeError::ReadOnly`; shutting it down writes nothing either.
+    pub read_only: bool,
     /// Open even though recovery found damage, or the checkpoint is
     /// damaged (recovering from the media instead): blocks whose newest copy
     /// is damaged are trimmed (they read as zeros), damaged bands are

@@ -135,9 +135,8 @@ impl Engine {
         mut inner: std::sync::MutexGuard<'_, Inner>,
         f: impl FnOnce(&Engine, &mut Inner) -> Result<T, VolumeError>,
     ) -> Result<T, VolumeError> {
-        if inner.health.is_stopped() {
-            return Err(VolumeError::Stopped);
-        }
+        // Stopped, or opened read-only.
+        inner.taking_changes()?;
         let r = f(self, &mut inner);
         let r = inner.stop_on_device_error(r);
         self.after_change(&inner);
@@ -471,6 +470,10 @@ impl Volume for EngineVolume {
     }
 
     fn flush(&self) -> Result<(), VolumeError> {
+        if self.engine.read_only {
+            // Nothing was written: nothing to make durable.
+            return self.timed(Op::Flush, 0, || Ok(()));
+        }
         self.timed(Op::Flush, 0, || self.engine.flush_grouped())
     }
 

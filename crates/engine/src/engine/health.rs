@@ -20,13 +20,16 @@ pub(super) struct Health {
     /// Why the engine stopped taking changes, if it did.
     stopped: Option<VolumeError>,
     closed: bool,
+    /// Opened read-only (`OpenOptions::read_only`): reads are served,
+    /// every change is refused, and nothing is ever written.
+    read_only: bool,
 }
 
 impl Health {
     /// Whether the engine takes changes: not once shut down (`ReadOnly`),
     /// nor after a stop (`Stopped`).
     pub(super) fn taking_changes(&self) -> Result<(), VolumeError> {
-        if self.closed {
+        if self.closed || self.read_only {
             return Err(VolumeError::ReadOnly);
         }
         if self.stopped.is_some() {
@@ -37,6 +40,17 @@ impl Health {
 
     pub(super) fn is_closed(&self) -> bool {
         self.closed
+    }
+
+    /// Serve reads only, for the engine's whole life (set before it
+    /// serves anything).
+    pub(super) fn open_read_only(&mut self) {
+        assert!(!self.closed && self.stopped.is_none(), "read-only from the start");
+        self.read_only = true;
+    }
+
+    pub(super) fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     pub(super) fn is_stopped(&self) -> bool {

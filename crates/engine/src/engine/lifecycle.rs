@@ -197,6 +197,9 @@ impl Engine {
         // generation), the capacity device's label, both devices' sizes.
         // Nothing is written until all of them check.
         let sb = Engine::inspect(&*cache, &*capacity)?;
+        if opts.read_only && !sb.clean {
+            return Err(EngineError::ReadOnlyNeedsRecovery);
+        }
         let (cfg, geo) = on_media_config(&sb, &*capacity)?;
         // Attached: the disk must be the one the cache belongs to, as the
         // cache last saw it (checked again below if it changed).
@@ -277,6 +280,19 @@ impl Engine {
             }
         }
         inner.disk_id = disk_id;
+        if opts.read_only {
+            // Nothing is written, ever: the superblock stays clean, and no
+            // cached copy of a changed disk is dropped (refused instead).
+            if !disk_changed.is_empty() {
+                let dirty_blocks = inner.residency.dirty_total();
+                return Err(EngineError::DiskChanged { uuid: inner.sb.uuid, changed: disk_changed, dirty_blocks });
+            }
+            inner.health.open_read_only();
+            inner.run_on(opts.runtime.clone());
+            let mut engine = Engine::assemble(cache, capacity, inner, None);
+            Arc::get_mut(&mut engine).expect("not shared yet").read_only = true;
+            return Ok(engine);
+        }
         // Step 3: dirty before the first change. In place, version 8 from
         // now on: the log is about to get Clean records, which a version 7
         // Sluice would take for damage after a crash.
@@ -323,6 +339,12 @@ impl Engine {
     pub fn shutdown(&self) -> Result<(), EngineError> {
         let mut inner = self.lock();
         if inner.health.is_closed() {
+            return Ok(());
+        }
+        if inner.health.is_read_only() {
+            // Opened read-only: nothing to flush, checkpoint or mark.
+            self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            inner.health.close();
             return Ok(());
         }
         // Every path below closes the engine; lock-free reads stop now.

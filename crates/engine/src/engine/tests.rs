@@ -259,6 +259,62 @@ fn clean_shutdown_reopens_with_every_block_and_the_counters() {
     e.check_invariants();
 }
 
+/// Opened read-only (a read-only file system, `serve --read-only`), an
+/// engine serves every block, refuses every change, writes nothing — not at
+/// open, not at a FLUSH, not at shutdown — and refuses an engine that was
+/// not shut down cleanly (recovery writes).
+#[test]
+fn a_read_only_open_serves_reads_refuses_changes_and_writes_nothing() {
+    let w = small_world(&[200, 120]);
+    let mut rng = Rng(5);
+    let mut model: Vec<HashMap<u64, u64>> = vec![HashMap::new(); 2];
+    for i in 0..1200u64 {
+        let v = (i % 2) as usize;
+        let lba = rng.below([200, 120][v]);
+        w.volumes[v].write(lba * 4096, &pattern(v, lba, i), false).unwrap();
+        model[v].insert(lba, i);
+    }
+    w.volumes[0].flush().unwrap();
+    let (cache, capacity) = w.engine.devices();
+    let image = |d: &Arc<dyn BlockDevice>| {
+        sluice_media::device::read_at(&**d, 0, d.info().capacity_bytes as usize).unwrap().to_vec()
+    };
+    // Not shut down: refused, and nothing written.
+    let (c0, k0) = (image(&cache), image(&capacity));
+    let ro = crate::OpenOptions { read_only: true, ..Default::default() };
+    match Engine::open_with(cache.clone(), capacity.clone(), ro.clone()) {
+        Err(EngineError::ReadOnlyNeedsRecovery) => {}
+        other => panic!("an unclean engine opened read-only: {:?}", other.map(|_| ())),
+    }
+    assert!(image(&cache) == c0 && image(&capacity) == k0, "a refused read-only open wrote");
+    w.engine.shutdown().unwrap();
+    drop(w);
+    let (c1, k1) = (image(&cache), image(&capacity));
+    let e = Engine::open_with(cache.clone(), capacity.clone(), ro).unwrap();
+    assert!(e.is_read_only());
+    for (v, blocks) in [200u64, 120].iter().enumerate() {
+        let vol = e.volume(&format!("v{v}")).unwrap();
+        for lba in 0..*blocks {
+            let mut b = vec![0u8; 4096];
+            vol.read(lba * 4096, &mut b).unwrap();
+            let want = model[v].get(&lba).map_or(vec![0u8; 4096], |&ver| pattern(v, lba, ver));
+            assert!(b == want, "volume {v} block {lba} read-only");
+        }
+    }
+    let v0 = e.volume("v0").unwrap();
+    assert_eq!(v0.write(0, &[1u8; 4096], false), Err(VolumeError::ReadOnly));
+    assert_eq!(v0.write(0, &[1u8; 4096], true), Err(VolumeError::ReadOnly));
+    assert_eq!(v0.trim(0, 4096), Err(VolumeError::ReadOnly));
+    assert_eq!(v0.write_zeroes(0, 4096, false), Err(VolumeError::ReadOnly));
+    assert_eq!(v0.flush(), Ok(()));
+    e.shutdown().unwrap();
+    assert!(image(&cache) == c1 && image(&capacity) == k1, "a read-only engine wrote");
+    // And it opens read-write as before.
+    let e = Engine::open(cache, capacity).unwrap();
+    e.volume("v1").unwrap().write(0, &pattern(1, 0, 7), true).unwrap();
+    e.check_invariants();
+}
+
 #[test]
 fn reopen_refuses_unclean_and_corrupt_state() {
     let w = small_world(&[64]);

@@ -287,6 +287,38 @@ impl Config {
         Ok(OpenedDevice { which, dev, fresh, created })
     }
 
+    /// Open the existing file or block device `which` for reading only
+    /// (`sluice check`, `serve --read-only`): nothing is created, resized or
+    /// allocated, a shared claim (a writer's exclusive one refuses it), and
+    /// the medium is not emulated (an emulated device holds its data as
+    /// the medium would present it: the file's bytes are the device's). Its
+    /// size must be the configured one. Works on a read-only file system.
+    pub(super) fn open_device_read_only(
+        &self,
+        which: &'static str,
+        d: &DeviceConfig,
+    ) -> Result<Arc<dyn BlockDevice>, ServeError> {
+        let attach_disk = which == "capacity" && self.engine.attach;
+        let (size, _) = self.device_plan(which, d)?;
+        if d.kind != "file" {
+            return Err(ServeError::Config {
+                path: format!("{which}.kind"),
+                msg: "a memory device holds nothing to open read-only".into(),
+            });
+        }
+        let path = self.in_data_dir(&d.file_path(which));
+        let opts = FileOptions {
+            capacity_bytes: (!(attach_disk && d.size.is_empty())).then_some(size),
+            cache: CacheMode::DirectOrBuffered,
+            exclusive: true,
+            read_only: true,
+            ..Default::default()
+        };
+        let dev = FileDevice::open(&path, &opts)
+            .map_err(|e| ServeError::Device(format!("opening the {which} device read-only: {e}")))?;
+        Ok(Arc::new(dev))
+    }
+
     /// The `which` device's size and ZNS profile as the config gives them,
     /// every value checked (kind, medium, size, prealloc, disks) before
     /// anything is opened or created. The disk a cache attaches to is
@@ -473,7 +505,7 @@ pub(super) const SERVE_ZONE_SHRINK: u64 = 64;
 /// value lives. The kernel drops it when the process ends, however it ends,
 /// so a stale PID in the file never blocks a start.
 pub struct DirLock {
-    _file: std::fs::File,
+    _file: Option<std::fs::File>,
 }
 
 impl DirLock {
@@ -512,7 +544,36 @@ impl DirLock {
         file.set_len(0).map_err(|e| io("writing", e))?;
         file.rewind().map_err(|e| io("writing", e))?;
         file.write_all(pid.as_bytes()).map_err(|e| io("writing", e))?;
-        Ok(DirLock { _file: file })
+        Ok(DirLock { _file: Some(file) })
+    }
+
+    /// A reader's lock on `data_dir` (`sluice check`, `serve --read-only`):
+    /// shared, so readers run together while a server holding the
+    /// exclusive lock refuses them, and taken through a read-only
+    /// descriptor, so it works on a read-only file system. No lock file
+    /// (never served here, and none can be created): nothing to lock
+    /// against, and the devices' own shared claims still refuse a writer.
+    pub fn take_shared(data_dir: &Path) -> Result<DirLock, ServeError> {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let path = data_dir.join("sluice.lock");
+        let io = |what: &str, source| ServeError::Io { what: format!("{what} {}", path.display()), source };
+        let mut file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DirLock { _file: None }),
+            Err(e) => return Err(io("opening the lock file", e)),
+        };
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(io("locking", e));
+            }
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            return Err(ServeError::Locked { dir: data_dir.to_path_buf(), holder: holder.trim().to_string() });
+        }
+        Ok(DirLock { _file: Some(file) })
     }
 }
 
@@ -532,6 +593,8 @@ pub(super) struct OpenedDevice {
 pub enum Opened {
     /// Created on fresh devices by this start.
     Created,
+    /// Reopened read-only from a clean shutdown: nothing is written.
+    ReadOnly,
     /// Created on a fresh cache device by this start, attached to a disk
     /// that holds data (not written).
     Attached,
@@ -546,6 +609,29 @@ pub enum Opened {
 /// nothing: files it created are removed, and the engine on the devices is
 /// not touched (not even marked unclean). The caller holds the data
 /// directory's lock (`DirLock`).
+/// Whether `serve` opens the engine read-only: every volume is read-only
+/// (`--read-only`, or `read_only = true` on each) and both devices are files
+/// that exist (an engine to serve). Then nothing is ever written, so it
+/// runs on a read-only file system (`open_engine_read_only`).
+pub fn serves_read_only(cfg: &Config) -> bool {
+    !cfg.volumes.is_empty() && cfg.volumes.iter().all(|v| v.read_only) && existing_devices(cfg, "serve").is_ok()
+}
+
+/// The engine on existing devices, opened read-only: the devices opened
+/// read-only with shared claims, the config compared with what is on them,
+/// and an engine that was not shut down cleanly refused (recovery writes).
+pub fn open_engine_read_only(cfg: &Config) -> Result<(Arc<Engine>, Opened), ServeError> {
+    let cache = cfg.open_device_read_only("cache", &cfg.cache)?;
+    let capacity = cfg.open_device_read_only("capacity", &cfg.capacity)?;
+    let sb = Engine::inspect(&*cache, &*capacity)?;
+    let diff = cfg.differences(&sb, capacity.info().zoned)?;
+    if !diff.is_empty() {
+        return Err(ServeError::ConfigDiffers(diff));
+    }
+    let opts = sluice_engine::OpenOptions { read_only: true, ..Default::default() };
+    Ok((Engine::open_with(cache, capacity, opts)?, Opened::ReadOnly))
+}
+
 pub fn open_engine(cfg: &Config) -> Result<(Arc<Engine>, Opened), ServeError> {
     cfg.with_devices(|opened| open_engine_on(cfg, opened))
 }
@@ -733,10 +819,10 @@ pub(super) fn existing_devices<'a>(
 
 pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), ServeError> {
     existing_devices(cfg, "sluice check")?;
-    let _lock = DirLock::take(&cfg.data_dir)?;
-    let cache = cfg.open_device("cache", &cfg.cache)?.dev;
-    let capacity = cfg.open_device("capacity", &cfg.capacity)?.dev;
     if salvage {
+        let _lock = DirLock::take(&cfg.data_dir)?;
+        let cache = cfg.open_device("cache", &cfg.cache)?.dev;
+        let capacity = cfg.open_device("capacity", &cfg.capacity)?.dev;
         let e = Engine::open_with(cache, capacity, sluice_engine::OpenOptions { salvage: true, ..Default::default() })?;
         let lines: Vec<String> = e.salvaged().iter().map(|d| format!("  {d}")).collect();
         e.shutdown()?;
@@ -752,6 +838,11 @@ pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), 
         };
         return Ok((text, false));
     }
+    // A read-only scan: a reader's lock, the devices opened read-only (it
+    // runs on a read-only file system; a running server refuses it).
+    let _lock = DirLock::take_shared(&cfg.data_dir)?;
+    let cache = cfg.open_device_read_only("cache", &cfg.cache)?;
+    let capacity = cfg.open_device_read_only("capacity", &cfg.capacity)?;
     let report = Engine::check(cache, capacity)?;
     let damaged = !report.damage.is_empty();
     let text = if json {

@@ -438,12 +438,22 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
                 .map_err(|source| ServeError::Io { what: format!("metrics_listen {}", cfg.metrics_listen), source })?,
         ),
     };
-    let _lock = DirLock::take_creating(&cfg.data_dir)?;
+    let read_only = serves_read_only(&cfg);
+    let _lock = if read_only { DirLock::take_shared(&cfg.data_dir)? } else { DirLock::take_creating(&cfg.data_dir)? };
     if !cfg.unix_socket.is_empty() {
         let p = cfg.in_data_dir(&cfg.unix_socket);
-        bound.push(Listener::bind_unix(&p).map_err(|source| ServeError::Io { what: p.display().to_string(), source })?);
+        match Listener::bind_unix(&p) {
+            Ok(l) => bound.push(l),
+            Err(e) if read_only && e.raw_os_error() == Some(libc::EROFS) => eprintln!(
+                "sluice: warning: no Unix socket at {}: the file system is read-only (TCP listeners only)",
+                p.display()
+            ),
+            Err(source) => return Err(ServeError::Io { what: p.display().to_string(), source }),
+        }
     }
-    let (engine, how) = open_engine(&cfg)?;
+    let (engine, how) = if read_only { open_engine_read_only(&cfg)? } else { open_engine(&cfg)? };
+    // Nothing in the background writes a read-only engine.
+    let compactor_cfg = compactor_cfg.filter(|_| !read_only);
     let started = Started { opts, compactor_cfg, policies, bound, metrics_listener };
     let r = serve_opened(&cfg, path, flags, &set, &engine, how, started);
     if r.is_err() {
@@ -481,6 +491,9 @@ fn serve_opened(
             eprintln!("sluice: the last stop was unclean; recovered from the devices in {:.3} s", t.as_secs_f64())
         }
         (Opened::Created, _) => eprintln!("sluice: created a new engine on {}", cfg.devices_text()),
+        (Opened::ReadOnly, _) => {
+            eprintln!("sluice: opened the engine read-only on {} (nothing is written)", cfg.devices_text())
+        }
         (Opened::Attached, _) => eprintln!(
             "sluice: attached a new cache ({}) to the disk {}, which keeps what it holds (not written until cleaning)",
             cfg.device_label("cache"),
