@@ -126,6 +126,7 @@ pub(crate) fn negotiate(
                 return Err(ConnError::TlsRequired);
             }
             reply(writer, hdr.option, proto::REP_ERR_TLS_REQD, b"this server requires TLS: send NBD_OPT_STARTTLS")?;
+            crate::server::log_client(&peer, &format!("option {} without TLS: refused (TLS required)", hdr.option));
             continue;
         }
         if is(proto::OptionCode::StartTls) && !data.is_empty() {
@@ -226,6 +227,7 @@ fn handle_option(
             let Some(export) = shared.find_export(&name) else {
                 let msg = format!("no export named {name:?}");
                 reply(w, code, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+                crate::server::log_client(&st.peer, &format!("{msg}: refused (NBD_REP_ERR_UNKNOWN)"));
                 return Ok(None);
             };
             let grant = shared.grant(export.volume.name(), st.client.as_ref());
@@ -271,6 +273,7 @@ fn handle_option(
             let Some(v) = shared.find_export(&export).map(|e| &e.volume) else {
                 let msg = format!("no export named {export:?}");
                 reply(w, code, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
+                crate::server::log_client(&st.peer, &format!("{msg}: refused (NBD_REP_ERR_UNKNOWN)"));
                 return Ok(None);
             };
             let matched = if set {

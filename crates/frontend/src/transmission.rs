@@ -194,6 +194,8 @@ struct Conn {
     out: ReplyWriter,
     budget: Budget,
     stats: Arc<ServerStats>,
+    /// The client's address, for the log (`log_client`).
+    peer: String,
 }
 
 /// How a request ended.
@@ -228,6 +230,7 @@ pub(crate) fn run(
     stats: &Arc<ServerStats>,
 ) -> Result<(), ConnError> {
     let (_, _, request_bytes_max) = shared.block_sizes(session.export.as_ref());
+    let peer = writer.peer();
     let conn = Arc::new(Conn {
         export: session.export.clone(),
         order: session.order.clone(),
@@ -241,6 +244,7 @@ pub(crate) fn run(
         out: ReplyWriter { stream: Mutex::new(writer), broken: AtomicBool::new(false), held: Mutex::new(Vec::new()) },
         budget: Budget::new(shared.opts.inflight_bytes_max),
         stats: stats.clone(),
+        peer,
     });
     let r = read_requests(&conn, reader, &shared.pool);
     conn.out.flush();
@@ -299,6 +303,13 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
             let mut data = conn.export.write_buffer(header.len as usize);
             if let Err(e) = reader.read_exact(data.data_mut()) {
                 conn.budget.release(cost);
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    let what = format!(
+                        "disconnected in the middle of a write's payload ({} bytes at byte {}): the write was not done",
+                        header.len, header.offset
+                    );
+                    crate::server::log_client(&conn.peer, &what);
+                }
                 return Err(e.into());
             }
             payload = Some(data);
@@ -669,8 +680,14 @@ impl Conn {
     /// Appends the reply for one request to `out`.
     fn encode_reply(&self, h: &RequestHeader, command: Option<Command>, outcome: Outcome, out: &mut Vec<u8>) {
         let cookie = h.cookie;
-        if let Outcome::Err { .. } = outcome {
+        if let Outcome::Err { errno, message } = &outcome {
             self.stats.request_errors.fetch_add(1, Ordering::Relaxed);
+            let what = match command {
+                Some(c) => format!("{c:?}"),
+                None => format!("request type {}", h.command),
+            };
+            let line = format!("{what} of {} bytes at byte {}: {message} (errno {errno})", h.len, h.offset);
+            crate::server::log_client(&self.peer, &line);
         }
         // A READ must never get a simple reply once structured replies are on.
         let is_read = command == Some(Command::Read) || h.command == Command::Read as u16;

@@ -514,3 +514,58 @@ fn check_and_read_only_serve_work_on_a_read_only_file_system() {
     assert!(stderr(&out).contains("Read-only file system"), "{}", stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Refusals are logged, rate-limited, with the peer: an OPT_GO for an
+/// export that does not exist, a request the server answers with an error,
+/// and a client that disconnects in the middle of a write's payload (the
+/// write is not done: the data before it reads back unchanged).
+#[test]
+fn refusals_and_cut_payloads_are_logged_with_the_peer() {
+    use std::io::{Read, Write};
+    need("nbdinfo");
+    let (dir, config) = small_config("refusal-log");
+    let (server, port) = start(&config);
+    let out = Command::new("nbdinfo").arg(format!("nbd://127.0.0.1:{port}/nosuch")).output().unwrap();
+    assert!(!out.status.success(), "nbdinfo on an unknown export");
+    // A read past the end, with libnbd's own checks off.
+    let (ok, text) = common::libnbd(
+        &format!("nbd://127.0.0.1:{port}/default"),
+        "",
+        "h.set_strict_mode(0)\ntry:\n    h.pread(4096, h.get_size())\n    check(False, 'a read past the end succeeded')\nexcept nbd.Error:\n    pass",
+    );
+    assert!(ok, "{text}");
+    // Old-style negotiation by hand: NBD_OPT_EXPORT_NAME, then a 64 KiB
+    // write whose payload stops after 1,000 bytes.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).unwrap();
+    s.write_all(&3u32.to_be_bytes()).unwrap(); // FIXED_NEWSTYLE | NO_ZEROES
+    let name = b"default";
+    let mut opt = b"IHAVEOPT".to_vec();
+    opt.extend_from_slice(&1u32.to_be_bytes()); // NBD_OPT_EXPORT_NAME
+    opt.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    opt.extend_from_slice(name);
+    s.write_all(&opt).unwrap();
+    let mut export = [0u8; 10];
+    s.read_exact(&mut export).unwrap();
+    let mut req = 0x2560_9513u32.to_be_bytes().to_vec();
+    req.extend_from_slice(&0u16.to_be_bytes()); // flags
+    req.extend_from_slice(&1u16.to_be_bytes()); // NBD_CMD_WRITE
+    req.extend_from_slice(&7u64.to_be_bytes()); // cookie
+    req.extend_from_slice(&(1u64 << 20).to_be_bytes()); // offset
+    req.extend_from_slice(&(64u32 << 10).to_be_bytes());
+    req.extend_from_slice(&[0x5a; 1000]);
+    s.write_all(&req).unwrap();
+    drop(s);
+    qemu_io(port, &["read -P 0 1M 64k"]);
+    let log = stop(server);
+    for want in [
+        "no export named \"nosuch\"",
+        "Read of 4096 bytes at byte",
+        "in the middle of a write's payload (65536 bytes at byte 1048576)",
+    ] {
+        assert!(log.contains(want), "the log lacks {want:?}:\n{log}");
+    }
+    assert!(log.contains("NBD client 127.0.0.1:"), "the peer is named:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
