@@ -59,6 +59,9 @@ pub struct FaultPlan {
     pub write: FaultRule,
     /// Seed of the `PerMillion` draws.
     pub seed: u64,
+    /// 0: faults are `DeviceError::Injected`; else `DeviceError::Io` with
+    /// this errno (28: the host file system is full).
+    pub errno: i32,
 }
 
 impl FaultPlan {
@@ -188,6 +191,7 @@ struct State {
     read_fault: ArmedRule,
     write_fault: ArmedRule,
     fault_rng: SplitMix64,
+    fault_errno: i32,
     done: VecDeque<IoCompletion>,
     stats: DeviceStats,
 }
@@ -203,8 +207,17 @@ impl State {
             read_fault: ArmedRule::new(FaultRule::Never),
             write_fault: ArmedRule::new(FaultRule::Never),
             fault_rng: SplitMix64(0),
+            fault_errno: 0,
             done: VecDeque::new(),
             stats: DeviceStats::default(),
+        }
+    }
+
+    /// The error an armed fault completes with.
+    fn fault(&self) -> DeviceError {
+        match self.fault_errno {
+            0 => DeviceError::Injected,
+            errno => DeviceError::Io { errno },
         }
     }
 
@@ -215,7 +228,7 @@ impl State {
         match req.op {
             IoOp::Read => {
                 if self.read_fault.fires(&mut self.fault_rng) {
-                    return Err(DeviceError::Injected);
+                    return Err(self.fault());
                 }
                 for i in 0..count {
                     self.live.read(first + i, &mut req.buf[i as usize * bsz..][..bsz]);
@@ -223,7 +236,7 @@ impl State {
             }
             IoOp::Write => {
                 if self.write_fault.fires(&mut self.fault_rng) {
-                    return Err(DeviceError::Injected);
+                    return Err(self.fault());
                 }
                 for i in 0..count {
                     self.live.put(first + i, &req.buf[i as usize * bsz..][..bsz]);
@@ -315,6 +328,7 @@ impl CrashDevice {
         st.read_fault = ArmedRule::new(plan.read);
         st.write_fault = ArmedRule::new(plan.write);
         st.fault_rng = SplitMix64(plan.seed);
+        st.fault_errno = plan.errno;
     }
 
     /// Completed writes and discards not yet made durable by a flush.

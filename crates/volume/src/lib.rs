@@ -95,6 +95,11 @@ pub enum VolumeError {
     /// An earlier device error stopped all changes; reopening recovers.
     #[error("the engine stopped after a device error; restart it to recover from the devices")]
     Stopped,
+    /// An earlier write found the file system (or quota) holding a device
+    /// full: every change fails with ENOSPC until a restart, after room was
+    /// made, recovers from the devices.
+    #[error("the engine stopped: the file system holding a device is full; make room, then restart it to recover")]
+    StoppedFull,
     #[error("data checksum mismatch at volume byte {offset} (stored on the {device} device at byte {device_offset})")]
     Corrupt { offset: u64, device: &'static str, device_offset: u64 },
 }
@@ -111,6 +116,7 @@ impl VolumeError {
             // (a full host filesystem stays ENOSPC), else EIO.
             VolumeError::Io(DeviceError::Io { errno }) if [28, 122].contains(errno) => 28, // ENOSPC (EDQUOT too)
             VolumeError::Io(_) | VolumeError::Corrupt { .. } => 5,                         // EIO
+            VolumeError::StoppedFull => 28,
             VolumeError::Damaged { .. } | VolumeError::Stopped => 5,
         }
     }
@@ -195,6 +201,7 @@ mod tests {
         assert_eq!(VolumeError::Io(DeviceError::Io { errno: 5 }).errno(), 5);
         assert_eq!(VolumeError::Io(DeviceError::Injected).errno(), 5);
         assert_eq!(VolumeError::Stopped.errno(), 5);
+        assert_eq!(VolumeError::StoppedFull.errno(), 28);
         assert_eq!(VolumeError::NoSpace.errno(), 28);
     }
 }

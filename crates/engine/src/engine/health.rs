@@ -32,8 +32,12 @@ impl Health {
         if self.closed || self.read_only {
             return Err(VolumeError::ReadOnly);
         }
-        if self.stopped.is_some() {
-            return Err(VolumeError::Stopped);
+        match &self.stopped {
+            Some(cause) if cause.errno() == 28 && matches!(cause, VolumeError::Io(_)) => {
+                return Err(VolumeError::StoppedFull)
+            }
+            Some(_) => return Err(VolumeError::Stopped),
+            None => {}
         }
         Ok(())
     }
@@ -68,9 +72,12 @@ impl Health {
     pub(super) fn stop(&mut self, cause: &VolumeError) {
         let before = self.stopped.clone();
         if self.stopped.is_none() {
-            crate::report::say(format_args!(
-                "sluice: engine stopped taking changes: {cause}; reads go on, restart to recover"
-            ));
+            let full = cause.errno() == 28 && matches!(cause, VolumeError::Io(_));
+            let todo = match full {
+                true => "make room on the file system holding the devices, then restart: recovery replays every flushed write (changes fail with ENOSPC until then)",
+                false => "restart to recover",
+            };
+            crate::report::say(format_args!("sluice: engine stopped taking changes: {cause}; reads go on; {todo}"));
             self.stopped = Some(cause.clone());
         }
         assert!(self.stopped.is_some(), "a stop leaves the engine stopped");

@@ -315,6 +315,43 @@ fn a_read_only_open_serves_reads_refuses_changes_and_writes_nothing() {
     e.check_invariants();
 }
 
+/// The file system holding the cache device fills (a write fails with
+/// ENOSPC): the client gets ENOSPC for that write and for every change
+/// after it (never EIO), reads go on, and once room was made a restart
+/// recovers every flushed write.
+#[test]
+fn a_full_host_file_system_is_enospc_to_the_client_until_a_restart() {
+    crate::report::quiet();
+    let (c, p) = small_device_bytes(&[128]);
+    let cache = Arc::new(sluice_media::CrashDevice::new(c, 4096));
+    let capacity = Arc::new(sluice_media::CrashDevice::new(p, 4096));
+    let w = small_world_on(cache.clone(), capacity.clone(), &[128]);
+    let v = &w.volumes[0];
+    for lba in 0..64u64 {
+        v.write(lba * 4096, &pattern(0, lba, 1), false).unwrap();
+    }
+    v.flush().unwrap();
+    let full = sluice_media::FaultPlan { errno: 28, ..sluice_media::FaultPlan::nth_write(1) };
+    cache.inject(full);
+    let first = v.write(64 * 4096, &pattern(0, 64, 1), false).unwrap_err();
+    assert_eq!(first.errno(), 28, "{first}");
+    cache.inject(sluice_media::FaultPlan::none());
+    let later = v.write(65 * 4096, &pattern(0, 65, 1), false).unwrap_err();
+    assert_eq!((later.clone(), later.errno()), (VolumeError::StoppedFull, 28));
+    assert_eq!(v.trim(0, 4096).unwrap_err().errno(), 28);
+    let mut b = vec![0u8; 4096];
+    v.read(3 * 4096, &mut b).unwrap();
+    assert!(b == pattern(0, 3, 1), "reads go on");
+    drop(w);
+    let e = Engine::open(cache, capacity).unwrap();
+    let v = e.volume("v0").unwrap();
+    for lba in 0..64u64 {
+        v.read(lba * 4096, &mut b).unwrap();
+        assert!(b == pattern(0, lba, 1), "block {lba} after the restart");
+    }
+    v.write(64 * 4096, &pattern(0, 64, 2), true).unwrap();
+}
+
 #[test]
 fn reopen_refuses_unclean_and_corrupt_state() {
     let w = small_world(&[64]);
