@@ -172,7 +172,16 @@ pub(crate) struct Shared {
     pub(crate) exports: Vec<Export>,
     pub(crate) opts: ServerOptions,
     pub(crate) pool: Arc<WorkerPool>,
+    /// Set when a shutdown begins: a connection's reader that meets the
+    /// end of stream the shutdown caused still reads, for `DRAIN_QUIET`
+    /// from then, requests the client sent as the stop began, and answers
+    /// them (a stop stays prompt under a client that never pauses).
+    pub(crate) stopping: AtomicBool,
 }
+
+/// How long a stopping connection waits for more of its client's
+/// requests before it closes (`Shared::stopping`).
+pub(crate) const DRAIN_QUIET: Duration = Duration::from_millis(200);
 
 impl Shared {
     /// The export a client names; the empty name is the first export.
@@ -256,7 +265,7 @@ impl Server {
         }
         let pool = WorkerPool::new(opts.workers_max);
         let exports = exports.into_iter().map(|volume| Export { volume, order: Arc::default() }).collect();
-        Ok(Server { shared: Arc::new(Shared { exports, opts, pool }) })
+        Ok(Server { shared: Arc::new(Shared { exports, opts, pool, stopping: AtomicBool::new(false) }) })
     }
 
     /// Serves `listener` on background threads; the handle stops it.
@@ -363,9 +372,17 @@ impl ServerHandle {
         // one: the reader sees end of stream, its workers finish what was
         // already read, replies go out, and the connection thread exits.
         let deadline = Instant::now() + self.shared.opts.shutdown_grace;
+        self.shared.stopping.store(true, Ordering::SeqCst);
         let mut g = self.conns.lock();
         for s in g.live.values() {
             let _ = s.shutdown(Shutdown::Read);
+        }
+        if !g.live.is_empty() {
+            eprintln!(
+                "sluice: NBD on {}: stopped accepting; answering what {} connection(s) sent, then closing them",
+                self.addr,
+                g.live.len()
+            );
         }
         while !g.live.is_empty() {
             let now = Instant::now();

@@ -183,6 +183,22 @@ impl Stream {
     }
 
     /// Whether bytes (or end of stream) are waiting on the socket now.
+    /// Bytes the kernel holds for this socket, not yet read (`FIONREAD`;
+    /// for TLS, ciphertext), or whether a TLS stream holds plaintext.
+    fn bytes_waiting(&self) -> usize {
+        if let Stream::Tls(t) = self {
+            if t.has_buffered() {
+                return 1;
+            }
+        }
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int for a valid socket descriptor.
+        match unsafe { libc::ioctl(self.raw_fd(), libc::FIONREAD, &mut n) } {
+            0 => n.max(0) as usize,
+            _ => 0,
+        }
+    }
+
     fn readable_now(&self) -> bool {
         let mut pfd = libc::pollfd { fd: self.raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd, zero timeout.
@@ -295,6 +311,23 @@ impl ConnReader {
     /// Bytes of buffer held now (0 while idle).
     pub fn held_bytes(&self) -> usize {
         self.buf.len()
+    }
+
+    /// While the server stops: after the end of stream its shutdown caused
+    /// (the read side shut, nothing buffered then), whether the client
+    /// sends more within `quiet` — a request it sent as the stop began,
+    /// which is to be answered too. Polls every 2 ms.
+    pub fn sends_more_within(&self, quiet: std::time::Duration) -> bool {
+        let t = std::time::Instant::now();
+        loop {
+            if self.pos < self.end || self.inner.bytes_waiting() > 0 {
+                return true;
+            }
+            if t.elapsed() >= quiet {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 }
 

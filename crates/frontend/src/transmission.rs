@@ -246,7 +246,7 @@ pub(crate) fn run(
         stats: stats.clone(),
         peer,
     });
-    let r = read_requests(&conn, reader, &shared.pool);
+    let r = read_requests(&conn, reader, shared);
     conn.out.flush();
     // Every queued request holds budget until it is answered.
     conn.budget.wait_empty();
@@ -254,7 +254,10 @@ pub(crate) fn run(
 }
 
 /// The reader loop: returns Ok on DISC or a clean end of stream.
-fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPool>) -> Result<(), ConnError> {
+fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, shared: &Shared) -> Result<(), ConnError> {
+    let pool = &shared.pool;
+    // Stopping: until when requests sent as the stop began are still read.
+    let mut drain_until: Option<std::time::Instant> = None;
     loop {
         if conn.pace.inline_writes() && buffered_writes(conn, reader, pool) > 0 {
             continue;
@@ -265,6 +268,14 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, pool: &Arc<WorkerPoo
         }
         let mut hb = [0u8; proto::REQUEST_HEADER_BYTES];
         if !read_exact_or_eof(reader, &mut hb)? {
+            // A stopping server shut the read side: requests the client
+            // sent as the stop began are still answered (DRAIN_QUIET).
+            if shared.stopping.load(Ordering::SeqCst) {
+                let until = *drain_until.get_or_insert_with(|| std::time::Instant::now() + crate::server::DRAIN_QUIET);
+                if reader.sends_more_within(until.saturating_duration_since(std::time::Instant::now())) {
+                    continue;
+                }
+            }
             return Ok(());
         }
         let header = RequestHeader::decode(&hb)?;

@@ -521,7 +521,7 @@ fn check_and_read_only_serve_work_on_a_read_only_file_system() {
 /// write is not done: the data before it reads back unchanged).
 #[test]
 fn refusals_and_cut_payloads_are_logged_with_the_peer() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     need("nbdinfo");
     let (dir, config) = small_config("refusal-log");
     let (server, port) = start(&config);
@@ -534,26 +534,9 @@ fn refusals_and_cut_payloads_are_logged_with_the_peer() {
         "h.set_strict_mode(0)\ntry:\n    h.pread(4096, h.get_size())\n    check(False, 'a read past the end succeeded')\nexcept nbd.Error:\n    pass",
     );
     assert!(ok, "{text}");
-    // Old-style negotiation by hand: NBD_OPT_EXPORT_NAME, then a 64 KiB
-    // write whose payload stops after 1,000 bytes.
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting).unwrap();
-    s.write_all(&3u32.to_be_bytes()).unwrap(); // FIXED_NEWSTYLE | NO_ZEROES
-    let name = b"default";
-    let mut opt = b"IHAVEOPT".to_vec();
-    opt.extend_from_slice(&1u32.to_be_bytes()); // NBD_OPT_EXPORT_NAME
-    opt.extend_from_slice(&(name.len() as u32).to_be_bytes());
-    opt.extend_from_slice(name);
-    s.write_all(&opt).unwrap();
-    let mut export = [0u8; 10];
-    s.read_exact(&mut export).unwrap();
-    let mut req = 0x2560_9513u32.to_be_bytes().to_vec();
-    req.extend_from_slice(&0u16.to_be_bytes()); // flags
-    req.extend_from_slice(&1u16.to_be_bytes()); // NBD_CMD_WRITE
-    req.extend_from_slice(&7u64.to_be_bytes()); // cookie
-    req.extend_from_slice(&(1u64 << 20).to_be_bytes()); // offset
-    req.extend_from_slice(&(64u32 << 10).to_be_bytes());
+    // A 64 KiB write whose payload stops after 1,000 bytes.
+    let mut s = raw_client(port);
+    let mut req = write_request(7, 1 << 20, 64 << 10);
     req.extend_from_slice(&[0x5a; 1000]);
     s.write_all(&req).unwrap();
     drop(s);
@@ -567,5 +550,97 @@ fn refusals_and_cut_payloads_are_logged_with_the_peer() {
         assert!(log.contains(want), "the log lacks {want:?}:\n{log}");
     }
     assert!(log.contains("NBD client 127.0.0.1:"), "the peer is named:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client negotiated by hand (old-style: NBD_OPT_EXPORT_NAME "default",
+/// no zeroes), ready for requests.
+fn raw_client(port: u16) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).unwrap();
+    s.write_all(&3u32.to_be_bytes()).unwrap(); // FIXED_NEWSTYLE | NO_ZEROES
+    let name = b"default";
+    let mut opt = b"IHAVEOPT".to_vec();
+    opt.extend_from_slice(&1u32.to_be_bytes()); // NBD_OPT_EXPORT_NAME
+    opt.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    opt.extend_from_slice(name);
+    s.write_all(&opt).unwrap();
+    let mut export = [0u8; 10];
+    s.read_exact(&mut export).unwrap();
+    s
+}
+
+/// An NBD_CMD_WRITE request header (its payload to follow).
+fn write_request(cookie: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut req = 0x2560_9513u32.to_be_bytes().to_vec();
+    req.extend_from_slice(&0u16.to_be_bytes()); // flags
+    req.extend_from_slice(&1u16.to_be_bytes()); // NBD_CMD_WRITE
+    req.extend_from_slice(&cookie.to_be_bytes());
+    req.extend_from_slice(&offset.to_be_bytes());
+    req.extend_from_slice(&len.to_be_bytes());
+    req
+}
+
+/// The simple reply to request `cookie`: its error (0: done).
+fn simple_reply(s: &mut std::net::TcpStream, cookie: u64) -> u32 {
+    use std::io::Read;
+    let mut r = [0u8; 16];
+    s.read_exact(&mut r).unwrap();
+    assert_eq!(&r[..4], &0x6744_6698u32.to_be_bytes(), "a simple reply");
+    assert_eq!(u64::from_be_bytes(r[8..16].try_into().unwrap()), cookie, "the reply's cookie");
+    u32::from_be_bytes(r[4..8].try_into().unwrap())
+}
+
+/// SIGTERM while clients are connected: requests they send as the stop
+/// begins are still answered (on several connections at once), written and
+/// flushed before the connections close, and the stop is clean; the data
+/// reads back after a restart.
+#[test]
+fn a_stop_answers_what_clients_sent_as_it_began() {
+    use std::io::{Read, Write};
+    need("qemu-io");
+    let (dir, config) = small_config("stop-drain");
+    let (mut server, port) = start(&config);
+    let mut log = common::Log::take(&mut server);
+    let mut clients: Vec<std::net::TcpStream> = (0..4).map(|_| raw_client(port)).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut req = write_request(i as u64, i as u64 * 65536, 4096);
+        req.extend_from_slice(&[0x10 + i as u8; 4096]);
+        c.write_all(&req).unwrap();
+        assert_eq!(simple_reply(c, i as u64), 0);
+    }
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    // Sent once the server no longer reads new requests as usual (its
+    // read sides are shut): they are still answered.
+    log.wait_for("stopped accepting");
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut req = write_request(100 + i as u64, i as u64 * 65536 + 4096, 4096);
+        req.extend_from_slice(&[0x20 + i as u8; 4096]);
+        c.write_all(&req).unwrap();
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(simple_reply(c, 100 + i as u64), 0, "connection {i}: the write sent as the stop began");
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "connection {i}: nothing more after the last reply");
+    }
+    log.wait_for("clean shutdown");
+    let status = server.into_child().wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    log.join();
+    let (server, port) = start(&config);
+    for i in 0..4u64 {
+        qemu_io(
+            port,
+            &[
+                &format!("read -P {} {} 4k", 0x10 + i, i * 65536),
+                &format!("read -P {} {} 4k", 0x20 + i, i * 65536 + 4096),
+            ],
+        );
+    }
+    stop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

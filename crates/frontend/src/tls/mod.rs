@@ -442,6 +442,11 @@ impl TlsStream {
         !self.plain.is_empty() || !matches!(Direction::record_len(&self.rbuf[self.rpos..self.rend]), Ok(None))
     }
 
+    /// Whether bytes read from the socket wait here, opened or not.
+    pub(crate) fn has_buffered(&self) -> bool {
+        !self.plain.is_empty() || self.rend > self.rpos
+    }
+
     /// Reads what is waiting without blocking, as `Stream::read_ready`:
     /// None if nothing is. Only the start of a record waiting (the rest is
     /// on its way) waits for the rest.

@@ -593,7 +593,27 @@ fn serve_opened(
             sig => break sig,
         }
     };
-    eprintln!("sluice: signal {sig}: stopping");
+    eprintln!(
+        "sluice: signal {sig}: stopping - answering every request the clients sent, then a clean shutdown (a second \
+         signal stops at once)"
+    );
+    // A second SIGINT or SIGTERM ends the process at once: no checkpoint,
+    // so the next start recovers from the devices; every write a completed
+    // FLUSH or FUA covered is on them already.
+    let second = *set;
+    std::thread::Builder::new()
+        .name("second-signal".into())
+        .spawn(move || loop {
+            let sig = wait_for_signal(&second);
+            if sig != libc::SIGHUP {
+                eprintln!(
+                    "sluice: signal {sig} again: stopping at once without a clean shutdown (the next start recovers; \
+                     every flushed write is kept)"
+                );
+                std::process::exit(1);
+            }
+        })
+        .map_err(|source| ServeError::Io { what: "starting the second-signal thread".into(), source })?;
     notify_systemd("STOPPING=1");
     for h in handles {
         h.shutdown().map_err(|e| ServeError::Server(e.to_string()))?;
