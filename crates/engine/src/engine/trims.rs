@@ -280,8 +280,16 @@ mod tests {
         super::super::writers::after_reserving(move || {
             let mut th = th.lock().unwrap();
             th.push(std::thread::spawn(move || t.trim(0, 16 * BS).unwrap()));
-            let s3 = s2.clone();
+            let (s3, e3) = (s2.clone(), e.clone());
             th.push(std::thread::spawn(move || {
+                // Only once the trim waits for a publish: on a loaded
+                // machine the trim's thread may start late, and it must
+                // see `WAITS_MAX` publishes while it waits, whatever the
+                // machine's speed.
+                let t0 = std::time::Instant::now();
+                while e3.lock_raw().waiting == 0 && t0.elapsed() < std::time::Duration::from_secs(20) {
+                    std::thread::yield_now();
+                }
                 for i in 0u64.. {
                     if s3.load(Ordering::Relaxed) || i == 1500 {
                         break;
