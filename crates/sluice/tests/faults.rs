@@ -293,7 +293,8 @@ fn a_damaged_durable_log_record_is_refused_reported_and_salvaged() {
     // Salvage accepts it; the engine then serves, and checks clean.
     let out = check(&config, &["--salvage"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("salvaged, accepting 1 finding"));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.contains("accepted: log records") && said.contains("now finds no damage"), "{said}");
     let out = check(&config, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
     let (server, port) = start(&config);
@@ -337,6 +338,58 @@ fn a_block_damaged_at_rest_fails_its_read_is_counted_and_checked() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
     assert!(stderr(&out).contains("checksum mismatch reading LBA"), "logged: {}", stderr(&out));
+    // Salvage acts on exactly what check found: the block is trimmed (and
+    // named), check is clean afterwards, every other block reads back.
+    let out = check(&config, &["--salvage"]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{said}{}", stderr(&out));
+    assert!(said.contains("trimmed (now reads as zeros): volume \"default\" LBA"), "{said}");
+    assert!(said.contains("now finds no damage"), "{said}");
+    let out = check(&config, &[]);
+    assert!(out.status.success(), "check after salvage: {}", String::from_utf8_lossy(&out.stdout));
+    let lba: u64 = said
+        .split("LBA ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no LBA in {said}"));
+    let (server, port) = start(&config);
+    let at = lba * 4096;
+    qemu_io(port, &[&format!("read -P 0 {at} 4k")]);
+    if at > 0 {
+        qemu_io(port, &[&format!("read -P 0x3c 0 {at}")]);
+    }
+    qemu_io(port, &[&format!("read -P 0x3c {} {}", at + 4096, (80 << 20) - at - 4096)]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A byte flipped in the clean-shutdown checkpoint: the start refuses and
+/// names the commands that help; `sluice check` reports it; `--salvage`
+/// rebuilds the maps from the media and says so; then check is clean and
+/// every block reads back.
+#[test]
+fn a_damaged_checkpoint_is_refused_with_the_fix_and_salvaged_from_the_media() {
+    need("qemu-io");
+    let (dir, config) = engine_with_data("faults-checkpoint");
+    let sb = contents(&data_file(&dir, "cache.img"))[..4096].to_vec();
+    let offset = u64::from_le_bytes(sb[64..72].try_into().unwrap()) as usize;
+    let len = u64::from_le_bytes(sb[72..80].try_into().unwrap()) as usize;
+    assert!(len > 64, "a checkpoint was written ({len} bytes at {offset})");
+    let capacity = data_file(&dir, "capacity.img");
+    let mut img = std::fs::read(&capacity).unwrap();
+    img[offset + len / 2] ^= 0x04;
+    std::fs::write(&capacity, &img).unwrap();
+    let err = stderr(&refused_start(&config));
+    assert!(err.contains("checkpoint") && err.contains("sluice check --salvage"), "{err}");
+    let out = check(&config, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = check(&config, &["--salvage"]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success() && said.contains("rebuilt every map from the media"), "{said}{}", stderr(&out));
+    let out = check(&config, &[]);
+    assert!(out.status.success(), "check after salvage: {}", String::from_utf8_lossy(&out.stdout));
+    reads_back(&config);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

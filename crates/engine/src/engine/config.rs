@@ -105,9 +105,15 @@ pub enum EngineError {
     Device(#[from] DeviceError),
     #[error("superblock: {0}")]
     Superblock(#[from] crate::persist::SuperblockError),
-    #[error("checkpoint: {0}")]
+    #[error(
+        "checkpoint: {0}; refusing to open. `sluice check` reports it, `sluice check --salvage` rebuilds the \
+         maps from the media instead"
+    )]
     Checkpoint(#[from] crate::persist::CheckpointError),
-    #[error("checkpoint checksum mismatch")]
+    #[error(
+        "checkpoint checksum mismatch (the clean-shutdown checkpoint is damaged); refusing to open. `sluice check` \
+         reports it, `sluice check --salvage` rebuilds the maps from the media instead"
+    )]
     CheckpointChecksum,
     #[error("a device failed earlier; no checkpoint was written, the next open recovers from the media")]
     Failed,
@@ -190,6 +196,11 @@ pub struct OpenOptions {
     /// this way (recovery writes), and every change is refused with
     /// `VolumeError::ReadOnly`; shutting it down writes nothing either.
     pub read_only: bool,
+    /// With `salvage`: rebuild every map from the media even after a clean
+    /// shutdown, as after a crash, instead of trusting the checkpoint
+    /// (`sluice check --salvage`: the checkpoint itself may be what is
+    /// damaged, or disagree with the media).
+    pub ignore_checkpoint: bool,
     /// Open even though recovery found damage, or the checkpoint is
     /// damaged (recovering from the media instead): blocks whose newest copy
     /// is damaged are trimmed (they read as zeros), damaged bands are

@@ -220,7 +220,7 @@ impl Engine {
         let mut lasts = None;
         // Shared before recovery, whose workers read the cache at once.
         let (cache, capacity) = (SharedDevice::wrap(cache), SharedDevice::wrap(capacity));
-        let checkpoint = if sb.clean {
+        let checkpoint = if sb.clean && !(opts.salvage && opts.ignore_checkpoint) {
             match read_checkpoint(&*region_dev, &geo, &sb) {
                 Ok(body) => Some(decode_checkpoint(body, cfg.clone(), geo, sb.clone(), new_maps(&sb, &cache))),
                 Err(e) => Some(Err(e)),

@@ -15,9 +15,39 @@
 //! The bands stay in quarantine (never opened, never a GC victim) until
 //! they are empty; a fresh mark follows, since none of them is open.
 
-use super::{read_at, segments, BandId, Damage, Engine, Inner, VolumeError, BLOCK_BYTES, BS};
+use super::{read_at, segments, BandId, Damage, Engine, EngineError, Inner, VolumeError, BLOCK_BYTES, BS};
 
 impl Engine {
+    /// `sluice check --salvage`, after a salvaging open: accept what a scan
+    /// (`Engine::check`) found that the open did not meet itself — a data
+    /// block at rest that does not match its CRC, found on either device
+    /// (recovery trusts durable data it does not need to read) — by
+    /// trimming the block (it reads as zeros from now on). Returns what it
+    /// trimmed, each once.
+    pub fn salvage_found(&self, found: &[Damage]) -> Result<Vec<Damage>, EngineError> {
+        let blocks: Vec<Damage> = (found.iter())
+            .filter(|d| matches!(d, Damage::Block { .. } | Damage::LogBlock { .. }))
+            .filter(|d| !self.salvaged.contains(d))
+            .cloned()
+            .collect();
+        if blocks.is_empty() {
+            return Ok(blocks);
+        }
+        self.change(|e, inner| {
+            let vol_id = |inner: &Inner, name: &str| inner.vols.iter().position(|v| v.name == name).map(|i| i as u32);
+            for d in &blocks {
+                if let Damage::LogBlock { volume, lba, .. } | Damage::Block { volume, lba, .. } = d {
+                    if let Some(v) = vol_id(inner, volume) {
+                        e.trim_logged(inner, v, *lba..*lba + 1, false)?;
+                    }
+                }
+            }
+            e.flush_cache(inner)
+        })
+        .map_err(EngineError::Request)?;
+        Ok(blocks)
+    }
+
     /// After a salvaging open: make the damage it accepted stay accepted.
     /// Blocks whose newest copy is damaged are trimmed (they read as zeros
     /// from now on; `Engine::salvaged` names them). Bands with damage are

@@ -817,26 +817,61 @@ pub(super) fn existing_devices<'a>(
     Ok((&cfg.cache, &cfg.capacity))
 }
 
+/// `sluice check --salvage`: act on exactly what `sluice check` finds. The
+/// scan first; then a salvaging open, from the media rather than the
+/// checkpoint when the scan found the checkpoint damaged or disagreeing
+/// (recovery accepts and repairs damaged log records and bands); then every
+/// damaged data block the scan found is trimmed; a clean shutdown; and the
+/// scan again, which must find nothing. Lists each thing it did.
+fn salvage_found(cfg: &Config) -> Result<(String, bool), ServeError> {
+    use sluice_engine::Damage;
+    let _lock = DirLock::take(&cfg.data_dir)?;
+    let cache = cfg.open_device("cache", &cfg.cache)?.dev;
+    let capacity = cfg.open_device("capacity", &cfg.capacity)?.dev;
+    let before = Engine::check(cache.clone(), capacity.clone())?;
+    let checkpoint =
+        before.damage.iter().any(|d| matches!(d, Damage::Checkpoint { .. } | Damage::CheckpointUnreadable));
+    let opts = sluice_engine::OpenOptions { salvage: true, ignore_checkpoint: checkpoint, ..Default::default() };
+    let e = Engine::open_with(cache.clone(), capacity.clone(), opts)?;
+    let mut lines: Vec<String> = Vec::new();
+    if checkpoint {
+        lines.push("  rebuilt every map from the media: the checkpoint did not check or disagreed with them".into());
+    }
+    lines.extend(e.salvaged().iter().map(|d| format!("  accepted: {d}")));
+    let trimmed = match e.salvage_found(&before.damage) {
+        Ok(t) => t,
+        Err(err) => {
+            let _ = e.shutdown();
+            return Err(err.into());
+        }
+    };
+    lines.extend(trimmed.iter().map(|d| format!("  trimmed (now reads as zeros): {d}")));
+    e.shutdown()?;
+    drop(e);
+    let after = Engine::check(cache, capacity)?;
+    let mut text = if lines.is_empty() {
+        "sluice: nothing to salvage (sluice check finds no damage); the engine is shut down cleanly\n".to_string()
+    } else {
+        format!(
+            "sluice: salvaged {} finding(s) (damaged blocks now read as zeros; what damaged log records held \
+             reverted to older copies):\n{}\n",
+            lines.len(),
+            lines.join("\n")
+        )
+    };
+    let damaged = !after.damage.is_empty();
+    if damaged {
+        text += &format!("sluice: still damaged after salvaging:\n{}", after.text());
+    } else {
+        text += "sluice: sluice check now finds no damage\n";
+    }
+    Ok((text, damaged))
+}
+
 pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), ServeError> {
     existing_devices(cfg, "sluice check")?;
     if salvage {
-        let _lock = DirLock::take(&cfg.data_dir)?;
-        let cache = cfg.open_device("cache", &cfg.cache)?.dev;
-        let capacity = cfg.open_device("capacity", &cfg.capacity)?.dev;
-        let e = Engine::open_with(cache, capacity, sluice_engine::OpenOptions { salvage: true, ..Default::default() })?;
-        let lines: Vec<String> = e.salvaged().iter().map(|d| format!("  {d}")).collect();
-        e.shutdown()?;
-        let text = if lines.is_empty() {
-            "sluice: nothing to salvage; the engine is shut down cleanly\n".to_string()
-        } else {
-            format!(
-                "sluice: salvaged, accepting {} finding(s) (damaged blocks now read as zeros; what damaged log \
-                 records held reverted to older copies):\n{}\n",
-                lines.len(),
-                lines.join("\n")
-            )
-        };
-        return Ok((text, false));
+        return salvage_found(cfg);
     }
     // A read-only scan: a reader's lock, the devices opened read-only (it
     // runs on a read-only file system; a running server refuses it).
