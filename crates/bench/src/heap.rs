@@ -3,8 +3,9 @@
 //! benchmark can report what an operation (an engine's recovery) allocated
 //! at its worst against what stays allocated after it.
 //!
-//! Installed as the global allocator by the `sluice` binary; elsewhere
-//! (unit tests) the counters stay at zero. Two
+//! Installed as the global allocator by the `sluice` binary built with its
+//! `heap-count` feature (not the production build); elsewhere the counters
+//! stay at zero. Two
 //! relaxed atomic operations per allocation: the serving path allocates
 //! little (its buffers are pooled), so the cost does not show there.
 
