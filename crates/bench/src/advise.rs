@@ -314,6 +314,7 @@ pub struct Advice {
 
 /// Errors of the advisor.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AdviseError {
     #[error("{path}: {source}")]
     Open { path: String, source: std::io::Error },

@@ -62,6 +62,7 @@ pub struct EngineBenchReport {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineBenchError {
     #[error("engine: {0}")]
     Engine(#[from] sluice_engine::EngineError),

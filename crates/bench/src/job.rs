@@ -337,6 +337,7 @@ pub fn stack_cache_bytes(capacity_bytes: u64) -> u64 {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BenchError {
     #[error(
         "unknown system {0:?} (expected qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+zns, sluice+zns-shared or setassoc+qlc)"

@@ -141,6 +141,7 @@ impl RunResult {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunError {
     #[error("job {job}: {op:?} failed: {source}")]
     Io { job: String, op: IoOp, source: DeviceError },

@@ -63,6 +63,7 @@ pub fn whole_blocks(r: TraceRecord, block: u64) -> Option<TraceRecord> {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReplayError {
     #[error("trace: {0}")]
     Trace(#[from] TraceError),

@@ -64,6 +64,7 @@ pub struct UringBenchReport {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum UringBenchError {
     #[error("bad options: {0}")]
     BadOpts(&'static str),

@@ -158,6 +158,7 @@ impl Header {
 
 /// Why a block is not a valid header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HeaderError {
     #[error("no record magic")]
     NoMagic,

@@ -88,6 +88,7 @@ pub const LAYOUT_IN_PLACE: u8 = 1;
 pub const LAYOUT_ATTACHED: u8 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SuperblockError {
     #[error("no Sluice superblock on the cache device")]
     NoMagic,

@@ -43,13 +43,22 @@ pub struct ClientTlsOptions {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     #[error("{0}")]
     Io(#[from] io::Error),
     #[error("NBD protocol: {0}")]
     Protocol(String),
+    /// The server broke the TLS exchange (what it did).
     #[error("TLS: {0}")]
     Tls(String),
+    /// rustls refused (configuration or the handshake), with its error.
+    #[error("TLS: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("TLS: CA {path}: {source}")]
+    Ca { path: PathBuf, source: rustls_pki_types::pem::Error },
+    #[error("TLS: server name {name:?}: {source}")]
+    ServerName { name: String, source: rustls_pki_types::InvalidDnsNameError },
 }
 
 struct Records {
@@ -252,21 +261,19 @@ impl Client {
     /// The TLS handshake after STARTTLS's ACK. rustls is fed whole records
     /// only, so the bytes after the server's Finished stay in `rbuf`.
     fn start_tls(&mut self, opts: &ClientTlsOptions) -> Result<(), ClientError> {
-        let tls_err = |e: rustls::Error| ClientError::Tls(e.to_string());
         let mut roots = rustls::RootCertStore::empty();
         let ca = CertificateDer::from_pem_file(&opts.ca)
-            .map_err(|e| ClientError::Tls(format!("CA {}: {e}", opts.ca.display())))?;
-        roots.add(ca).map_err(tls_err)?;
+            .map_err(|source| ClientError::Ca { path: opts.ca.clone(), source })?;
+        roots.add(ca)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(tls_err)?
+            .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_root_certificates(roots)
             .with_no_client_auth();
         cfg.enable_secret_extraction = true;
         let name = ServerName::try_from(opts.server_name.clone())
-            .map_err(|e| ClientError::Tls(format!("server name {:?}: {e}", opts.server_name)))?;
-        let mut conn = rustls::ClientConnection::new(Arc::new(cfg), name).map_err(tls_err)?;
+            .map_err(|source| ClientError::ServerName { name: opts.server_name.clone(), source })?;
+        let mut conn = rustls::ClientConnection::new(Arc::new(cfg), name)?;
         self.rbuf.copy_within(self.rpos..self.rend, 0);
         (self.rpos, self.rend) = (0, self.rend - self.rpos);
         while conn.is_handshaking() {
@@ -280,7 +287,7 @@ impl Client {
                 }
                 Ok(None) => {}
                 Err(HandshakeError::Io(e)) => return Err(e.into()),
-                Err(HandshakeError::Tls(e)) => return Err(tls_err(e)),
+                Err(HandshakeError::Tls(e)) => return Err(ClientError::Rustls(e)),
             }
             self.rbuf.copy_within(self.rpos..self.rend, 0);
             (self.rpos, self.rend) = (0, self.rend - self.rpos);
@@ -294,7 +301,7 @@ impl Client {
             conn.write_tls(&mut self.sock)?;
         }
         let suite = conn.negotiated_cipher_suite().map(|s| format!("{:?}", s.suite())).unwrap_or_default();
-        let s = conn.dangerous_extract_secrets().map_err(tls_err)?;
+        let s = conn.dangerous_extract_secrets()?;
         self.tls = Some(Records { tx: Direction::new(s.tx.0, s.tx.1)?, rx: Direction::new(s.rx.0, s.rx.1)?, suite });
         Ok(())
     }

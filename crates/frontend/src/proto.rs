@@ -115,6 +115,7 @@ pub const EXPORT_NAME_REPLY_ZEROES: usize = 124;
 
 /// Malformed protocol input, one variant per way it can be wrong.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProtoError {
     #[error("truncated {what}: need {need} bytes, have {have}")]
     Truncated { what: &'static str, need: usize, have: usize },

@@ -94,6 +94,7 @@ impl Default for ServerOptions {
 
 /// Errors setting up or stopping a server.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServerError {
     #[error("a server needs at least one export")]
     NoExports,
@@ -115,6 +116,7 @@ pub enum ServerError {
 
 /// Why one connection ended early (counted, never propagated past it).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnError {
     #[error("I/O: {0}")]
     Io(#[from] io::Error),

@@ -97,6 +97,7 @@ impl IoCompletion {
 
 /// NVMe ZNS status codes a zoned device returns for rule violations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ZoneError {
     #[error("zone invalid write: write does not start at the write pointer")]
     InvalidWrite,
@@ -122,6 +123,7 @@ pub enum ZoneError {
 
 /// Operating errors of a device: typed, so callers can act on them.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DeviceError {
     #[error("offset {offset} or length {len} not aligned to the {block_bytes}-byte block")]
     Misaligned { offset: u64, len: u64, block_bytes: u64 },

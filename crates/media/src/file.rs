@@ -141,6 +141,7 @@ impl Default for FileOptions {
 
 /// Why a `FileDevice` could not be opened.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FileError {
     #[error("opening {path}: {}", os_error(*errno))]
     Open { path: PathBuf, errno: i32 },

@@ -568,7 +568,7 @@ impl Sim {
                 self.model.iter_mut().flatten().for_each(BlockModel::make_durable);
                 Ok(())
             }
-            Err(e) if interrupted && (injected(&e) || matches!(e, crate::EngineError::Failed)) => {
+            Err(e) if interrupted && (injected(&e) || matches!(e, crate::EngineError::Failed(_))) => {
                 self.report.interrupted_shutdowns += 1;
                 Ok(())
             }
@@ -1083,7 +1083,7 @@ mod tests {
         let mut b = vec![0u8; BS];
         v.read(0, &mut b).unwrap();
         assert_eq!(b, pattern(0, 0, 1));
-        assert!(matches!(w.engine.shutdown(), Err(crate::EngineError::Failed)));
+        assert!(matches!(w.engine.shutdown(), Err(crate::EngineError::Failed(_))));
         // Reopen recovers from the media: the flushed block, nothing else.
         let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
         let v = e.volume("v0").unwrap();

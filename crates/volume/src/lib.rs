@@ -76,6 +76,7 @@ impl WriteBuf {
 /// A device error keeps its type (and errno) all the way to the protocol
 /// reply: a host filesystem that fills up is ENOSPC to the client, not EIO.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum VolumeError {
     #[error("offset {offset} or length {len} not a multiple of the {block_bytes}-byte block")]
     Misaligned { offset: u64, len: u64, block_bytes: u64 },

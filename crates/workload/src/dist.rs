@@ -40,6 +40,7 @@ pub const DEFAULT_PARETO_H: f64 = 0.2;
 
 /// Errors of distribution parsing and sampler construction.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DistError {
     /// Not one of `random`, `zipf[:θ[:center]]`, `pareto[:h[:center]]` (fio's names are case-sensitive).
     #[error("unknown random distribution {0:?} (supported: random, zipf[:theta[:center]], pareto[:h[:center]])")]

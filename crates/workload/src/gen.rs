@@ -90,6 +90,7 @@ impl RwKind {
 
 /// Error parsing an `rw=` value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RwParseError {
     /// Not a fio `rw=` value (fio's names are case-sensitive).
     #[error("unknown rw kind {0:?} (supported: read, write, randread, randwrite, randrw, rw, readwrite)")]
@@ -165,6 +166,7 @@ impl FromStr for Precondition {
 
 /// Errors building a generator.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GenError {
     #[error("block size must be at least 1 byte")]
     ZeroBlockSize,

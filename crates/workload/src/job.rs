@@ -161,6 +161,7 @@ pub struct JobFile {
 
 /// Why a value is invalid.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ValueError {
     #[error("empty value")]
     Empty,
@@ -190,6 +191,7 @@ pub enum ValueError {
 
 /// Job-file errors, with 1-based line numbers.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum JobError {
     #[error("line {line}: malformed section header {text:?}")]
     BadSectionHeader { line: usize, text: String },
@@ -211,6 +213,7 @@ pub enum JobError {
 
 /// Errors placing a job on a device.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ResolveError {
     #[error("device size is 0")]
     EmptyDevice,

@@ -81,6 +81,7 @@ impl std::str::FromStr for TraceFormat {
 
 /// What is wrong with a line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TraceLineError {
     #[error("expected 4 comma-separated fields (timestamp_us,op,offset,size), found {0}")]
     FieldCount(usize),
@@ -104,6 +105,7 @@ pub enum TraceLineError {
 
 /// A trace error with its line number.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TraceError {
     #[error("trace line {line}: {kind}")]
     Line { line: usize, kind: TraceLineError },

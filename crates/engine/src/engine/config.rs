@@ -85,6 +85,7 @@ impl Default for EngineConfig {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
     #[error("bad configuration: {0}")]
     Config(&'static str),
@@ -115,8 +116,10 @@ pub enum EngineError {
          reports it, `sluice check --salvage` rebuilds the maps from the media instead"
     )]
     CheckpointChecksum,
-    #[error("a device failed earlier; no checkpoint was written, the next open recovers from the media")]
-    Failed,
+    /// Shutdown found the engine stopped by a failure (its first cause):
+    /// no checkpoint was written.
+    #[error("a device failed earlier ({0}); no checkpoint was written, the next open recovers from the media")]
+    Failed(VolumeError),
     #[error("the on-media geometry does not match these devices")]
     Geometry,
     /// A write recovery makes after rebuilding the maps failed (a gap

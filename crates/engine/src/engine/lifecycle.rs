@@ -354,12 +354,12 @@ impl Engine {
         if inner.health.is_stopped() {
             // The map may not match the media: leave the superblock dirty so
             // the next open recovers from the media instead.
-            return Err(EngineError::Failed);
+            return Err(EngineError::Failed(inner.health.cause().cloned().unwrap_or(VolumeError::Stopped)));
         }
         // Any step below failing stops the engine (the superblock stays dirty).
         let stop = |inner: &mut Inner, e: VolumeError| {
             inner.health.stop(&e);
-            EngineError::Failed
+            EngineError::Failed(e)
         };
         self.settle(&mut inner).map_err(|e| stop(&mut inner, e))?;
         // Flush, then record that flush in one more (empty) record, flushed

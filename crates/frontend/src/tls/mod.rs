@@ -50,6 +50,7 @@ const TLS_READ_BYTES: usize = 64 * 1024;
 
 /// Why a TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsConfigError {
     #[error("TLS certificate {path}: {msg}")]
     Cert { path: String, msg: String },

@@ -232,8 +232,11 @@ impl Config {
                     exclusive: true,
                     ..Default::default()
                 };
-                let dev = FileDevice::open(&path, &opts)
-                    .map_err(|e| ServeError::Device(format!("opening the {which} device: {e}")))?;
+                let dev = FileDevice::open(&path, &opts).map_err(|source| ServeError::DeviceOpen {
+                    which,
+                    read_only: false,
+                    source,
+                })?;
                 if attach_disk && size != 0 && size != dev.info().capacity_bytes {
                     return Err(ServeError::Config {
                         path: "capacity.size".into(),
@@ -314,8 +317,11 @@ impl Config {
             read_only: true,
             ..Default::default()
         };
-        let dev = FileDevice::open(&path, &opts)
-            .map_err(|e| ServeError::Device(format!("opening the {which} device read-only: {e}")))?;
+        let dev = FileDevice::open(&path, &opts).map_err(|source| ServeError::DeviceOpen {
+            which,
+            read_only: true,
+            source,
+        })?;
         Ok(Arc::new(dev))
     }
 
@@ -675,8 +681,9 @@ pub(super) fn sampled_data(dev: &dyn BlockDevice) -> Result<Option<u64>, ServeEr
         let mut off = 0;
         while off < len {
             let n = (len - off).min(4 << 20);
-            let b = sluice_media::device::read_at(dev, at + off, n as usize)
-                .map_err(|e| ServeError::Device(format!("reading the device at byte {}: {e}", at + off)))?;
+            let b = sluice_media::device::read_at(dev, at + off, n as usize).map_err(|source| {
+                ServeError::DeviceIo { what: format!("reading the device at byte {}", at + off), source }
+            })?;
             if let Some(i) = b.iter().position(|&x| x != 0) {
                 return Ok(Some(at + off + i as u64));
             }
@@ -811,7 +818,7 @@ pub(super) fn existing_devices<'a>(
         }
         let path = cfg.in_data_dir(&d.file_path(which));
         if !path.exists() {
-            return Err(ServeError::Device(format!("the {which} device {} does not exist", path.display())));
+            return Err(ServeError::DeviceMissing { which, path });
         }
     }
     Ok((&cfg.cache, &cfg.capacity))
@@ -880,10 +887,6 @@ pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), 
     let capacity = cfg.open_device_read_only("capacity", &cfg.capacity)?;
     let report = Engine::check(cache, capacity)?;
     let damaged = !report.damage.is_empty();
-    let text = if json {
-        serde_json::to_string_pretty(&report).map_err(|e| ServeError::Server(e.to_string()))? + "\n"
-    } else {
-        report.text()
-    };
+    let text = if json { serde_json::to_string_pretty(&report)? + "\n" } else { report.text() };
     Ok((text, damaged))
 }

@@ -45,12 +45,20 @@ pub enum ServeError {
     Config { path: String, msg: String },
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
-    #[error("{0}")]
-    Device(String),
+    /// A device file could not be opened (its path and the file's error).
+    #[error("opening the {which} device{}: {source}", if *.read_only { " read-only" } else { "" })]
+    DeviceOpen { which: &'static str, read_only: bool, source: sluice_media::FileError },
+    /// A device request failed (what was being done, the device's error).
+    #[error("{what}: {source}")]
+    DeviceIo { what: String, source: sluice_media::DeviceError },
+    #[error("the {which} device {} does not exist", path.display())]
+    DeviceMissing { which: &'static str, path: PathBuf },
     #[error("engine: {0}")]
     Engine(#[from] EngineError),
     #[error("server: {0}")]
-    Server(String),
+    Server(#[from] sluice_frontend::ServerError),
+    #[error("encoding the report: {0}")]
+    Report(#[from] serde_json::Error),
     #[error(
         "data directory {} is in use by another sluice process (PID {holder}); stop it first, or give this one another data_dir",
         dir.display()
@@ -541,10 +549,10 @@ fn serve_opened(
         traces.push(traced.slot());
         exports.push(Arc::new(traced));
     }
-    let server = Server::new(exports, opts).map_err(|e| ServeError::Server(e.to_string()))?;
+    let server = Server::new(exports, opts)?;
     let mut handles = Vec::new();
     for l in bound {
-        handles.push(server.spawn(l).map_err(|e| ServeError::Server(e.to_string()))?);
+        handles.push(server.spawn(l)?);
     }
     for h in &handles {
         println!(
@@ -616,7 +624,7 @@ fn serve_opened(
         .map_err(|source| ServeError::Io { what: "starting the second-signal thread".into(), source })?;
     notify_systemd("STOPPING=1");
     for h in handles {
-        h.shutdown().map_err(|e| ServeError::Server(e.to_string()))?;
+        h.shutdown()?;
     }
     for t in &traces {
         t.flush();
