@@ -48,8 +48,12 @@ pub struct ServerOptions {
     /// Bytes of request payload and read buffers one connection may hold at
     /// once; the reader stops reading requests while the bound is reached.
     pub inflight_bytes_max: u64,
-    /// Largest READ/WRITE/CACHE/WRITE_ZEROES length accepted, advertised as
-    /// the maximum block size. Rounded down to a multiple of the volume block.
+    /// Largest READ/WRITE length accepted (the payloads a request carries
+    /// one way or the other), advertised as the maximum block size: 64 MiB,
+    /// so a client that never negotiates block sizes may send what nbdkit
+    /// serves (the spec's 32 MiB and more). TRIM, WRITE_ZEROES and CACHE
+    /// carry no data and take any length. Rounded down to a multiple of the
+    /// volume block.
     pub request_bytes_max: u32,
     /// Connections served at once; more are accepted and closed at once.
     pub connections_max: usize,
@@ -79,7 +83,7 @@ impl Default for ServerOptions {
         ServerOptions {
             workers_max: 32,
             inflight_bytes_max: 64 << 20,
-            request_bytes_max: 32 << 20,
+            request_bytes_max: 64 << 20,
             connections_max: 16384,
             handshake_timeout: Duration::from_secs(30),
             block_status_extents_max: 4096,

@@ -538,7 +538,8 @@ impl Conn {
         // Zeroes carry no payload and are written in bounded pieces: any
         // length is served, as nbdkit and qemu-nbd do (nbdcopy zeroes a
         // whole hole in one request).
-        let sized = matches!(command, Command::Read | Command::Write | Command::Cache);
+        // CACHE carries no data either: any length, like a trim.
+        let sized = matches!(command, Command::Read | Command::Write);
         if sized && h.len > self.request_bytes_max {
             let msg = format!("length {len} beyond the maximum block size {}", self.request_bytes_max);
             return Err(err(proto::EINVAL, msg));

@@ -191,8 +191,8 @@ fn bad_requests_get_errors_and_the_connection_stays_in_sync() {
         c.request(WRITE, 0, 7, 0, 512);
         c.send(&[0xee; 512]);
         expect(&mut c, 7, proto::EINVAL);
-        // Larger than the maximum block size.
-        c.request(READ, 0, 8, 0, 33 << 20);
+        // Larger than the maximum block size (64 MiB).
+        c.request(READ, 0, 8, 0, 65 << 20);
         expect(&mut c, 8, proto::EINVAL);
         c.request(Command::Cache as u16, 0, 9, 0, 33 << 20);
         expect(&mut c, 9, proto::EINVAL);
