@@ -113,7 +113,7 @@ fn nbdinfo_shows_size_block_sizes_and_exports() {
         "export-size: 67108864",
         "block_size_minimum: 4096",
         "block_size_preferred: 4096",
-        "block_size_maximum: 33554432",
+        "block_size_maximum: 67108864",
         "can_multi_conn: true",
         "can_fua: true",
         "can_fast_zero: true",

@@ -91,7 +91,7 @@ for cap in ("can_flush", "can_fua", "can_trim", "can_zero", "can_fast_zero", "ca
 check(not h.is_read_only(), "read only")
 check(h.get_block_size(nbd.SIZE_MINIMUM) == 4096, "min block %d" % h.get_block_size(nbd.SIZE_MINIMUM))
 check(h.get_block_size(nbd.SIZE_PREFERRED) == 4096, "preferred block")
-check(h.get_block_size(nbd.SIZE_MAXIMUM) == 32 * MIB, "max block %d" % h.get_block_size(nbd.SIZE_MAXIMUM))
+check(h.get_block_size(nbd.SIZE_MAXIMUM) == 64 * MIB, "max block %d" % h.get_block_size(nbd.SIZE_MAXIMUM))
 
 # Never written: a hole that reads as zeros.
 check(h.pread(64 * 1024, 0) == bytes(64 * 1024), "fresh volume not zero")
