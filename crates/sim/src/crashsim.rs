@@ -1067,6 +1067,11 @@ mod tests {
         // block's durable bytes over a pending one (7000000021).
         let attached = SimOptions { in_place: true, attached: true, ..SimOptions::default() };
         campaign([5000000087, 5000000263, 5000000281, 7000000021].map(|s| (s, false)), attached);
+        // Swarm worlds of bands of 4 write units and 3-4 volumes: two bands
+        // holding only tombstones took turns as GC victims, each carried
+        // into a fresh band it filled, until no band was free (no space).
+        let swarm = SimOptions { swarm: true, ..SimOptions::default() };
+        campaign([7100000099, 9325392541, 8170545083, 8170545518, 1095, 1144].map(|s| (s, false)), swarm);
     }
 
     #[test]

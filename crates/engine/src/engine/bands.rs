@@ -185,6 +185,7 @@ impl Bands {
         assert!(at + blocks <= usable, "band {b}: a segment of {blocks} blocks at {at} of {usable}");
         band.written += blocks;
         band.tombstones = band.tombstones.saturating_add(tombstones);
+        band.tomb_segments += u32::from(tombstones > 0);
         band.born = band.born.min(born);
         at
     }
@@ -224,7 +225,7 @@ impl Bands {
             (state, _) => panic!("band {b} discarded while {state:?} (quarantined: {quarantined})"),
         }
         band.gen += 1;
-        (band.written, band.tombstones, band.epoch) = (0, 0, 0);
+        (band.written, band.tombstones, band.tomb_segments, band.epoch) = (0, 0, 0, 0);
         // (Not on the free list: it was not Free, or it was quarantined,
         // which took it off; `check` verifies the whole list.)
         self.quarantine.retain(|&q| q != b);
@@ -275,6 +276,7 @@ impl Bands {
         };
         band.closed_seq = band.closed_seq.max(seq);
         band.tombstones = band.tombstones.saturating_add(tombstones);
+        band.tomb_segments += u32::from(tombstones > 0);
     }
 
     /// Recovery, step 5: a band none of whose entries won (`live[b]`
@@ -294,7 +296,7 @@ impl Bands {
             .filter(|&b| self.list[b as usize].state == BandState::Free && walked[b as usize] > 0)
             .collect();
         for band in self.list.iter_mut().filter(|b| b.state == BandState::Free) {
-            (band.written, band.tombstones) = (0, 0);
+            (band.written, band.tombstones, band.tomb_segments) = (0, 0, 0);
         }
         self.free = (0..self.list.len() as u32)
             .map(BandId)
@@ -470,6 +472,7 @@ impl Band {
             closed_seq: 0,
             gen: 0,
             tombstones: 0,
+            tomb_segments: 0,
             epoch: 0,
             prev: (0, 0),
             born: 0,
@@ -508,6 +511,11 @@ impl Band {
     pub(super) fn tombstones(&self) -> u32 {
         self.tombstones
     }
+
+    /// Segments that carried tombstones into the band (`tomb_segments`).
+    pub(super) fn tomb_segments(&self) -> u32 {
+        self.tomb_segments
+    }
     pub(super) fn gen(&self) -> u64 {
         self.gen
     }
@@ -544,6 +552,10 @@ pub(super) struct Band {
     /// `TOMBSTONES_UNKNOWN` after a clean open (the checkpoint does not keep
     /// it). With `valid` 0 and none, GC has nothing to look at in the band.
     tombstones: u32,
+    /// Segments written into the band since it was last free that carried
+    /// tombstones (known with `tombstones`): what carrying them costs GC is
+    /// at most one segment per volume of these (`Inner::tombstone_carry`).
+    tomb_segments: u32,
     /// Bumped (in memory) when the band's blocks are discarded, so a read
     /// that looked a block up before GC moved it and read it after can tell
     /// its data may be gone (`Inner::generation`).

@@ -10,6 +10,7 @@
 //! outside the lock that looked a block up before the move sees that its
 //! data may be gone.
 
+use super::bands::TOMBSTONES_UNKNOWN;
 use super::pending::Deferred;
 use super::segments::{segment_blocks, Data, Moved};
 use super::step_io::{PreRead, Window};
@@ -81,6 +82,18 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Blocks at most that carrying `tombstones` tombstones, which came in
+    /// `segments` segments, takes GC: a segment per volume of them (at most
+    /// the volumes there are, and as many as their entries need), each
+    /// padded to the write unit.
+    pub(super) fn tombstone_carry(&self, tombstones: u32, segments: u32) -> u64 {
+        let by_entries = (tombstones as u64).div_ceil(crate::layout::RECORD_BLOCKS_MAX as u64);
+        let segs = (segments as u64).min(self.vols.len() as u64).max(by_entries).max(1);
+        segs * segment_blocks(0, self.cfg.write_unit_bytes / BS)
+    }
+}
+
 impl Engine {
     /// Reclaim one band (finishing the one a bounded step left half done,
     /// if any); false if nothing is reclaimable.
@@ -123,15 +136,29 @@ impl Engine {
                     && !inner.bands.is_quarantined(BandId(i as u32))
                     && !avoid.contains(&BandId(i as u32))
             })
-            .map(|(i, b)| {
+            .filter_map(|(i, b)| {
                 let u = b.valid() as f64 / usable as f64;
                 let age = (now - b.closed_seq()) as f64 + 1.0;
                 let score = match (b.valid(), b.tombstones()) {
                     (0, 0) => f64::INFINITY,
-                    (0, _) => f64::MAX,
+                    (0, TOMBSTONES_UNKNOWN) => f64::MAX,
+                    (0, _) => {
+                        // Only tombstones: worth it only if carrying them
+                        // takes fewer blocks than the band frees. Else two
+                        // such bands took turns for ever, each carried into a
+                        // fresh GC band it filled (`sluice sim --swarm
+                        // --seed-start 7100000099`: 4 volumes, bands of 4
+                        // write units).
+                        let carry = inner.tombstone_carry(b.tombstones(), b.tomb_segments());
+                        if carry >= b.written() {
+                            return None;
+                        }
+                        let u = carry as f64 / usable as f64;
+                        (1.0 - u) * age / (1.0 + u)
+                    }
                     _ => (1.0 - u) * age / (1.0 + u),
                 };
-                (i, score)
+                Some((i, score))
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| BandId(i as u32))
