@@ -143,7 +143,8 @@ impl Engine {
                     (0, 0) => f64::INFINITY,
                     (0, TOMBSTONES_UNKNOWN) => f64::MAX,
                     (0, _) => {
-                        // Only tombstones: worth it only if carrying them
+                        // Only tombstones: first (as a band with nothing
+                        // valid), but only if carrying them
                         // takes fewer blocks than the band frees. Else two
                         // such bands took turns for ever, each carried into a
                         // fresh GC band it filled (`sluice sim --swarm
@@ -153,8 +154,7 @@ impl Engine {
                         if carry >= b.written() {
                             return None;
                         }
-                        let u = carry as f64 / usable as f64;
-                        (1.0 - u) * age / (1.0 + u)
+                        f64::MAX
                     }
                     _ => (1.0 - u) * age / (1.0 + u),
                 };
