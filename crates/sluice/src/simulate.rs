@@ -60,33 +60,19 @@ pub struct SimArgs {
 
 impl SimArgs {
     pub fn run(self) -> Result<(), CliError> {
-        let SimArgs {
-            seeds,
-            seed_start,
-            ops,
-            zns,
-            flips,
-            swarm,
-            paged,
-            in_place,
-            attached,
-            lifetime,
-            concurrent,
-            strict,
-            ..
-        } = self;
+        let s = self;
         let opts = sluice_sim::crashsim::SimOptions {
-            flips,
-            swarm,
-            paged,
-            in_place,
-            attached,
-            lifetime,
-            concurrent,
-            strict,
+            flips: s.flips,
+            swarm: s.swarm,
+            paged: s.paged,
+            in_place: s.in_place,
+            attached: s.attached,
+            lifetime: s.lifetime,
+            concurrent: s.concurrent,
+            strict: s.strict,
             ..Default::default()
         };
-        sim(seeds, seed_start, ops, zns, opts)
+        sim(s.seeds, s.seed_start, s.ops, s.zns, opts)
     }
 }
 

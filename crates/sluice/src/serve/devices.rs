@@ -204,20 +204,6 @@ impl Config {
     pub(super) fn open_device(&self, which: &'static str, d: &DeviceConfig) -> Result<OpenedDevice, ServeError> {
         let attach_disk = which == "capacity" && self.engine.attach;
         let (mut size, zns) = self.device_plan(which, d)?;
-        let bad = |msg: String| ServeError::Config { path: format!("{which}.emulate"), msg };
-        let ssd_fits = |p: &SsdProfile, size: u64| {
-            let erase_block = p.erase_block_ius as u64 * p.iu_bytes;
-            if size.is_multiple_of(erase_block) && size >= 64 * erase_block {
-                Ok(())
-            } else {
-                Err(bad(format!(
-                    "{} needs a size that is a multiple of {} MiB and at least {} MiB",
-                    d.emulate,
-                    erase_block >> 20,
-                    (64 * erase_block) >> 20
-                )))
-            }
-        };
         let mut created = None;
         let backend: Box<dyn BlockDevice> = match d.kind.as_str() {
             "memory" => memory(size, d.prealloc),
@@ -282,7 +268,7 @@ impl Config {
             "qlc" | "tlc" => {
                 // A raw block device's own size decides.
                 let p = if d.emulate == "qlc" { SsdProfile::qlc(size) } else { SsdProfile::tlc(size) };
-                ssd_fits(&p, size)?;
+                ssd_fits(which, d, &p, size)?;
                 Arc::new(ssd_device(p, backend, clock))
             }
             _ => Arc::new(zns_device(zns.expect("zns profile"), backend, clock)),
@@ -373,21 +359,8 @@ impl Config {
                 msg: "several disks are emulated HDDs on memory (emulate = \"hdd\", kind = \"memory\")".into(),
             });
         }
-        let ssd_fits = |p: &SsdProfile, size: u64| {
-            let erase_block = p.erase_block_ius as u64 * p.iu_bytes;
-            if size.is_multiple_of(erase_block) && size >= 64 * erase_block {
-                Ok(())
-            } else {
-                Err(bad(format!(
-                    "{} needs a size that is a multiple of {} MiB and at least {} MiB",
-                    d.emulate,
-                    erase_block >> 20,
-                    (64 * erase_block) >> 20
-                )))
-            }
-        };
         if let Some(p) = &ssd {
-            ssd_fits(p, size)?;
+            ssd_fits(which, d, p, size)?;
         }
         Ok((size, zns))
     }
@@ -615,6 +588,21 @@ pub enum Opened {
 /// nothing: files it created are removed, and the engine on the devices is
 /// not touched (not even marked unclean). The caller holds the data
 /// directory's lock (`DirLock`).
+/// An emulated SSD of `size` bytes must be whole erase blocks, at least 64.
+fn ssd_fits(which: &str, d: &DeviceConfig, p: &SsdProfile, size: u64) -> Result<(), ServeError> {
+    let erase_block = p.erase_block_ius as u64 * p.iu_bytes;
+    if size.is_multiple_of(erase_block) && size >= 64 * erase_block {
+        return Ok(());
+    }
+    let msg = format!(
+        "{} needs a size that is a multiple of {} MiB and at least {} MiB",
+        d.emulate,
+        erase_block >> 20,
+        (64 * erase_block) >> 20
+    );
+    Err(ServeError::Config { path: format!("{which}.emulate"), msg })
+}
+
 /// Whether `serve` opens the engine read-only: every volume is read-only
 /// (`--read-only`, or `read_only = true` on each) and both devices are files
 /// that exist (an engine to serve). Then nothing is ever written, so it
