@@ -320,11 +320,13 @@ impl ConnReader {
     pub fn sends_more_within(&self, quiet: std::time::Duration) -> bool {
         let t = std::time::Instant::now();
         loop {
-            if self.pos < self.end || self.inner.bytes_waiting() > 0 {
-                return true;
-            }
+            // The deadline first: a TLS stream past its close_notify may
+            // keep bytes buffered that no read returns.
             if t.elapsed() >= quiet {
                 return false;
+            }
+            if self.pos < self.end || self.inner.bytes_waiting() > 0 {
+                return true;
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
         }

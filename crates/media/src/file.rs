@@ -115,9 +115,10 @@ pub struct FileOptions {
     pub exclusive: bool,
     /// Open for reading only (`O_RDONLY`): nothing is created, extended or
     /// allocated (a regular file must then be exactly `capacity_bytes`, if
-    /// given: `FileError::SizeMismatch`), and with `exclusive`
-    /// the claim is shared (`flock(LOCK_SH)`), so readers may run together
-    /// while a writer's exclusive claim refuses them (`FileError::Busy`).
+    /// given: `FileError::SizeMismatch`), and with `exclusive` a regular
+    /// file's claim is shared (`flock(LOCK_SH)`), so readers may run
+    /// together while a writer's exclusive claim refuses them
+    /// (`FileError::Busy`); a block device's stays `O_EXCL`.
     /// Works on a read-only file system. A write fails with `EBADF`.
     pub read_only: bool,
 }
@@ -595,12 +596,12 @@ fn enter(ring: &mut IoUring, want: usize) -> std::io::Result<()> {
 /// is torn down, which the kernel finishes asynchronously after the process
 /// exits, so a lock on it would outlive a killed server and refuse its
 /// restart. This descriptor closes with the process.
-/// (`shared`: a reader's claim, `LOCK_SH`, and no `O_EXCL` on a block
-/// device, which a mounted device would refuse.)
+/// (`shared`: a reader's claim on a regular file, `LOCK_SH`; a block
+/// device's claim is `O_EXCL` for readers too, which has no shared form.)
 fn claim(path: &Path, block_device: bool, shared: bool) -> Result<File, FileError> {
     let f = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_CLOEXEC | if block_device && !shared { libc::O_EXCL } else { 0 })
+        .custom_flags(libc::O_CLOEXEC | if block_device { libc::O_EXCL } else { 0 })
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::EBUSY) => FileError::Busy { path: path.to_path_buf() },

@@ -136,7 +136,7 @@ impl Engine {
                     && !inner.bands.is_quarantined(BandId(i as u32))
                     && !avoid.contains(&BandId(i as u32))
             })
-            .filter_map(|(i, b)| {
+            .map(|(i, b)| {
                 let u = b.valid() as f64 / usable as f64;
                 let age = (now - b.closed_seq()) as f64 + 1.0;
                 let score = match (b.valid(), b.tombstones()) {
@@ -145,20 +145,24 @@ impl Engine {
                     (0, _) => {
                         // Only tombstones: first (as a band with nothing
                         // valid), but only if carrying them
-                        // takes fewer blocks than the band frees. Else two
+                        // takes fewer blocks than the band frees. Else last:
+                        // two
                         // such bands took turns for ever, each carried into a
                         // fresh GC band it filled (`sluice sim --swarm
                         // --seed-start 7100000099`: 4 volumes, bands of 4
                         // write units).
+                        // (Then last of all, not never: the count includes
+                        // tombstones that died since, which cost nothing.)
                         let carry = inner.tombstone_carry(b.tombstones(), b.tomb_segments());
                         if carry >= b.written() {
-                            return None;
+                            -1.0
+                        } else {
+                            f64::MAX
                         }
-                        f64::MAX
                     }
                     _ => (1.0 - u) * age / (1.0 + u),
                 };
-                Some((i, score))
+                (i, score)
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| BandId(i as u32))

@@ -30,7 +30,7 @@
 //!   keeps the highest sequence number.
 //! - **A trim always ends.** Nothing holds new writes back while a part
 //!   waits, so a part whose blocks are always in flight somewhere would
-//!   wait for ever; after `WAITS_MAX` publishes the trim drains the log
+//!   wait for ever; after `WAITS_MAX` records logged meanwhile the trim drains the log
 //!   and finishes under the lock, as every trim did before.
 //! - **Relocations** see a trim's blocks like a write's (its entries are in
 //!   `Log::inflight`): a copy the trim unmaps is not moved while the trim
@@ -165,14 +165,17 @@ impl Engine {
     pub(super) fn trim_concurrent(&self, vol: u32, lbas: std::ops::Range<u64>) -> Result<(), VolumeError> {
         let mut cur = TrimCursor { next: lbas.start, end: lbas.end };
         let mut g = self.lock_for_request();
-        // Publishes this part has waited for (`WAITS_MAX`).
-        let mut waits = 0;
+        // The last LSN when this part began to wait: it waits for at most
+        // `WAITS_MAX` records logged since (counted by LSN, not by its own
+        // wake-ups, which a loaded machine may merge).
+        let mut waiting_since: Option<u64> = None;
         loop {
             if !self.may_reserve(&g)? {
                 g = self.wait_published(g);
                 continue;
             }
-            if g.serial() || waits > WAITS_MAX {
+            let waited = waiting_since.map_or(0, |from| g.log.lsn().saturating_sub(from));
+            if g.serial() || waited > WAITS_MAX as u64 {
                 // Under the drained lock, which holds new reservations back.
                 let mut g = self.drained(g);
                 let r = self.trim_logged(&mut g, vol, cur.next..cur.end, true);
@@ -183,25 +186,25 @@ impl Engine {
             let (rec, r) = match self.reserve_trim_part(&mut g, vol, &mut cur, 0)? {
                 TrimStep::Done => return Ok(()),
                 TrimStep::Waits => {
-                    waits += 1;
+                    waiting_since.get_or_insert(g.log.lsn());
                     g = self.wait_published(g);
                     continue;
                 }
                 TrimStep::NoRoom => {
-                    waits = 0;
+                    waiting_since = None;
                     g = self.wait_published(g);
                     continue;
                 }
                 TrimStep::Skipped { .. } => {
                     // Nothing mapped there: the lock goes between parts.
-                    waits = 0;
+                    waiting_since = None;
                     drop(g);
                     g = self.lock_for_request();
                     continue;
                 }
                 TrimStep::Reserved { rec, r, .. } => (rec, r),
             };
-            waits = 0;
+            waiting_since = None;
             drop(g);
             #[cfg(test)]
             super::writers::between_reserve_and_write();
@@ -215,7 +218,7 @@ impl Engine {
     }
 }
 
-/// Publishes a trim's part may wait for before the trim drains the log
+/// Records logged while a trim's part waits before the trim drains the log
 /// instead (and finishes under the lock, `trim_logged`): writes that keep
 /// a block of the part in flight all the time (a journal written at a
 /// queue depth of two or more) would otherwise hold it back for ever, as
@@ -258,7 +261,7 @@ mod tests {
     }
 
     /// A part whose block stays in flight while other writes keep
-    /// publishing: after `WAITS_MAX` publishes the trim drains the log
+    /// publishing: after `WAITS_MAX` records logged meanwhile the trim drains the log
     /// (which holds the other writer back) and finishes under the lock, and
     /// the block ends trimmed (the write in flight was reserved first).
     #[test]
@@ -284,7 +287,7 @@ mod tests {
             th.push(std::thread::spawn(move || {
                 // Only once the trim waits for a publish: on a loaded
                 // machine the trim's thread may start late, and it must
-                // see `WAITS_MAX` publishes while it waits, whatever the
+                // see `WAITS_MAX` records logged while it waits, whatever the
                 // machine's speed.
                 let t0 = std::time::Instant::now();
                 while e3.lock_raw().waiting == 0 && t0.elapsed() < std::time::Duration::from_secs(20) {
