@@ -80,9 +80,7 @@ impl Inner {
         let gen = self.bands[v].gen();
         (len > 0).then_some(Window { cache: false, offset, len: (len * BS) as usize, gen, headers_only: false })
     }
-}
 
-impl Inner {
     /// Blocks at most that carrying `tombstones` tombstones, which came in
     /// `segments` segments, takes GC: a segment per volume of them (at most
     /// the volumes there are, and as many as their entries need), each
@@ -143,16 +141,13 @@ impl Engine {
                     (0, 0) => f64::INFINITY,
                     (0, TOMBSTONES_UNKNOWN) => f64::MAX,
                     (0, _) => {
-                        // Only tombstones: first (as a band with nothing
-                        // valid), but only if carrying them
-                        // takes fewer blocks than the band frees. Else last:
-                        // two
-                        // such bands took turns for ever, each carried into a
-                        // fresh GC band it filled (`sluice sim --swarm
-                        // --seed-start 7100000099`: 4 volumes, bands of 4
-                        // write units).
-                        // (Then last of all, not never: the count includes
-                        // tombstones that died since, which cost nothing.)
+                        // Only tombstones: first, as a band with nothing
+                        // valid, if carrying them frees blocks. Else last:
+                        // two such bands took turns for ever, each carried
+                        // into a fresh GC band it filled (`sluice sim
+                        // --swarm --seed-start 7100000099`: 4 volumes, bands
+                        // of 4 write units). Last, not never: the count
+                        // keeps tombstones that died since, free to drop.
                         let carry = inner.tombstone_carry(b.tombstones(), b.tomb_segments());
                         if carry >= b.written() {
                             -1.0

@@ -33,9 +33,7 @@ impl Health {
             return Err(VolumeError::ReadOnly);
         }
         match &self.stopped {
-            Some(cause) if cause.errno() == 28 && matches!(cause, VolumeError::Io(_)) => {
-                return Err(VolumeError::StoppedFull)
-            }
+            Some(cause) if host_full(cause) => return Err(VolumeError::StoppedFull),
             Some(_) => return Err(VolumeError::Stopped),
             None => {}
         }
@@ -72,8 +70,7 @@ impl Health {
     pub(super) fn stop(&mut self, cause: &VolumeError) {
         let before = self.stopped.clone();
         if self.stopped.is_none() {
-            let full = cause.errno() == 28 && matches!(cause, VolumeError::Io(_));
-            let todo = match full {
+            let todo = match host_full(cause) {
                 true => "make room on the file system holding the devices, then restart: recovery replays every flushed write (changes fail with ENOSPC until then)",
                 false => "restart to recover",
             };
@@ -90,6 +87,12 @@ impl Health {
         self.closed = true;
         assert!(self.taking_changes().is_err() && self.stopped.is_some() == stopped, "closing never serves again");
     }
+}
+
+/// A device write found the file system (or quota) holding it full: the
+/// device's own ENOSPC, not the engine's (`VolumeError::NoSpace`).
+fn host_full(cause: &VolumeError) -> bool {
+    matches!(cause, VolumeError::Io(_)) && cause.errno() == 28
 }
 
 #[cfg(test)]

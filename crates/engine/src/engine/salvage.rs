@@ -34,14 +34,7 @@ impl Engine {
             return Ok(blocks);
         }
         self.change(|e, inner| {
-            let vol_id = |inner: &Inner, name: &str| inner.vols.iter().position(|v| v.name == name).map(|i| i as u32);
-            for d in &blocks {
-                if let Damage::LogBlock { volume, lba, .. } | Damage::Block { volume, lba, .. } = d {
-                    if let Some(v) = vol_id(inner, volume) {
-                        e.trim_logged(inner, v, *lba..*lba + 1, false)?;
-                    }
-                }
-            }
+            e.trim_damaged_blocks(inner, &blocks)?;
             e.flush_cache(inner)
         })
         .map_err(EngineError::Request)?;
@@ -61,16 +54,22 @@ impl Engine {
         // anything was written): what is written below may compact, and
         // must neither open nor collect one of these.
         assert!(bands.iter().all(|&b| inner.bands.is_quarantined(b)), "damaged bands are quarantined first");
-        let vol_id = |inner: &Inner, name: &str| inner.vols.iter().position(|v| v.name == name).map(|i| i as u32);
+        self.trim_damaged_blocks(&mut inner, damage)?;
+        self.empty_bands(&mut inner, &bands)?;
+        self.flush_cache(&mut inner)
+    }
+
+    /// Trim every block whose newest copy `damage` names damaged (a log
+    /// block or a block at rest): it reads as zeros from now on.
+    fn trim_damaged_blocks(&self, inner: &mut Inner, damage: &[Damage]) -> Result<(), VolumeError> {
         for d in damage {
             if let Damage::LogBlock { volume, lba, .. } | Damage::Block { volume, lba, .. } = d {
-                if let Some(v) = vol_id(&inner, volume) {
-                    self.trim_logged(&mut inner, v, *lba..*lba + 1, false)?;
+                if let Some(v) = inner.vols.iter().position(|v| v.name == *volume) {
+                    self.trim_logged(inner, v as u32, *lba..*lba + 1, false)?;
                 }
             }
         }
-        self.empty_bands(&mut inner, &bands)?;
-        self.flush_cache(&mut inner)
+        Ok(())
     }
 
     /// Empty each of `bands` (in quarantine: nothing opens or collects
