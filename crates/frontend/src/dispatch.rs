@@ -31,12 +31,13 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 use crate::proto::Command;
 
-/// A request that took this long or more is slow: a kind whose requests
-/// are mostly faster runs on the reader thread. A hand-off to the pool costs a few microseconds of CPU on both
-/// sides and as much again in latency; at 20 µs a connection run inline
-/// still does 50,000 requests/s, beyond what one client connection of fio
-/// or qemu asks of a slow volume.
-const INLINE_NS_MAX: u64 = 20_000;
+/// The default of `ServerOptions::slow_request_ns`: a request that took
+/// this long or more is slow, and a kind whose requests are mostly faster
+/// runs on the reader thread. A hand-off to the pool costs a few
+/// microseconds of CPU on both sides and as much again in latency; at
+/// 20 µs a connection run inline still does 50,000 requests/s, beyond what
+/// one client connection of fio or qemu asks of a slow volume.
+pub(crate) const SLOW_REQUEST_NS: u64 = 20_000;
 
 /// Decisions are taken over this many requests of a kind.
 const WINDOW: u32 = 16;
@@ -77,12 +78,14 @@ struct Tally {
 /// One connection's decisions, one per kind.
 pub(crate) struct Pace {
     kinds: [Tally; 2],
+    /// A request that took this long or more is slow.
+    slow_ns: u64,
 }
 
 impl Pace {
-    pub(crate) fn new() -> Pace {
+    pub(crate) fn new(slow_ns: u64) -> Pace {
         let tally = || Tally { seen: AtomicU32::new(0), slow: AtomicU32::new(0), place: AtomicU8::new(UNKNOWN) };
-        Pace { kinds: [tally(), tally()] }
+        Pace { kinds: [tally(), tally()], slow_ns }
     }
 
     /// Run a request of this command on the reader thread?
@@ -106,7 +109,7 @@ impl Pace {
     pub(crate) fn record(&self, command: Command, ns: u64) {
         let Some(k) = Kind::of(command) else { return };
         let t = &self.kinds[k as usize];
-        let slow = ns >= INLINE_NS_MAX;
+        let slow = ns >= self.slow_ns;
         let place = |slow: bool| if slow { POOLED } else { INLINE };
         if t.place.load(Ordering::Relaxed) == UNKNOWN {
             t.place.store(place(slow), Ordering::Relaxed);
@@ -128,7 +131,7 @@ mod tests {
 
     #[test]
     fn unmeasured_kinds_and_flushes_run_on_the_pool() {
-        let p = Pace::new();
+        let p = Pace::new(SLOW_REQUEST_NS);
         assert!(!p.inline(Command::Read) && !p.inline(Command::Write));
         p.record(Command::Flush, 1);
         assert!(!p.inline(Command::Flush), "a flush is never run on the reader");
@@ -141,7 +144,7 @@ mod tests {
 
     #[test]
     fn a_kind_goes_to_the_pool_when_most_of_a_window_is_slow_and_comes_back_when_most_is_fast() {
-        let p = Pace::new();
+        let p = Pace::new(SLOW_REQUEST_NS);
         p.record(Command::Write, 2_000);
         assert!(p.inline_writes(), "the first request places its kind");
         // One slow request in four (waits behind another connection): stays.

@@ -76,6 +76,13 @@ pub struct ServerOptions {
     /// (`NBD_REP_ERR_TLS_REQD`; EXPORT_NAME, which has no error reply,
     /// closes the connection), as the NBD spec's "TLS-only" server.
     pub tls_required: bool,
+    /// A request the volume took this long or more for (in nanoseconds) is
+    /// slow: each connection runs a kind of request (reads, writes) on the
+    /// thread that read it, batching writes, while most of its recent
+    /// requests of that kind are faster, and on the worker pool otherwise
+    /// (see `dispatch`). `u64::MAX` keeps every kind but FLUSH on the
+    /// reader; 0 sends every request to the pool.
+    pub slow_request_ns: u64,
 }
 
 impl Default for ServerOptions {
@@ -92,6 +99,7 @@ impl Default for ServerOptions {
             tls: None,
             tls_required: false,
             access: HashMap::new(),
+            slow_request_ns: crate::dispatch::SLOW_REQUEST_NS,
         }
     }
 }

@@ -236,7 +236,7 @@ pub(crate) fn run(
         order: session.order.clone(),
         byte_granular: session.byte_granular,
         read_only: session.read_only,
-        pace: Pace::new(),
+        pace: Pace::new(shared.opts.slow_request_ns),
         structured: session.structured,
         base_allocation: session.base_allocation,
         request_bytes_max,

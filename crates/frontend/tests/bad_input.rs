@@ -484,8 +484,16 @@ fn random_garbage_after_the_handshake_never_hurts_the_server() {
     h.shutdown().expect("shutdown");
 }
 
-/// One write answered: the server has measured the volume's writes as
-/// fast and runs the next ones on the reader thread, batched.
+/// A server whose connections run every measured request on the reader
+/// thread, however long it took: the tests of batching on the reader do
+/// not depend on how busy the machine is (with the default bound, one
+/// first write preempted for 20 µs sends the writes to the pool).
+fn start_inline(vols: Vec<std::sync::Arc<MemVolume>>) -> sluice_frontend::ServerHandle {
+    start_with(vols, ServerOptions { slow_request_ns: u64::MAX, ..ServerOptions::default() })
+}
+
+/// One write answered: the server has measured the volume's writes and
+/// runs the next ones on the reader thread, batched.
 fn writes_measured(c: &mut Raw) {
     c.request(WRITE, 0, 999, SIZE - 4096, 4096);
     c.send(&[0xee; 4096]);
@@ -498,7 +506,7 @@ fn writes_measured(c: &mut Raw) {
 #[test]
 fn flushes_inside_a_write_batch_run_after_the_writes_before_them() {
     let vol = MemVolume::new("default", SIZE);
-    let h = start(vec![vol.clone()]);
+    let h = start_inline(vec![vol.clone()]);
     let (mut c, _, _) = Raw::go(h.port().expect("tcp"), "default", false, false);
     writes_measured(&mut c);
     vol.log.lock().expect("log").clear();
@@ -537,7 +545,7 @@ fn flushes_inside_a_write_batch_run_after_the_writes_before_them() {
 #[test]
 fn inline_write_batches_stop_at_refused_and_fua_writes_and_answer_each() {
     let vol = MemVolume::new("default", SIZE);
-    let h = start(vec![vol.clone()]);
+    let h = start_inline(vec![vol.clone()]);
     let (mut c, _, _) = Raw::go(h.port().expect("tcp"), "default", false, false);
     writes_measured(&mut c);
     // (cookie, flags, offset): plain, plain, misaligned, FUA, plain, plain,

@@ -256,7 +256,11 @@ fn fio_nbd_engine_verifies_crc32c_inline_with_parallel_reads() {
 
 fn fio_verify_on(vol: Arc<MemVolume>) {
     require("fio", "fio");
-    let h = start(vec![vol.clone()]);
+    // Slow requests sleep (reads 1 ms, writes 200 µs), fast ones copy: a bound
+    // between them that a busy machine's preemptions rarely cross, so the
+    // placement each test asserts does not depend on the machine's load.
+    let opts = sluice_frontend::ServerOptions { slow_request_ns: 100_000, ..Default::default() };
+    let h = start_with(vec![vol.clone()], opts);
     let out = run(Command::new("fio").args([
         "--name=verify",
         "--ioengine=nbd",
