@@ -39,7 +39,7 @@
 //! of them is the engine itself.
 
 use crate::caching::{in_place_stack, read_hit_fraction, report_sum};
-use crate::job::BenchError;
+use crate::error::BenchError;
 use crate::stacked::CallTime;
 use crate::trace::{replay, whole_blocks, TraceReport};
 use serde::Serialize;

@@ -38,7 +38,7 @@
 //! read since they were cached (a second chance). The table's temp column
 //! is this job's MiB/s.
 
-use crate::job::BenchError;
+use crate::error::BenchError;
 use crate::runner::{run, Dir, Io, IoSource, Job, JobResult, Limits};
 use crate::stacked::{sluice_stack, CallTime};
 use serde::Serialize;

@@ -16,7 +16,9 @@
 //! (virtual seconds, `time_based`). Reported bandwidth is per job instance,
 //! as fio reports per-job numbers and the CSAL paper quotes them.
 
-use crate::runner::{self, Dir, Io, IoSource, Job, Limits, RunError, RunResult};
+pub use crate::error::BenchError;
+pub use crate::runner::Built;
+use crate::runner::{self, Dir, Io, IoSource, Job, Limits, RunResult};
 use serde::Serialize;
 use sluice_engine::{BandPlacement, Engine, EngineConfig};
 use sluice_media::ssd::{ssd_device, SsdProfile};
@@ -24,26 +26,11 @@ use sluice_media::{
     hdd_device, scm_device, zns_device, BlockDevice, ClockRef, DeviceStats, HddProfile, MemoryDevice, ScmProfile,
     VirtualClock, ZnsProfile,
 };
-use sluice_workload::job::{parse_job_file, JobError, ResolveError, ResolvedJob};
+use sluice_workload::job::{parse_job_file, ResolvedJob};
 use sluice_workload::rng::mix_seed;
-use sluice_workload::{GenError, GenParams, IoGen, Op, Precondition, PreconditionGen, RwKind};
+use sluice_workload::{GenParams, IoGen, Op, Precondition, PreconditionGen, RwKind};
 use std::str::FromStr;
 use std::sync::Arc;
-
-/// A system's device, ready to run on.
-pub struct Built {
-    pub dev: Box<dyn BlockDevice>,
-    /// NAND capacity, on devices that model NAND; on stacks, the capacity
-    /// device's size. Random preconditioning runs until the medium has
-    /// programmed this × `steady_state_drive_writes` beyond the fill.
-    pub physical_bytes: Option<u64>,
-    /// The device's (virtual) clock.
-    pub clock: ClockRef,
-    /// On stacked systems: (cache, capacity) devices underneath.
-    pub tiers: Option<(Arc<dyn BlockDevice>, Arc<dyn BlockDevice>)>,
-    /// On Sluice stacks: the engine, for its own counters.
-    pub engine: Option<Arc<Engine>>,
-}
 
 /// An emulated system a job can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -336,31 +323,6 @@ pub fn stack_cache_bytes(capacity_bytes: u64) -> u64 {
     capacity_bytes / 96 * 5 / (1 << 20) * (1 << 20)
 }
 
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum BenchError {
-    #[error(
-        "unknown system {0:?} (expected qlc, tlc, scm, zns, hdd, sluice+qlc, sluice+zns, sluice+zns-shared or setassoc+qlc)"
-    )]
-    UnknownSystem(String),
-    #[error("engine: {0}")]
-    Engine(sluice_engine::EngineError),
-    #[error("{system}: capacity {capacity_bytes} bytes is not a usable size for this medium")]
-    BadCapacity { system: &'static str, capacity_bytes: u64 },
-    #[error("job file: {0}")]
-    Job(#[from] JobError),
-    #[error("job file: {0}")]
-    Resolve(#[from] ResolveError),
-    #[error("job file: {0}")]
-    Gen(#[from] GenError),
-    #[error("run: {0}")]
-    Run(#[from] RunError),
-    #[error("I/O: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("replay: {0}")]
-    Replay(#[from] crate::trace::ReplayError),
-}
-
 /// Adapts a workload generator (an iterator of workload `Io`) to the runner.
 struct Source<I: Iterator<Item = sluice_workload::Io>>(I);
 
@@ -600,6 +562,8 @@ fn report(opts: &RunOptions, r: &RunResult, pre: Option<&RunResult>, warnings: V
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runner::RunError;
+    use sluice_workload::job::JobError;
 
     #[test]
     fn runs_a_job_file_on_every_system() {

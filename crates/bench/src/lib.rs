@@ -6,6 +6,7 @@ pub mod caching;
 pub mod csal;
 pub mod engine;
 pub mod engine_threads;
+pub mod error;
 pub mod heap;
 pub mod job;
 pub mod l2p;

@@ -14,6 +14,21 @@
 
 use sluice_media::{BlockDevice, DeviceError, DeviceStats, IoBuf, IoCompletion, IoOp, IoRequest};
 
+/// A system's device, ready to run on.
+pub struct Built {
+    pub dev: Box<dyn BlockDevice>,
+    /// NAND capacity, on devices that model NAND; on stacks, the capacity
+    /// device's size. Random preconditioning runs until the medium has
+    /// programmed this × `steady_state_drive_writes` beyond the fill.
+    pub physical_bytes: Option<u64>,
+    /// The device's (virtual) clock.
+    pub clock: sluice_media::ClockRef,
+    /// On stacked systems: (cache, capacity) devices underneath.
+    pub tiers: Option<(std::sync::Arc<dyn BlockDevice>, std::sync::Arc<dyn BlockDevice>)>,
+    /// On Sluice stacks: the engine, for its own counters.
+    pub engine: Option<std::sync::Arc<sluice_engine::Engine>>,
+}
+
 /// Direction of one generated I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dir {

@@ -24,7 +24,7 @@
 //! flight on the inner devices between calls; every request yields exactly
 //! one completion.
 
-use crate::job::BenchError;
+use crate::error::BenchError;
 use sluice_engine::{
     BandPlacement, Engine, EngineConfig, EngineVolume, Runtime, Schedule, Volume, VolumeError, VolumeSpec,
 };

@@ -265,7 +265,7 @@ pub fn fill(dev: &dyn BlockDevice, clock: &dyn Clock) -> Result<(u64, f64), Repl
 /// the last one's requests have completed), after a sequential fill if
 /// `precondition`.
 pub fn replay_passes<I: Iterator<Item = Result<TraceRecord, TraceError>>>(
-    built: &crate::job::Built,
+    built: &crate::runner::Built,
     system: &str,
     mut open: impl FnMut() -> std::io::Result<I>,
     passes: usize,

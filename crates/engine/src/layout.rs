@@ -156,30 +156,9 @@ impl Header {
     }
 }
 
-/// Why a block is not a valid header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum HeaderError {
-    #[error("no record magic")]
-    NoMagic,
-    #[error("unsupported format version {0}")]
-    Version(u16),
-    #[error("header checksum mismatch")]
-    Checksum,
-    #[error("malformed header")]
-    Malformed,
-    #[error("a record of another engine (tag {0:#010x})")]
-    OtherEngine(u32),
-}
-
-impl HeaderError {
-    /// The block carries the record magic and this format, but its content
-    /// does not check: what a torn write or corruption leaves, not a block
-    /// that was never a record.
-    pub fn looks_like_a_record(&self) -> bool {
-        matches!(self, HeaderError::Checksum | HeaderError::Malformed)
-    }
-}
+/// Why a block is not a valid header (defined with the damage it names,
+/// `sluice_volume::Damage`).
+pub use sluice_volume::HeaderError;
 
 /// Decode a header written by the engine tagged `engine`.
 pub fn decode_header(b: &[u8], engine: u32) -> Result<Header, HeaderError> {

@@ -30,7 +30,7 @@ use sluice_volume::Volume;
 
 use crate::access::{ClientIdentity, Grant};
 use crate::proto::{self, ClientOption, Info, OptionHeader, OptionReply, ProtoError};
-use crate::server::{ConnError, Export, Shared};
+use crate::shared::{log_client, ConnError, Export, Shared};
 use crate::stream::{ConnReader, Stream};
 use crate::subblock::WriteOrder;
 
@@ -126,7 +126,7 @@ pub(crate) fn negotiate(
                 return Err(ConnError::TlsRequired);
             }
             reply(writer, hdr.option, proto::REP_ERR_TLS_REQD, b"this server requires TLS: send NBD_OPT_STARTTLS")?;
-            crate::server::log_client(&peer, &format!("option {} without TLS: refused (TLS required)", hdr.option));
+            log_client(&peer, &format!("option {} without TLS: refused (TLS required)", hdr.option));
             continue;
         }
         if is(proto::OptionCode::StartTls) && !data.is_empty() {
@@ -140,7 +140,7 @@ pub(crate) fn negotiate(
                 (Some(cfg), false) => {
                     reply(writer, hdr.option, proto::REP_ACK, &[])?;
                     let early = reader.buffer().to_vec();
-                    let tls = crate::tls::TlsStream::accept(writer.try_clone()?, &early, cfg.clone())?;
+                    let tls = crate::tls::TlsStream::accept(writer.socket().clone(), &early, cfg.clone())?;
                     let client = tls.client_identity().cloned();
                     // The reader keeps `tls` itself: it holds any bytes that
                     // came after the client's Finished (clones start empty).
@@ -227,13 +227,13 @@ fn handle_option(
             let Some(export) = shared.find_export(&name) else {
                 let msg = format!("no export named {name:?}");
                 reply(w, code, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
-                crate::server::log_client(&st.peer, &format!("{msg}: refused (NBD_REP_ERR_UNKNOWN)"));
+                log_client(&st.peer, &format!("{msg}: refused (NBD_REP_ERR_UNKNOWN)"));
                 return Ok(None);
             };
             let grant = shared.grant(export.volume.name(), st.client.as_ref());
             if grant == Grant::Refused {
                 let msg = format!("client {} may not use export {:?}", client_name(st), export.volume.name());
-                crate::server::log_client(&st.peer, &format!("{msg}: refused (NBD_REP_ERR_POLICY)"));
+                log_client(&st.peer, &format!("{msg}: refused (NBD_REP_ERR_POLICY)"));
                 reply(w, code, proto::REP_ERR_POLICY, msg.as_bytes())?;
                 return Ok(None);
             }
@@ -273,7 +273,7 @@ fn handle_option(
             let Some(v) = shared.find_export(&export).map(|e| &e.volume) else {
                 let msg = format!("no export named {export:?}");
                 reply(w, code, proto::REP_ERR_UNKNOWN, msg.as_bytes())?;
-                crate::server::log_client(&st.peer, &format!("{msg}: refused (NBD_REP_ERR_UNKNOWN)"));
+                log_client(&st.peer, &format!("{msg}: refused (NBD_REP_ERR_UNKNOWN)"));
                 return Ok(None);
             };
             let matched = if set {

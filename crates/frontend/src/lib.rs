@@ -14,6 +14,8 @@ pub mod handshake;
 mod pool;
 pub mod proto;
 pub mod server;
+mod shared;
+mod socket;
 pub mod stream;
 mod subblock;
 pub mod tls;
@@ -26,4 +28,4 @@ pub use server::{
     raise_open_files_limit, ConnError, Server, ServerError, ServerHandle, ServerMonitor, ServerOptions, StatsSnapshot,
     FDS_PER_CONNECTION,
 };
-pub use stream::{ConnReader, ListenAddr, Listener, Stream};
+pub use stream::{ConnReader, ListenAddr, Listener, Socket, Stream};

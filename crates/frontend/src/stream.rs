@@ -8,13 +8,14 @@
 //! connection blocked in `read`.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::socket::Socket;
 use crate::tls::TlsStream;
 
 /// Where a listener is bound.
@@ -69,37 +70,25 @@ impl Listener {
             Listener::Tcp(l) => {
                 let (s, _) = l.accept()?;
                 s.set_nodelay(true)?;
-                Ok(Stream::Tcp(Arc::new(s)))
+                Ok(Stream::Plain(Socket::Tcp(Arc::new(s))))
             }
-            Listener::Unix(l, _) => l.accept().map(|(s, _)| Stream::Unix(Arc::new(s))),
+            Listener::Unix(l, _) => l.accept().map(|(s, _)| Stream::Plain(Socket::Unix(Arc::new(s)))),
         }
     }
 
     /// Waits up to `timeout` for a connection to be ready to accept.
     pub fn poll_readable(&self, timeout: Duration) -> io::Result<bool> {
-        let mut pfd = libc::pollfd { fd: self.raw_fd(), events: libc::POLLIN, revents: 0 };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-        // SAFETY: `pfd` is a valid pollfd for the duration of the call and
-        // the count passed is 1.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        match rc {
-            -1 => {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    Ok(false)
-                } else {
-                    Err(e)
-                }
-            }
-            0 => Ok(false),
-            _ => Ok(true),
-        }
-    }
-
-    fn raw_fd(&self) -> RawFd {
-        match self {
-            Listener::Tcp(l) => l.as_raw_fd(),
-            Listener::Unix(l, _) => l.as_raw_fd(),
+        let fd = match self {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l, _) => l.as_fd(),
+        };
+        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let timeout = rustix::event::Timespec::try_from(timeout)
+            .unwrap_or(rustix::event::Timespec { tv_sec: i64::MAX, tv_nsec: 0 });
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(n) => Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -135,74 +124,53 @@ impl From<TcpListener> for Listener {
 /// always common to all clones.)
 #[derive(Debug)]
 pub enum Stream {
-    Tcp(Arc<TcpStream>),
-    Unix(Arc<UnixStream>),
+    Plain(Socket),
     Tls(TlsStream),
 }
 
 impl Stream {
+    /// The socket under the stream (a TLS stream's, for its timeouts,
+    /// shutdown and peer name).
+    pub fn socket(&self) -> &Socket {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.raw(),
+        }
+    }
+
     pub fn try_clone(&self) -> io::Result<Stream> {
         match self {
-            Stream::Tcp(s) => Ok(Stream::Tcp(s.clone())),
-            Stream::Unix(s) => Ok(Stream::Unix(s.clone())),
+            Stream::Plain(s) => Ok(Stream::Plain(s.clone())),
             Stream::Tls(s) => s.try_clone().map(Stream::Tls),
         }
     }
 
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.shutdown(how),
-            Stream::Unix(s) => s.shutdown(how),
-            Stream::Tls(s) => s.raw().shutdown(how),
-        }
+        self.socket().shutdown(how)
     }
 
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_read_timeout(t),
-            Stream::Unix(s) => s.set_read_timeout(t),
-            Stream::Tls(s) => s.raw().set_read_timeout(t),
-        }
+        self.socket().set_read_timeout(t)
     }
 
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_nonblocking(on),
-            Stream::Unix(s) => s.set_nonblocking(on),
-            Stream::Tls(s) => s.raw().set_nonblocking(on),
-        }
-    }
-
-    /// The socket's descriptor (a TLS stream's underlying socket).
-    fn raw_fd(&self) -> RawFd {
-        match self {
-            Stream::Tcp(s) => s.as_raw_fd(),
-            Stream::Unix(s) => s.as_raw_fd(),
-            Stream::Tls(s) => s.raw().raw_fd(),
-        }
+        self.socket().set_nonblocking(on)
     }
 
     /// Whether bytes (or end of stream) are waiting on the socket now.
-    /// Bytes the kernel holds for this socket, not yet read (`FIONREAD`;
-    /// for TLS, ciphertext), or whether a TLS stream holds plaintext.
+    /// Bytes the kernel holds for this socket, not yet read (for TLS,
+    /// ciphertext), or whether a TLS stream holds plaintext.
     fn bytes_waiting(&self) -> usize {
         if let Stream::Tls(t) = self {
             if t.has_buffered() {
                 return 1;
             }
         }
-        let mut n: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one int for a valid socket descriptor.
-        match unsafe { libc::ioctl(self.raw_fd(), libc::FIONREAD, &mut n) } {
-            0 => n.max(0) as usize,
-            _ => 0,
-        }
+        self.socket().bytes_waiting()
     }
 
     fn readable_now(&self) -> bool {
-        let mut pfd = libc::pollfd { fd: self.raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd, zero timeout.
-        unsafe { libc::poll(&mut pfd, 1, 0) != 0 }
+        self.socket().readable_now()
     }
 
     /// Reads what is waiting without blocking: `None` if nothing is (a TLS
@@ -211,29 +179,16 @@ impl Stream {
     /// answers from records already buffered, else does the same `recv`
     /// (`TlsStream::read_ready`).
     pub(crate) fn read_ready(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        if let Stream::Tls(t) = self {
-            return t.read_ready(buf);
-        }
-        loop {
-            // SAFETY: `buf` is writable for `buf.len()` bytes during the call.
-            let rc = unsafe { libc::recv(self.raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if rc >= 0 {
-                return Ok(Some(rc as usize));
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(None),
-                _ => return Err(e),
-            }
+        match self {
+            Stream::Plain(s) => s.read_ready(buf),
+            Stream::Tls(t) => t.read_ready(buf),
         }
     }
 
     /// A human-readable peer name for logs.
     pub fn peer(&self) -> String {
         match self {
-            Stream::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "tcp:?".into()),
-            Stream::Unix(_) => "unix".into(),
+            Stream::Plain(s) => s.peer(),
             Stream::Tls(s) => format!("tls:{}", s.raw().peer()),
         }
     }
@@ -242,8 +197,7 @@ impl Stream {
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => (&**s).read(buf),
-            Stream::Unix(s) => (&**s).read(buf),
+            Stream::Plain(s) => s.read(buf),
             Stream::Tls(s) => s.read(buf),
         }
     }
@@ -252,22 +206,19 @@ impl Read for Stream {
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => (&**s).write(buf),
-            Stream::Unix(s) => (&**s).write(buf),
+            Stream::Plain(s) => s.write(buf),
             Stream::Tls(s) => s.write(buf),
         }
     }
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => (&**s).write_vectored(bufs),
-            Stream::Unix(s) => (&**s).write_vectored(bufs),
+            Stream::Plain(s) => s.write_vectored(bufs),
             Stream::Tls(s) => s.write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
         match self {
-            Stream::Tcp(s) => (&**s).flush(),
-            Stream::Unix(s) => (&**s).flush(),
+            Stream::Plain(s) => s.flush(),
             Stream::Tls(s) => s.flush(),
         }
     }
@@ -390,13 +341,14 @@ const IDLE_READ_BYTES: usize = 512;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::net::UnixStream;
 
     /// A reader that gets bytes in bursts holds a buffer only mid-burst and
     /// returns exactly the bytes sent, in order.
     #[test]
     fn conn_reader_returns_every_byte_and_drops_its_buffer_when_idle() {
         let (a, b) = UnixStream::pair().unwrap();
-        let mut r = ConnReader::new(Stream::Unix(Arc::new(a)), 4096);
+        let mut r = ConnReader::new(Stream::Plain(Socket::Unix(Arc::new(a))), 4096);
         let mut w = b;
         let msg: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
         w.write_all(&msg).unwrap();
@@ -424,7 +376,7 @@ mod tests {
     #[test]
     fn read_ready_never_blocks() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let mut s = Stream::Unix(Arc::new(a));
+        let mut s = Stream::Plain(Socket::Unix(Arc::new(a)));
         let mut buf = [0u8; 64];
         assert_eq!(s.read_ready(&mut buf).unwrap(), None);
         b.write_all(b"hello").unwrap();

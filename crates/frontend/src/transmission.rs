@@ -35,7 +35,7 @@ use crate::dispatch::Pace;
 use crate::handshake::Session;
 use crate::pool::WorkerPool;
 use crate::proto::{self, Chunk, Command, ProtoError, RequestHeader, SimpleReply};
-use crate::server::{ConnError, ServerStats, Shared};
+use crate::shared::{log_client, ConnError, ServerStats, Shared, DRAIN_QUIET};
 use crate::stream::{ConnReader, Stream};
 use crate::subblock::{self, WriteOrder};
 
@@ -271,7 +271,7 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, shared: &Shared) -> 
             // A stopping server shut the read side: requests the client
             // sent as the stop began are still answered (DRAIN_QUIET).
             if shared.stopping.load(Ordering::SeqCst) {
-                let until = *drain_until.get_or_insert_with(|| std::time::Instant::now() + crate::server::DRAIN_QUIET);
+                let until = *drain_until.get_or_insert_with(|| std::time::Instant::now() + DRAIN_QUIET);
                 if reader.sends_more_within(until.saturating_duration_since(std::time::Instant::now())) {
                     continue;
                 }
@@ -319,7 +319,7 @@ fn read_requests(conn: &Arc<Conn>, reader: &mut ConnReader, shared: &Shared) -> 
                         "disconnected in the middle of a write's payload ({} bytes at byte {}): the write was not done",
                         header.len, header.offset
                     );
-                    crate::server::log_client(&conn.peer, &what);
+                    log_client(&conn.peer, &what);
                 }
                 return Err(e.into());
             }
@@ -699,7 +699,7 @@ impl Conn {
                 None => format!("request type {}", h.command),
             };
             let line = format!("{what} of {} bytes at byte {}: {message} (errno {errno})", h.len, h.offset);
-            crate::server::log_client(&self.peer, &line);
+            log_client(&self.peer, &line);
         }
         // A READ must never get a simple reply once structured replies are on.
         let is_read = command == Some(Command::Read) || h.command == Command::Read as u16;

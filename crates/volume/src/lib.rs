@@ -92,7 +92,7 @@ pub enum VolumeError {
     /// Engine metadata on a device does not check (a segment header GC
     /// read, say): damage the read path cannot work around.
     #[error("damaged metadata on the {device} device at byte {offset}: {what}")]
-    Damaged { device: &'static str, offset: u64, what: String },
+    Damaged { device: &'static str, offset: u64, what: Damage },
     /// An earlier device error stopped all changes; reopening recovers.
     #[error("the engine stopped after a device error; restart it to recover from the devices")]
     Stopped,
@@ -120,6 +120,54 @@ impl VolumeError {
             VolumeError::StoppedFull => 28,
             VolumeError::Damaged { .. } | VolumeError::Stopped => 5,
         }
+    }
+}
+
+/// What engine metadata a [`VolumeError::Damaged`] found damaged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Damage {
+    /// A page of a paged L2P read back from the cache device does not match
+    /// the checksum kept for it.
+    #[error("L2P page {page} does not match its checksum")]
+    MapPage { page: u64 },
+    /// A capacity band's segment header does not decode.
+    #[error("band {band} segment header: {cause}")]
+    SegmentHeader { band: u32, cause: HeaderError },
+    /// A segment header names a volume the engine does not have.
+    #[error("band {band} segment at block {block}: volume {volume} unknown")]
+    SegmentVolume { band: u32, block: u64, volume: u32 },
+    /// A segment claims more blocks than GC reads of a band at once.
+    #[error("band {band} segment larger than a GC window")]
+    SegmentTooLarge { band: u32 },
+    /// Blocks of a log chunk the map still points at follow no readable
+    /// record header (a header damaged at rest since the engine opened).
+    #[error("log chunk {chunk}: {blocks} current blocks follow no readable record header")]
+    UnreadHeaders { chunk: u32, blocks: u32 },
+}
+
+/// Why a block is not a valid header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeaderError {
+    #[error("no record magic")]
+    NoMagic,
+    #[error("unsupported format version {0}")]
+    Version(u16),
+    #[error("header checksum mismatch")]
+    Checksum,
+    #[error("malformed header")]
+    Malformed,
+    #[error("a record of another engine (tag {0:#010x})")]
+    OtherEngine(u32),
+}
+
+impl HeaderError {
+    /// The block carries the record magic and this format, but its content
+    /// does not check: what a torn write or corruption leaves, not a block
+    /// that was never a record.
+    pub fn looks_like_a_record(&self) -> bool {
+        matches!(self, HeaderError::Checksum | HeaderError::Malformed)
     }
 }
 

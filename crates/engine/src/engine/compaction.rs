@@ -291,7 +291,7 @@ impl Engine {
             return Err(VolumeError::Damaged {
                 device: "cache",
                 offset: base * BS,
-                what: format!("log chunk {c}: {left} current blocks follow no readable record header"),
+                what: sluice_volume::Damage::UnreadHeaders { chunk: c.0, blocks: left },
             });
         }
         // Rule 3: the copies, and whatever superseded the chunk's dropped

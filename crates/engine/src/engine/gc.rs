@@ -16,6 +16,7 @@ use super::segments::{segment_blocks, Data, Moved};
 use super::step_io::{PreRead, Window};
 use super::{BandId, BandState, Engine, Inner, Loc, VolumeError, BLOCK_BYTES, BS};
 use crate::layout::decode_header;
+use sluice_volume::Damage;
 
 /// Where a bounded GC step stopped in its victim.
 #[derive(Clone, Copy, Debug)]
@@ -241,16 +242,15 @@ impl Engine {
             while at < len && walked + at < blocks_max {
                 let h = decode_header(&win[(at * BS) as usize..((at + 1) * BS) as usize], inner.tag);
                 let damaged =
-                    |what: String| VolumeError::Damaged { device: "capacity", offset: (first + pos + at) * BS, what };
-                let h = h.map_err(|e| damaged(format!("band {v} segment header: {e}")))?;
+                    |what: Damage| VolumeError::Damaged { device: "capacity", offset: (first + pos + at) * BS, what };
+                let h = h.map_err(|cause| damaged(Damage::SegmentHeader { band: v.0, cause }))?;
                 let n = h.data_blocks() as u64;
                 if at + 1 + n > len {
                     break;
                 }
                 let vol = h.volume as usize;
                 if vol >= nv {
-                    let msg = format!("band {v} segment at block {}: volume {vol} unknown", pos + at);
-                    return Err(damaged(msg));
+                    return Err(damaged(Damage::SegmentVolume { band: v.0, block: pos + at, volume: vol as u32 }));
                 }
                 let seg = first + pos + at;
                 let l2p = &inner.vols[vol].l2p;
@@ -283,7 +283,7 @@ impl Engine {
                 return Err(VolumeError::Damaged {
                     device: "capacity",
                     offset: (first + pos) * BS,
-                    what: format!("band {v} segment larger than a GC window"),
+                    what: Damage::SegmentTooLarge { band: v.0 },
                 });
             }
             pos += at;

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 
 use super::{RxRecords, TlsStream, TxRecords};
-use crate::stream::Stream;
+use crate::socket::Socket;
 use crate::tls_records::{self, Direction};
 
 /// Fuzzing entry (fuzz/fuzz_targets/tls_records.rs): the server's record
@@ -60,8 +60,8 @@ pub fn fuzz_record_reader(input: &[u8]) {
         }
     }
     let Ok((a, b)) = std::os::unix::net::UnixStream::pair() else { return };
-    let raw = Stream::Unix(Arc::new(a));
-    let Ok(wsock) = raw.try_clone() else { return };
+    let raw = Socket::Unix(Arc::new(a));
+    let wsock = raw.clone();
     let Ok(dir) = Direction::for_version(tls12, 0, secrets()) else { return };
     let tx = TxRecords { dir, wsock, out: Vec::new() };
     let Ok(rx) = Direction::for_version(tls12, 0, secrets()) else { return };

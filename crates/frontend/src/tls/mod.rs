@@ -36,7 +36,7 @@ use rustls::unbuffered::{ConnectionState, EncodeError, EncodeTlsData, Insufficie
 use rustls::ServerConfig;
 
 use crate::access::ClientIdentity;
-use crate::stream::Stream;
+use crate::socket::Socket;
 use crate::tls_records::{self, Direction};
 
 mod fuzz;
@@ -202,7 +202,7 @@ pub(crate) fn encode(e: &mut EncodeTlsData<'_, ServerConnectionData>, out: &mut 
 #[derive(Debug)]
 struct TxRecords {
     dir: Direction,
-    wsock: Stream,
+    wsock: Socket,
     /// Reused buffer of sealed records.
     out: Vec<u8>,
 }
@@ -249,7 +249,7 @@ impl std::fmt::Debug for RxRecords {
 /// directions' record state shared by all clones.
 #[derive(Debug)]
 pub struct TlsStream {
-    rsock: Box<Stream>,
+    rsock: Socket,
     tx: Arc<Mutex<TxRecords>>,
     rx: Arc<Mutex<RxRecords>>,
     /// Raw bytes read from the socket (per clone, allocated on first read);
@@ -277,10 +277,10 @@ impl TlsStream {
     /// time it needs more, so when the handshake completes it has decrypted
     /// no byte of what follows; its keys then move to the record layer, and
     /// its `KernelConnection` stays for key updates.
-    pub fn accept(raw: Stream, early: &[u8], cfg: Arc<ServerConfig>) -> io::Result<TlsStream> {
+    pub fn accept(raw: Socket, early: &[u8], cfg: Arc<ServerConfig>) -> io::Result<TlsStream> {
         let mut conn = UnbufferedServerConnection::new(cfg).map_err(tls_err)?;
-        let mut wsock = raw.try_clone()?;
-        let mut rsock = raw.try_clone()?;
+        let mut wsock = raw.clone();
+        let mut rsock = raw.clone();
         let mut rbuf = vec![0u8; TLS_READ_BYTES.max(early.len())];
         rbuf[..early.len()].copy_from_slice(early);
         // rustls is shown `rbuf[rpos..fed]`, one more whole record only when
@@ -352,14 +352,14 @@ impl TlsStream {
 
     /// A stream reading `rsock` with the directions' record state, nothing
     /// read yet.
-    fn with_records(rsock: Stream, tx: Arc<Mutex<TxRecords>>, rx: Arc<Mutex<RxRecords>>) -> TlsStream {
+    fn with_records(rsock: Socket, tx: Arc<Mutex<TxRecords>>, rx: Arc<Mutex<RxRecords>>) -> TlsStream {
         let (rbuf, rpos, rend, plain) = (Vec::new(), 0, 0, 0..0);
         let (closed, pending_err, client) = (false, None, None);
-        TlsStream { rsock: Box::new(rsock), tx, rx, rbuf, rpos, rend, plain, closed, pending_err, client }
+        TlsStream { rsock, tx, rx, rbuf, rpos, rend, plain, closed, pending_err, client }
     }
 
     pub fn try_clone(&self) -> io::Result<TlsStream> {
-        let mut s = TlsStream::with_records(self.rsock.try_clone()?, self.tx.clone(), self.rx.clone());
+        let mut s = TlsStream::with_records(self.rsock.clone(), self.tx.clone(), self.rx.clone());
         s.client = self.client.clone();
         Ok(s)
     }
@@ -371,7 +371,7 @@ impl TlsStream {
     }
 
     /// The raw socket (timeouts, shutdown, peer name).
-    pub fn raw(&self) -> &Stream {
+    pub fn raw(&self) -> &Socket {
         &self.rsock
     }
 
@@ -541,9 +541,8 @@ mod tests {
     fn streams() -> (TlsStream, Direction, UnixStream) {
         let secrets = || ConnectionTrafficSecrets::Aes256Gcm { key: AeadKey::from([3u8; 32]), iv: Iv::new([4u8; 12]) };
         let (a, b) = UnixStream::pair().unwrap();
-        let raw = Stream::Unix(Arc::new(a));
-        let tx =
-            TxRecords { dir: Direction::new(0, secrets()).unwrap(), wsock: raw.try_clone().unwrap(), out: Vec::new() };
+        let raw = Socket::Unix(Arc::new(a));
+        let tx = TxRecords { dir: Direction::new(0, secrets()).unwrap(), wsock: raw.clone(), out: Vec::new() };
         let rx = RxRecords { dir: Direction::new(0, secrets()).unwrap(), kernel: None };
         let s = TlsStream::with_records(raw, Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
         (s, Direction::new(0, secrets()).unwrap(), b)

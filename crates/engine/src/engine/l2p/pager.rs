@@ -128,7 +128,7 @@ impl Pager {
                 return Err(VolumeError::Damaged {
                     device: "cache",
                     offset,
-                    what: format!("L2P page {page} does not match its checksum"),
+                    what: sluice_volume::Damage::MapPage { page },
                 });
             }
             self.frames[f].bytes.copy_from_slice(&data);
