@@ -228,9 +228,8 @@ pub fn engine_tag(uuid: &[u8; 16]) -> u32 {
 /// A fresh random engine UUID (version 4, RFC 9562 layout).
 pub fn new_uuid() -> [u8; 16] {
     let mut u = [0u8; 16];
-    // SAFETY: getrandom into a local buffer of the length given.
-    let n = unsafe { libc::getrandom(u.as_mut_ptr().cast(), u.len(), 0) };
-    if n != u.len() as isize {
+    let n = rustix::rand::getrandom(&mut u, rustix::rand::GetRandomFlags::empty());
+    if n != Ok(16) {
         // No entropy syscall (very old kernel): time and PID still tell engines apart.
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
         u.copy_from_slice(&(t ^ ((std::process::id() as u128) << 64)).to_le_bytes());

@@ -499,7 +499,6 @@ impl DirLock {
 
     pub fn take(data_dir: &Path) -> Result<DirLock, ServeError> {
         use std::io::{Read, Seek, Write};
-        use std::os::fd::AsRawFd;
         let path = data_dir.join("sluice.lock");
         let io = |what: &str, source| ServeError::Io { what: format!("{what} {}", path.display()), source };
         let mut file = std::fs::OpenOptions::new()
@@ -509,11 +508,9 @@ impl DirLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| io("opening the lock file", e))?;
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(io("locking", e));
+        if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            if e != rustix::io::Errno::WOULDBLOCK {
+                return Err(io("locking", e.into()));
             }
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
@@ -534,7 +531,6 @@ impl DirLock {
     /// against, and the devices' own shared claims still refuse a writer.
     pub fn take_shared(data_dir: &Path) -> Result<DirLock, ServeError> {
         use std::io::Read;
-        use std::os::fd::AsRawFd;
         let path = data_dir.join("sluice.lock");
         let io = |what: &str, source| ServeError::Io { what: format!("{what} {}", path.display()), source };
         let mut file = match std::fs::File::open(&path) {
@@ -542,11 +538,9 @@ impl DirLock {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DirLock { _file: None }),
             Err(e) => return Err(io("opening the lock file", e)),
         };
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(io("locking", e));
+        if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
+            if e != rustix::io::Errno::WOULDBLOCK {
+                return Err(io("locking", e.into()));
             }
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);

@@ -79,7 +79,9 @@ pub enum ServeError {
 }
 
 /// Block SIGINT, SIGTERM and SIGHUP in this thread (and every thread it
-/// starts): the main thread takes them with `sigwait`.
+/// starts): the main thread takes them with `sigwait`. Through `libc`, the
+/// one raw system call left outside the media crate: rustix covers signal
+/// masks only in its unsafe runtime module.
 fn block_signals() -> libc::sigset_t {
     // SAFETY: plain libc signal-set manipulation on a local set.
     unsafe {
@@ -452,7 +454,7 @@ pub fn run(cfg: Config, path: Option<&Path>, flags: &Overrides) -> Result<(), Se
         let p = cfg.in_data_dir(&cfg.unix_socket);
         match Listener::bind_unix(&p) {
             Ok(l) => bound.push(l),
-            Err(e) if read_only && e.raw_os_error() == Some(libc::EROFS) => eprintln!(
+            Err(e) if read_only && e.raw_os_error() == Some(rustix::io::Errno::ROFS.raw_os_error()) => eprintln!(
                 "sluice: warning: no Unix socket at {}: the file system is read-only (TCP listeners only)",
                 p.display()
             ),
