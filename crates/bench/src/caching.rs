@@ -470,7 +470,7 @@ pub fn run_case(case: &str, o: &CachingOpts) -> Result<CachingRow, BenchError> {
 /// An in-place engine over an emulated SCM cache of `cache_bytes` and the
 /// capacity device `capacity` builds on the stack's device clock, with
 /// `vols` volumes of `size` bytes (`Stack::tiers` gives both devices back).
-pub(crate) fn in_place_stack(
+pub fn in_place_stack(
     cache_bytes: u64,
     call: Arc<CallTime>,
     capacity: impl FnOnce(sluice_media::ClockRef) -> Arc<dyn BlockDevice>,
@@ -491,12 +491,12 @@ pub(crate) fn in_place_stack(
 }
 
 /// One cache counter summed over the volumes of a cache report.
-pub(crate) fn report_sum(rep: &[sluice_engine::CacheReport], f: fn(&sluice_engine::CacheStats) -> u64) -> u64 {
+pub fn report_sum(rep: &[sluice_engine::CacheReport], f: fn(&sluice_engine::CacheStats) -> u64) -> u64 {
     rep.iter().map(|v| f(&v.stats)).sum()
 }
 
 /// Read bytes found in the cache, of all read bytes (0 without reads).
-pub(crate) fn read_hit_fraction(rep: &[sluice_engine::CacheReport]) -> f64 {
+pub fn read_hit_fraction(rep: &[sluice_engine::CacheReport]) -> f64 {
     let (hits, misses) = (report_sum(rep, |s| s.read_hit_bytes), report_sum(rep, |s| s.read_miss_bytes));
     hits as f64 / (hits + misses).max(1) as f64
 }

@@ -1,7 +1,6 @@
 //! Sluice's reproducible experiments: fio-style jobs driven against emulated
 //! media in virtual time, turned into tables and JSON.
 
-pub mod advise;
 pub mod caching;
 pub mod csal;
 pub mod engine;

@@ -1,5 +1,5 @@
 //! `sluice advise`: the cache advisor over a recorded trace (its policy
-//! taken from a config or the flags; the work is sluice-bench's `advise`).
+//! taken from a config or the flags; the work is the sluice-advise crate's).
 
 use crate::{serve, write_json, CliError};
 use sluice_workload::parse_bytes;
@@ -64,7 +64,7 @@ impl AdviseArgs {
             json,
             ..
         } = self;
-        use sluice_bench::advise;
+        use sluice_advise as advise;
         let size = |what: &str, v: &str| parse_bytes(v).map_err(|e| CliError(format!("{what} {v:?}: {e}")));
         let engine_err = |e: sluice_engine::EngineError| CliError(e.to_string());
         let mut policy = sluice_engine::CachePolicy::default();

@@ -34,14 +34,18 @@
 //! same trace gives the same advice; a trace is streamed, never loaded
 //! whole, and read once per cache size.
 //!
+//! Its own crate, apart from the benchmarks (`sluice-bench`), whose
+//! emulated stacks and trace replay it drives: the advisor is a product
+//! an operator runs on their own trace, the benchmarks are the lab's.
+//!
 //! Why replay rather than a model: the engine's reclaim, retention,
 //! sequential cutoff and spill shape the curve, and the only faithful model
 //! of them is the engine itself.
 
-use crate::caching::{in_place_stack, read_hit_fraction, report_sum};
-use crate::error::BenchError;
-use crate::stacked::CallTime;
-use crate::trace::{replay, whole_blocks, TraceReport};
+use sluice_bench::caching::{in_place_stack, read_hit_fraction, report_sum};
+use sluice_bench::error::BenchError;
+use sluice_bench::stacked::CallTime;
+use sluice_bench::trace::{replay, whole_blocks, TraceReport};
 use serde::Serialize;
 use sluice_engine::CachePolicy;
 use sluice_media::endurance::{Endurance, Projection};
