@@ -197,8 +197,6 @@ struct Inner {
     tag: u32,
     /// Whether the engine takes changes, and if not why (health.rs).
     health: health::Health,
-    /// Highest sequence made durable on the cache device by a completed flush.
-    cache_flushed_seq: u64,
     /// Generation of the last capacity mark written (`marks.rs`).
     mark_gen: u64,
     /// The clock and schedule the engine runs on (runtime.rs).
@@ -435,7 +433,6 @@ impl Inner {
             tag: sb.engine_tag(),
             sb,
             health: Default::default(),
-            cache_flushed_seq: 0,
             mark_gen: 0,
             cfg,
             geo,

@@ -221,7 +221,7 @@ pub(super) fn decode_checkpoint(
     // In place, which cached blocks their homes hold already (from
     // version 7; before it, all are cleaned again). Only current blocks
     // are clean.
-    let log = Log::from_checkpoint(chunks, full_chunks, free_chunks, open_c.map(|c| (c, open_off)), lsn);
+    let log = Log::from_checkpoint(chunks, full_chunks, free_chunks, open_c.map(|c| (c, open_off)), (seq, lsn));
     let in_place = cfg.layout == Layout::InPlace;
     let mut word = || r.u64();
     let clean_words: Option<&mut dyn FnMut() -> Result<u64, EngineError>> = (sb.version >= 7).then_some(&mut word);
@@ -249,7 +249,6 @@ pub(super) fn decode_checkpoint(
         tag: sb.engine_tag(),
         sb,
         health: Default::default(),
-        cache_flushed_seq: seq,
         mark_gen,
         geo,
         runtime: Default::default(),

@@ -95,7 +95,7 @@ impl Engine {
             // Skipped only if nothing was reserved since the last flush: a
             // record published above one still in flight is past the
             // snapshot, and needs the device flush all the same.
-            let new = (inner.seq.last(), inner.log.lsn()) != (inner.cache_flushed_seq, inner.log.flushed_lsn());
+            let new = (inner.seq.last(), inner.log.lsn()) != (inner.log.flushed_seq(), inner.log.flushed_lsn());
             (seq, lsn, new)
         };
         // A file's fdatasync directly (not queued behind the log writes
@@ -107,8 +107,7 @@ impl Engine {
         let mut inner = self.lock_for_request();
         inner.taking_changes()?;
         let r = cache.and_then(|()| {
-            inner.cache_flushed_seq = inner.cache_flushed_seq.max(seq);
-            inner.log.flushed_upto(lsn);
+            inner.log.flushed_upto(seq, lsn);
             // With bands, acknowledged data stays in the log until
             // compaction's or GC's own capacity flush lets its chunk go
             // (rule 3), so a FLUSH has no capacity work. In place, writes

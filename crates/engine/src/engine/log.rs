@@ -27,7 +27,7 @@ impl Inner {
             seq: self.seq.next(),
             volume: vol,
             epoch: self.log.chunks[chunk].epoch,
-            flushed_seq: self.cache_flushed_seq,
+            flushed_seq: self.log.flushed_seq,
             engine: self.tag,
             stream: 0,
             lsn: self.log.lsn + 1,
@@ -356,6 +356,10 @@ pub(super) struct Log {
     /// by a completed cache flush.
     lsn: u64,
     flushed_lsn: u64,
+    /// The highest write sequence made durable on the cache device by a
+    /// completed flush (every record header carries it). Only rises, with
+    /// `flushed_lsn` (`flushed_upto`); recovery restarts it above all it saw.
+    flushed_seq: u64,
     /// Records reserved and not yet published (writers.rs), by LSN.
     /// Always empty under a drained lock (`Engine::lock`).
     inflight: std::collections::BTreeMap<u64, InFlight>,
@@ -425,9 +429,22 @@ impl Log {
     }
     /// A cache flush made every record up to `lsn` durable (flushes
     /// complete in any order: the watermark only rises).
-    pub(super) fn flushed_upto(&mut self, lsn: u64) {
+    /// A cache flush completed: every record up to `lsn`, and every write
+    /// sequence up to `seq`, is durable. Both watermarks only rise.
+    pub(super) fn flushed_upto(&mut self, seq: u64, lsn: u64) {
         assert!(lsn <= self.lsn, "flushed LSN {lsn} past the last record {}", self.lsn);
         self.flushed_lsn = self.flushed_lsn.max(lsn);
+        self.flushed_seq = self.flushed_seq.max(seq);
+    }
+    /// The highest write sequence a completed cache flush made durable.
+    pub(super) fn flushed_seq(&self) -> u64 {
+        self.flushed_seq
+    }
+    /// Recovery: the write sequence restarts at `seq`, above everything on
+    /// the media, and counts as durable (nothing newer exists).
+    pub(super) fn restart_flushed_seq(&mut self, seq: u64) {
+        assert!(seq >= self.flushed_seq, "the flushed sequence went back from {} to {seq}", self.flushed_seq);
+        self.flushed_seq = seq;
     }
     /// Recovery: the last record found is `lsn`, and every record up to it
     /// is durable (recovery flushes what it accepted before anything new).
@@ -569,15 +586,16 @@ impl Log {
     }
 
     /// The log a checkpoint describes: its chunks, lists and open chunk
-    /// (`encode_open`, `encode_lists`), every record up to `lsn` durable.
+    /// (`encode_open`, `encode_lists`), every record up to `lsn` and every
+    /// sequence up to `seq` durable.
     pub(super) fn from_checkpoint(
         chunks: Vec<Chunk>,
         full: VecDeque<ChunkId>,
         free: VecDeque<ChunkId>,
         open: Option<(ChunkId, u64)>,
-        lsn: u64,
+        (seq, lsn): (u64, u64),
     ) -> Log {
-        Log { chunks, free, full, open, lsn, flushed_lsn: lsn, inflight: Default::default() }
+        Log { chunks, free, full, open, lsn, flushed_lsn: lsn, flushed_seq: seq, inflight: Default::default() }
     }
 
     /// The checkpoint's open chunk, then (later in it) the full and free lists.
@@ -652,6 +670,7 @@ impl Log {
             open: None,
             lsn: 0,
             flushed_lsn: 0,
+            flushed_seq: 0,
             inflight: Default::default(),
         }
     }
@@ -820,8 +839,7 @@ impl Engine {
     pub(super) fn flush_cache(&self, inner: &mut Inner) -> Result<(), VolumeError> {
         let (seq, lsn) = inner.written_upto();
         flush(&*self.cache)?;
-        inner.cache_flushed_seq = seq;
-        inner.log.flushed_upto(lsn);
+        inner.log.flushed_upto(seq, lsn);
         Ok(())
     }
 }

@@ -328,7 +328,7 @@ fn scan_with(
     // numbers again.
     let restart = inner.seq.restart_above(seq_max.max(inner.sb.seq_floor), SEQ_RESTART_GAP);
     inner.sb.seq_floor = restart;
-    inner.cache_flushed_seq = restart;
+    inner.log.restart_flushed_seq(restart);
     // Segments written from now on claim what is known durable; with torn
     // ones on the media, never as far as the first torn one (see
     // `Inner::cap_flushed_ceiling`).
