@@ -42,11 +42,11 @@
 //! sequential cutoff and spill shape the curve, and the only faithful model
 //! of them is the engine itself.
 
+use serde::Serialize;
 use sluice_bench::caching::{in_place_stack, read_hit_fraction, report_sum};
 use sluice_bench::error::BenchError;
 use sluice_bench::stacked::CallTime;
 use sluice_bench::trace::{replay, whole_blocks, TraceReport};
-use serde::Serialize;
 use sluice_engine::CachePolicy;
 use sluice_media::endurance::{Endurance, Projection};
 use sluice_media::ssd::{ssd_device, SsdProfile};

@@ -102,7 +102,7 @@ mod writers;
 mod zoned;
 
 use bands::{Band, BandId, BandState, Bands, Stream};
-pub use caching::{CacheMode, CachePolicy, CacheReport, CacheStats, SeqCutoff};
+pub use caching::{CacheMode, CachePolicy, CacheReport, CacheStats, CleanStep, SeqCutoff};
 pub use check::CheckReport;
 pub use classes::{check_io_classes, ClassDirection, ClassStats, IoClass, CLASSES_MAX};
 pub use cleaning::{Cleaning, CleaningMode};

@@ -17,6 +17,7 @@
 //! at once (`abort_on_panic`).
 
 mod connections;
+mod control;
 mod directories;
 mod metrics;
 mod nbdload;
@@ -25,6 +26,7 @@ mod serve;
 
 mod advise;
 mod bench;
+mod cache_cmd;
 mod operate;
 mod simulate;
 
@@ -63,6 +65,10 @@ enum Cmd {
     /// every dirty block home and shut down cleanly, so that the capacity
     /// device alone holds every volume (each from the byte it prints).
     Clean(operate::CleanArgs),
+    /// A running server's in-place cache, through its control socket, as
+    /// casadm: status, stats, set-mode, set-class, clean, detach, attach
+    /// (docs/operate.md).
+    Cache(cache_cmd::CacheArgs),
     /// Reproducible experiments.
     Bench {
         #[command(subcommand)]
@@ -116,6 +122,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Check(a) => a.run(),
         Cmd::Clean(a) => a.run(),
         Cmd::Stats(a) => a.run(),
+        Cmd::Cache(a) => a.run(),
         Cmd::Bench { what } => what.run(),
         Cmd::Sim(a) => a.run(),
         Cmd::Advise(a) => a.run(),

@@ -161,6 +161,9 @@ pub struct CacheStats {
     /// Kept when their chunk was reclaimed (hot or pinned), moved forward
     /// in the log.
     pub retained_bytes: u64,
+    /// Clean copies dropped when their chunk was reclaimed (not retained):
+    /// later reads of them go home.
+    pub evicted_bytes: u64,
     /// Written home past the log because the request's I/O class is never
     /// cached (share 0).
     pub class_bypass_bytes: u64,
@@ -207,6 +210,7 @@ pub(super) enum CacheCount {
     Cleaned,
     DiscardedDirty,
     Retained,
+    Evicted,
 }
 
 impl VolCache {
@@ -238,6 +242,7 @@ impl VolCache {
             CacheCount::Cleaned => &mut s.cleaned_bytes,
             CacheCount::DiscardedDirty => &mut s.discarded_dirty_bytes,
             CacheCount::Retained => &mut s.retained_bytes,
+            CacheCount::Evicted => &mut s.evicted_bytes,
         } += bytes;
     }
 
@@ -659,6 +664,34 @@ impl Engine {
         .map_err(EngineError::Request)
     }
 
+    /// One step of cleaning, for an operator's clean that shows progress and
+    /// can stop between steps (`sluice cache clean`): write at most
+    /// `blocks_max` dirty blocks home, oldest chunk first, make them
+    /// durable and claim them clean. The lock is let go between steps, so
+    /// requests go on. A clean stopped anywhere is resumed by the next
+    /// step: what it wrote home is clean, what it did not is still dirty.
+    pub fn clean_step(&self, blocks_max: u64) -> Result<CleanStep, EngineError> {
+        if !self.lock().in_place() {
+            return Err(EngineError::Config("cleaning applies to an in-place engine (layout = in-place)"));
+        }
+        self.change(|e, inner| {
+            let order: Vec<ChunkId> = inner.log.full().chain(inner.log.open().map(|(c, _)| c)).collect();
+            let mut n = 0;
+            for c in order {
+                while n < blocks_max && inner.residency.dirty(c) > 0 {
+                    n += e.clean_chunk(inner, c, blocks_max - n)?;
+                }
+            }
+            if inner.cap.is_dirty() {
+                e.flush_capacity(inner)?;
+            }
+            e.log_claims(inner)?;
+            let dirty: u64 = inner.vols.iter().map(|v| v.cache.dirty_blocks()).sum();
+            Ok(CleanStep { cleaned_bytes: n * BS, dirty_bytes: dirty * BS })
+        })
+        .map_err(EngineError::Request)
+    }
+
     /// Where volume `name` starts on the capacity device (in place).
     pub fn home_offset(&self, name: &str) -> Option<u64> {
         let inner = self.lock();
@@ -687,6 +720,14 @@ impl Inner {
             })
             .collect()
     }
+}
+
+/// What one `Engine::clean_step` did: bytes it wrote home, and the dirty
+/// bytes left in every volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CleanStep {
+    pub cleaned_bytes: u64,
+    pub dirty_bytes: u64,
 }
 
 /// One volume in `Engine::cache_report`.

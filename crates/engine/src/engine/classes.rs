@@ -344,6 +344,33 @@ impl Engine {
         inner.reclassify(v, i as u8 + 1).map_err(EngineError::Request)
     }
 
+    /// Change the share of the log one I/O class of in-place volume `volume`
+    /// may hold, keeping its rules, counters and the blocks it holds (an
+    /// operator's `sluice cache set-class`). A class over its new share
+    /// spills its next writes until it is back under it. Returns the share
+    /// it had.
+    pub fn set_class_share(&self, volume: &str, class: &str, share: f64) -> Result<f64, EngineError> {
+        if !(0.0..=1.0).contains(&share) {
+            return Err(EngineError::Config("a class's share is in [0, 1]"));
+        }
+        let mut inner = self.lock();
+        if !inner.in_place() {
+            return Err(EngineError::Config("I/O classes apply to an in-place engine (layout = in-place)"));
+        }
+        let v = inner.vols.iter().position(|v| v.name == volume).ok_or_else(|| EngineError::NoVolume(volume.into()))?;
+        let list = &mut inner.vols[v].cache.classes_mut().list;
+        let c = (list.iter_mut().find(|c| c.name == class))
+            .ok_or(EngineError::Config("no I/O class of that name on the volume"))?;
+        Ok(std::mem::replace(&mut c.share, share))
+    }
+
+    /// The I/O classes of in-place volume `name`, as set.
+    pub fn io_classes(&self, name: &str) -> Result<Vec<IoClass>, EngineError> {
+        let inner = self.lock();
+        let v = inner.vols.iter().position(|v| v.name == name).ok_or_else(|| EngineError::NoVolume(name.into()))?;
+        Ok(inner.vols[v].cache.classes().list.clone())
+    }
+
     /// Set the I/O classes of in-place volume `name` (at most `CLASSES_MAX`;
     /// shares in [0, 1]); their counters start afresh.
     pub fn set_io_classes(&self, name: &str, classes: Vec<IoClass>) -> Result<(), EngineError> {

@@ -230,6 +230,11 @@ impl Inner {
 }
 
 impl Engine {
+    /// The background cleaning policy, as set.
+    pub fn cleaning(&self) -> Cleaning {
+        self.lock().cleaning
+    }
+
     /// Choose how the background compactor cleans this in-place engine's
     /// log ahead of need (takes effect with `start_compactor`).
     pub fn set_cleaning(&self, cleaning: Cleaning) -> Result<(), EngineError> {
@@ -439,10 +444,18 @@ impl Engine {
         let keep = self.to_retain(inner, c)?;
         let bpc = inner.blocks_per_chunk();
         let current: Vec<(usize, u32, u64)> = inner.log.chunk(c).current().collect();
+        let mut dropped = vec![0u64; inner.vols.len()];
         for (i, v, lba) in current {
             let cb = c.0 as u64 * bpc + i as u64;
             inner.vols[v as usize].l2p.set(lba as usize, Loc::NONE, 0)?;
             inner.invalidate(Loc::cache(cb));
+            dropped[v as usize] += 1;
+        }
+        for k in &keep {
+            dropped[k.vol as usize] -= 1;
+        }
+        for (v, n) in dropped.into_iter().enumerate().filter(|&(_, n)| n > 0) {
+            inner.vols[v].cache.count(CacheCount::Evicted, n * BS);
         }
         let step = self.free_oldest(inner, c)?;
         self.retain(inner, keep)?;

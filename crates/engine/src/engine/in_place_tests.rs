@@ -692,6 +692,11 @@ fn reclaim_keeps_hot_and_pinned_blocks_and_evicts_the_rest() {
         v.read(0, &mut b).unwrap();
         assert!(b == hot);
         let (st, cached) = (stats(&w, 0), w.engine.cache_report()[0].classes[1].cached_bytes);
+        // No block is written twice: every block that entered the log
+        // (written or promoted; a retained one moves, it does not enter) is
+        // still cached or was evicted.
+        let in_log = w.engine.cache_report()[0].cached_bytes;
+        assert_eq!(st.write_back_bytes + st.promoted_bytes, in_log + st.evicted_bytes, "{st:?}");
         assert!(read(&w, 0, 100) == pattern(0, 100, 2));
         w.engine.lock().check_invariants();
         (st, cached)
@@ -700,6 +705,7 @@ fn reclaim_keeps_hot_and_pinned_blocks_and_evicts_the_rest() {
     let (fifo, _) = run(false, false);
     assert_eq!(fifo.retained_bytes, 0);
     assert!(fifo.read_miss_bytes >= 3 * hot_bytes, "FIFO: reads miss every other lap: {fifo:?}");
+    assert!(fifo.evicted_bytes >= 3 * hot_bytes, "FIFO evicts the hot blocks too: {fifo:?}");
     let (hot, hot_cached) = run(true, false);
     assert_eq!(hot.read_miss_bytes, 0, "second chance: every read hits: {hot:?}");
     assert!(hot.retained_bytes >= 3 * hot_bytes, "{hot:?}");

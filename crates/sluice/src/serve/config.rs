@@ -74,6 +74,9 @@ pub struct Config {
     pub unix_socket: String,
     /// Address of the Prometheus metrics endpoint (`GET /metrics`); "" for none.
     pub metrics_listen: String,
+    /// The control socket `sluice cache` commands a running server through
+    /// (relative paths are inside `data_dir`; mode 0600); "" for none.
+    pub control_socket: String,
     pub cache: DeviceConfig,
     pub capacity: DeviceConfig,
     pub engine: EngineSection,
@@ -393,6 +396,7 @@ impl Default for Config {
             listen: vec!["127.0.0.1:10809".into()],
             unix_socket: "sluice.sock".into(),
             metrics_listen: "127.0.0.1:10810".into(),
+            control_socket: "sluice.ctl".into(),
             cache: DeviceConfig {
                 kind: "file".into(),
                 path: "cache.img".into(),

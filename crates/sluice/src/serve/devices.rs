@@ -166,7 +166,7 @@ impl Config {
         self.volumes.iter().map(|v| Ok((v.name.as_str(), v.trace_target(&self.data_dir)?))).collect()
     }
 
-    pub(super) fn in_data_dir(&self, p: &str) -> PathBuf {
+    pub(crate) fn in_data_dir(&self, p: &str) -> PathBuf {
         let p = PathBuf::from(p);
         if p.is_absolute() {
             p

@@ -102,13 +102,6 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
     sig
 }
 
-/// Set the engine's cleaning and every volume's cache policy and I/O
-/// classes from `cfg`: all parsed and checked first, so a bad config
-/// changes nothing.
-fn apply_policies(cfg: &Config, engine: &Arc<Engine>) -> Result<(), ServeError> {
-    apply_parsed(&policies(cfg)?, engine)
-}
-
 /// Every volume's cache policy and classes and the cleaning policy, parsed
 /// and checked against the config's layout (nothing opened).
 struct Policies {
@@ -144,7 +137,9 @@ fn policies(cfg: &Config) -> Result<Policies, ServeError> {
     Ok(Policies { in_place, cleaning, volumes })
 }
 
-/// Apply parsed policies to the engine (every volume checked to exist first).
+/// Set the engine's cleaning and every volume's cache policy and I/O
+/// classes from `p` (parsed and checked before, so a bad config changes
+/// nothing; every volume checked to exist first).
 fn apply_parsed(p: &Policies, engine: &Arc<Engine>) -> Result<(), ServeError> {
     for (name, _, _) in &p.volumes {
         engine.volume(name)?;
@@ -309,7 +304,7 @@ fn reload(
     engine: &Arc<Engine>,
     classifier: &mut Option<crate::directories::DirectoryClasses>,
     traces: &[Arc<TraceSlot>],
-) -> Result<(), ServeError> {
+) -> Result<Policies, ServeError> {
     let cfg = flags.apply(Config::load(path)?)?;
     let targets = cfg.trace_targets()?;
     let fixed = fixed_settings(&cfg);
@@ -324,7 +319,8 @@ fn reload(
             ),
         });
     }
-    apply_policies(&cfg, engine)?;
+    let parsed = policies(&cfg)?;
+    apply_parsed(&parsed, engine)?;
     for (slot, (name, target)) in traces.iter().zip(targets) {
         if let Err(e) = slot.set(target) {
             eprintln!("sluice: volume {name}: cannot record its trace: {e}");
@@ -347,7 +343,22 @@ fn reload(
             bytes >> 20
         );
     }
-    Ok(())
+    Ok(parsed)
+}
+
+/// Each volume's cache mode as `p` gives it (what `sluice cache attach`
+/// restores).
+fn configured_modes(p: &Policies) -> Vec<(String, sluice_engine::CacheMode)> {
+    p.volumes.iter().map(|(name, policy, _)| (name.clone(), policy.mode)).collect()
+}
+
+/// A path removed when this goes out of scope (the control socket, at stop).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Descriptors kept for everything but connections: devices, listeners,
@@ -583,6 +594,36 @@ fn serve_opened(
         crate::metrics::spawn(l, engine.clone(), counters).map_err(|source| ServeError::Io { what: what(), source })?;
         println!("sluice: metrics on http://{addr}/metrics");
     }
+    let control = Arc::new(crate::control::Control {
+        engine: engine.clone(),
+        configured: std::sync::Mutex::new(configured_modes(&policies)),
+        devices: cfg.device_lines(),
+        layout: match cfg.layout()? {
+            sluice_engine::Layout::InPlace => "in-place",
+            _ => "bands",
+        }
+        .into(),
+    });
+    let _control_socket = match cfg.control_socket.is_empty() {
+        true => None,
+        false => {
+            let p = cfg.in_data_dir(&cfg.control_socket);
+            match crate::control::spawn(&p, control.clone()) {
+                Ok(p) => {
+                    // After the lines a supervisor reads (listeners, metrics),
+                    // which may close its end after them: not worth a panic.
+                    use std::io::Write;
+                    let _ = writeln!(std::io::stdout(), "sluice: control socket at {} (sluice cache ...)", p.display());
+                    Some(RemoveOnDrop(p))
+                }
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::ROFS.raw_os_error()) => {
+                    eprintln!("sluice: warning: no control socket at {}: the file system is read-only", p.display());
+                    None
+                }
+                Err(source) => return Err(ServeError::Io { what: format!("control_socket {}", p.display()), source }),
+            }
+        }
+    };
     use std::io::Write;
     let _ = std::io::stdout().flush();
     // Removed when `run` returns (a clean stop, or an error after this).
@@ -595,11 +636,12 @@ fn serve_opened(
     let mut applied = policy_view(cfg);
     let sig = loop {
         match wait_for_signal(set) {
-            libc::SIGHUP => {
-                if let Err(e) = reload(path, flags, cfg, &mut applied, engine, &mut classifier, &traces) {
-                    eprintln!("sluice: reload refused, nothing changed: {e}");
+            libc::SIGHUP => match reload(path, flags, cfg, &mut applied, engine, &mut classifier, &traces) {
+                Ok(p) => {
+                    *control.configured.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = configured_modes(&p)
                 }
-            }
+                Err(e) => eprintln!("sluice: reload refused, nothing changed: {e}"),
+            },
             sig => break sig,
         }
     };
