@@ -15,23 +15,13 @@ const BLOCK: u64 = 64 * 1024;
 const WRITES: u64 = 96;
 
 fn config(name: &str) -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("sluice-control-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\nmetrics_listen = \"127.0.0.1:0\"\n\
-             [cache]\nsize = \"64m\"\n[capacity]\nsize = \"256m\"\n\
-             [engine]\nlayout = \"in-place\"\nchunk_size = \"1m\"\n\
-             [[volume]]\nname = \"default\"\nsize = \"128m\"\n\
-             [[volume.class]]\nname = \"small\"\nsize_max = \"64k\"\nshare = 0.5\n",
-            dir.join("data")
-        ),
+    config_of(
+        &format!("control-{name}"),
+        "[cache]\nsize = \"64m\"\n[capacity]\nsize = \"256m\"\n\
+         [engine]\nlayout = \"in-place\"\nchunk_size = \"1m\"\n\
+         [[volume]]\nname = \"default\"\nsize = \"128m\"\n\
+         [[volume.class]]\nname = \"small\"\nsize_max = \"64k\"\nshare = 0.5\n",
     )
-    .unwrap();
-    (dir, config)
 }
 
 /// `sluice cache ARGS --config CONFIG`: (success, stdout, stderr).

@@ -154,21 +154,29 @@ pub fn small_config(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 
 /// A small config whose `[cache]` and `[capacity]` tables have these bodies.
 pub fn device_config(name: &str, cache: &str, capacity: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    config_of(
+        name,
+        &format!(
+            "[cache]\n{cache}\n[capacity]\n{capacity}\n\
+             [engine]\nchunk_size = \"4m\"\nband_size = \"32m\"\n\
+             [[volume]]\nname = \"default\"\nsize = \"256m\"\n"
+        ),
+    )
+}
+
+/// A fresh directory with a config: a data directory in it, a TCP port and
+/// a metrics port picked by the system, no Unix socket, then `tables`.
+/// Returns (dir, config).
+pub fn config_of(name: &str, tables: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\nmetrics_listen = \"127.0.0.1:0\"\n\
-             [cache]\n{cache}\n[capacity]\n{capacity}\n\
-             [engine]\nchunk_size = \"4m\"\nband_size = \"32m\"\n\
-             [[volume]]\nname = \"default\"\nsize = \"256m\"\n",
-            dir.join("data")
-        ),
-    )
-    .unwrap();
+    let head = format!(
+        "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\nmetrics_listen = \"127.0.0.1:0\"\n",
+        dir.join("data")
+    );
+    std::fs::write(&config, head + tables).unwrap();
     (dir, config)
 }
 
