@@ -4,7 +4,10 @@
 #  1. `nbdcopy` of a whole 768 MiB in-place volume (random data at home)
 #     into a 256 MiB cache, and
 #  2. a 512 MiB file read back through nbdfuse + losetup --direct-io=on +
-#     ext4 (needs root, /dev/fuse and a loop device).
+#     ext4 (needs root, /dev/fuse and a loop device), and
+#  3. temporary files on the same ext4: 4 writers at once, 100 files each
+#     of 64 KiB-1 MiB (random sizes, as Spark's shuffle files), then sync:
+#     the share of the bytes written that the cutoff sent past the cache.
 # Usage: scripts/bench-cutoff.sh [SLUICE_BINARY ...]  (default: the release
 # build). Each binary is measured in turn, so two builds compare in one run.
 set -euo pipefail
@@ -16,6 +19,14 @@ done
 W=$(mktemp -d /tmp/sluice-cutoff.XXXXXX)
 trap 'umount "$W/mnt" 2>/dev/null || true; rm -rf "$W"' EXIT
 promoted() { curl -s "127.0.0.1:$1/metrics" | awk '/^sluice_cache_promoted_bytes_total/ {print $2}'; }
+metric() { curl -s "127.0.0.1:$1/metrics" | awk -v m="$2" '$1 ~ "^"m"[{]" {s += $2} END {printf "%d", s}'; }
+written() { # every byte the volume was asked to write, however routed
+    local t=0 k
+    for k in write_back write_through write_past cutoff_bypass spill class_bypass; do
+        t=$((t + $(metric "$1" "sluice_cache_${k}_bytes_total")))
+    done
+    echo $t
+}
 config() { # dir port metrics cache capacity volume
     cat > "$1/s.toml" <<EOT
 data_dir = "$1"
@@ -62,7 +73,18 @@ for BIN in "$@"; do
     echo 3 > /proc/sys/vm/drop_caches
     cat "$D/mnt/big" > /dev/null
     READ=$(( $(promoted 10936) - P0 ))
+    # 3. temporary files.
+    rm "$D/mnt/big"; sync; sleep 1
+    head -c $((1 << 20)) /dev/urandom > "$W/rand"
+    mkdir "$D/mnt/tmp"
+    W0=$(written 10936); C0=$(metric 10936 sluice_cache_cutoff_bypass_bytes_total)
+    for w in 1 2 3 4; do
+        ( RANDOM=$w; for f in $(seq 100); do head -c $(( (1 + RANDOM % 16) * 65536 )) "$W/rand" > "$D/mnt/tmp/w$w-$f"; done ) &
+    done
+    wait; sync; sleep 1
+    TW=$(( $(written 10936) - W0 )); TC=$(( $(metric 10936 sluice_cache_cutoff_bypass_bytes_total) - C0 ))
     umount "$D/mnt"; losetup -d "$LOOP"; kill $FP; sleep 0.5; kill -INT $SP; wait $SP || true
-    printf '%s: nbdcopy of 768 MiB promoted %d bytes (%.1f %% of the 256 MiB cache); 512 MiB file read promoted %d bytes (%.2f %% of it)\n' \
-        "$BIN" "$COPY" "$(echo "$COPY * 100 / 268435456" | bc -l)" "$READ" "$(echo "$READ * 100 / 536870912" | bc -l)"
+    printf '%s: nbdcopy of 768 MiB promoted %d bytes (%.1f %% of the 256 MiB cache); 512 MiB file read promoted %d bytes (%.2f %% of it); temp files: %d bytes written, %d past the cache by the cutoff (%.1f %%)\n' \
+        "$BIN" "$COPY" "$(echo "$COPY * 100 / 268435456" | bc -l)" "$READ" "$(echo "$READ * 100 / 536870912" | bc -l)" \
+        "$TW" "$TC" "$(echo "$TC * 100 / ($TW + 1)" | bc -l)"
 done

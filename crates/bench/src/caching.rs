@@ -42,7 +42,7 @@ use crate::error::BenchError;
 use crate::runner::{run, Dir, Io, IoSource, Job, JobResult, Limits};
 use crate::stacked::{sluice_stack, CallTime};
 use serde::Serialize;
-use sluice_engine::{BandPlacement, CacheMode, CachePolicy, EngineConfig, Layout, SeqCutoff};
+use sluice_engine::{BandPlacement, CacheMode, CachePolicy, EngineConfig, IoClass, Layout, SeqCutoff};
 use sluice_media::rng::SplitMix64;
 use sluice_media::{
     hdd_device, scm_device, BlockDevice, HddProfile, MemoryDevice, ScmProfile, StripedDevice, VirtualClock,
@@ -115,6 +115,10 @@ pub struct CachingRow {
     pub spill_bytes: u64,
     /// Share of the HDFS bytes written that went past the cache.
     pub cutoff_bypass_fraction: f64,
+    /// Share of the temporary files' bytes written that the sequential
+    /// cutoff sent past the cache (one-volume cases: the two jobs' regions
+    /// are I/O classes of share 1, which only count).
+    pub temp_cutoff_fraction: f64,
     pub discarded_dirty_bytes: u64,
     pub cleaned_bytes: u64,
     /// Bytes read from the HDD (all disks) during the run.
@@ -368,6 +372,7 @@ pub fn run_case(case: &str, o: &CachingOpts) -> Result<CachingRow, BenchError> {
         hdfs_mib_per_s: 0.0,
         spill_bytes: 0,
         cutoff_bypass_fraction: 0.0,
+        temp_cutoff_fraction: 0.0,
         discarded_dirty_bytes: 0,
         cleaned_bytes: 0,
         hdd_bytes_read: 0,
@@ -407,6 +412,17 @@ pub fn run_case(case: &str, o: &CachingOpts) -> Result<CachingRow, BenchError> {
             match case {
                 "cache-all" => set("job0", CachePolicy { seq_cutoff: SeqCutoff::Never, spill: false, ..wb })?,
                 "selective-cutoff" => set("job0", wb)?,
+                _ => {}
+            }
+            if one {
+                // The jobs' regions as classes that admit everything: they
+                // only count, so each job's cutoff bypass shows.
+                let region = |name: &str, range| IoClass { range: Some(range), ..IoClass::new(name, 1.0) };
+                let classes = vec![region("hdfs", (0, vb)), region("temp", (vb, 2 * vb))];
+                e.set_io_classes("job0", classes).map_err(BenchError::Engine)?;
+            }
+            match case {
+                "cache-all" | "selective-cutoff" => {}
                 _ => {
                     set("job0", CachePolicy { mode: CacheMode::PassThrough, ..wb })?;
                     let retain_hot = case.ends_with("-retain");
@@ -453,11 +469,15 @@ pub fn run_case(case: &str, o: &CachingOpts) -> Result<CachingRow, BenchError> {
         let rep = &row.volumes;
         // HDFS bytes that went past the cache: the cutoff on one volume, the
         // data volume's pass-through on two.
+        let class = |name: &str| rep[0].classes.iter().find(|c| c.class == name).map_or(0, |c| c.cutoff_bytes);
         let past = match rep.len() {
-            1 => rep[0].stats.cutoff_bypass_bytes,
+            1 => class("hdfs"),
             _ => rep[0].stats.write_past_bytes + rep[0].stats.cutoff_bypass_bytes,
         };
         row.cutoff_bypass_fraction = past as f64 / h.write_bytes.max(1) as f64;
+        if rep.len() == 1 {
+            row.temp_cutoff_fraction = class("temp") as f64 / t.write_bytes.max(1) as f64;
+        }
     } else {
         row.hdd_bytes_written = hdd.host_write_bytes;
         row.hdd_bytes_read = hdd.host_read_bytes;
@@ -554,7 +574,7 @@ pub fn run_all(o: &CachingOpts, only: Option<&str>) -> Result<Vec<CachingRow>, B
 /// The table the command prints.
 pub fn table(rows: &[CachingRow]) -> String {
     let mut s = format!(
-        "{:<21} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>6} {:>8} {:>7}\n",
+        "{:<21} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>7}\n",
         "case",
         "hdd MiB",
         "hdd rd",
@@ -566,6 +586,7 @@ pub fn table(rows: &[CachingRow]) -> String {
         "spill MiB",
         "discard",
         "bypass",
+        "temp cut",
         "hits",
         "retained",
         "errors"
@@ -573,7 +594,7 @@ pub fn table(rows: &[CachingRow]) -> String {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     for r in rows {
         s += &format!(
-            "{:<21} {:>9.0} {:>8.0}M {:>8.1}s {:>9.1} {:>10.1} {:>8.0}us {:>10.1} {:>9.0} {:>8.0}M {:>8.1}% {:>5.1}% {:>7.0}M {:>7}\n",
+            "{:<21} {:>9.0} {:>8.0}M {:>8.1}s {:>9.1} {:>10.1} {:>8.0}us {:>10.1} {:>9.0} {:>8.0}M {:>8.1}% {:>8.1}% {:>5.1}% {:>7.0}M {:>7}\n",
             r.case,
             mib(r.hdd_bytes_written),
             mib(r.hdd_bytes_read),
@@ -585,6 +606,7 @@ pub fn table(rows: &[CachingRow]) -> String {
             mib(r.spill_bytes),
             mib(r.discarded_dirty_bytes),
             r.cutoff_bypass_fraction * 100.0,
+            r.temp_cutoff_fraction * 100.0,
             r.read_hit_fraction * 100.0,
             mib(r.retained_bytes),
             r.errors.len()

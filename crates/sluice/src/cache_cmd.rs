@@ -286,7 +286,7 @@ fn stats_table(s: &Value, rates: Option<&Value>) -> String {
     for v in &vols {
         for c in v["classes"].as_array().into_iter().flatten() {
             o += &format!(
-                "volume {} class {}: cached {}, written {}, read {}, past (share 0) {}, spilled (share held) {}, recognised late {}\n",
+                "volume {} class {}: cached {}, written {}, read {}, past (share 0) {}, spilled (share held) {}, past by the cutoff {}, recognised late {}\n",
                 v["volume"].as_str().unwrap_or("?"),
                 c["class"].as_str().unwrap_or("?"),
                 c["cached_bytes"],
@@ -294,6 +294,7 @@ fn stats_table(s: &Value, rates: Option<&Value>) -> String {
                 c["read_bytes"],
                 c["bypass_bytes"],
                 c["spill_bytes"],
+                c["cutoff_bytes"],
                 c["reclassified_bytes"]
             );
         }

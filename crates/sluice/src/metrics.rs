@@ -258,6 +258,7 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
         ("read_bytes", "Bytes the I/O class read."),
         ("bypass_bytes", "Writes of the class sent past the cache (share 0)."),
         ("spill_bytes", "Writes of the class sent past the cache (it held its share)."),
+        ("cutoff_bytes", "Writes of the class sent past the cache by the sequential cutoff."),
         (
             "reclassified_bytes",
             "Cached blocks found to be the class's only after they were written (directory classes: recognised late).",
@@ -273,6 +274,7 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
                     "read_bytes" => cl.read_bytes,
                     "bypass_bytes" => cl.bypass_bytes,
                     "spill_bytes" => cl.spill_bytes,
+                    "cutoff_bytes" => cl.cutoff_bytes,
                     _ => cl.reclassified_bytes,
                 };
                 let _ = writeln!(o, "{name}{{volume=\"{}\",class=\"{}\"}} {x}", esc(&c.volume), esc(&cl.class));

@@ -472,6 +472,9 @@ impl Engine {
                     if why == PastWhy::Spill && !bg {
                         self.clean_for_spill(inner, blocks)?;
                     }
+                    if why == PastWhy::Cutoff {
+                        inner.vols[v].cache.classes_mut().cut_off(class, data.len() as u64);
+                    }
                     let what = match why {
                         PastWhy::Mode => CacheCount::WritePast,
                         PastWhy::Cutoff => CacheCount::CutoffBypass,

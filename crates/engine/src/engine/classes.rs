@@ -101,6 +101,8 @@ pub struct ClassStats {
     pub bypass_bytes: u64,
     /// Writes sent past the log because the class held its share.
     pub spill_bytes: u64,
+    /// Writes of the class sent past the log by the sequential cutoff.
+    pub cutoff_bytes: u64,
     /// Cached blocks found to be the class's only after they were written
     /// (a directory class learns a new file's blocks from metadata the file
     /// system commits after the data), and re-classified then. Of the
@@ -195,6 +197,12 @@ impl Classes {
         } else {
             Admit::Class(id)
         }
+    }
+
+    /// A write of class `id` went past the log by the sequential cutoff.
+    pub(super) fn cut_off(&mut self, id: u8, bytes: u64) {
+        self.ensure();
+        self.stats[id as usize].cutoff_bytes += bytes;
     }
 
     /// Whether a read at `offset` may be promoted; counts it.
