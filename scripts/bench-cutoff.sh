@@ -78,10 +78,12 @@ for BIN in "$@"; do
     head -c $((1 << 20)) /dev/urandom > "$W/rand"
     mkdir "$D/mnt/tmp"
     W0=$(written 10936); C0=$(metric 10936 sluice_cache_cutoff_bypass_bytes_total)
+    WP=""
     for w in 1 2 3 4; do
         ( RANDOM=$w; for f in $(seq 100); do head -c $(( (1 + RANDOM % 16) * 65536 )) "$W/rand" > "$D/mnt/tmp/w$w-$f"; done ) &
+        WP="$WP $!"
     done
-    wait; sync; sleep 1
+    wait $WP; sync; sleep 1
     TW=$(( $(written 10936) - W0 )); TC=$(( $(metric 10936 sluice_cache_cutoff_bypass_bytes_total) - C0 ))
     umount "$D/mnt"; losetup -d "$LOOP"; kill $FP; sleep 0.5; kill -INT $SP; wait $SP || true
     printf '%s: nbdcopy of 768 MiB promoted %d bytes (%.1f %% of the 256 MiB cache); 512 MiB file read promoted %d bytes (%.2f %% of it); temp files: %d bytes written, %d past the cache by the cutoff (%.1f %%)\n' \
