@@ -78,6 +78,9 @@ pub struct Control {
     pub configured: std::sync::Mutex<Vec<(String, CacheMode)>>,
     /// The devices, one line each, as the start printed them.
     pub devices: Vec<String>,
+    /// The metrics endpoint's address, if it serves one (`sluice stats
+    /// --data-dir` finds it here).
+    pub metrics: Option<String>,
     pub layout: String,
 }
 
@@ -280,6 +283,7 @@ fn status(c: &Control) -> Value {
     json!({
         "layout": c.layout,
         "devices": c.devices,
+        "metrics": c.metrics,
         "state": match (&snap.stopped_by, snap.failed) {
             (Some(why), _) => format!("stopped: {why}"),
             (None, true) => "stopped".to_string(),

@@ -109,6 +109,10 @@ pub struct StatsArgs {
     /// The server's config: its `metrics_listen` address is scraped.
     #[arg(long)]
     config: Option<std::path::PathBuf>,
+    /// The server's data directory: the running server says where its
+    /// metrics are, through its control socket (`sluice cache`).
+    #[arg(long, conflicts_with_all = ["addr", "config"])]
+    data_dir: Option<std::path::PathBuf>,
     /// Seconds between the two scrapes the rates come from.
     #[arg(long, default_value_t = 1.0)]
     interval: f64,
@@ -119,12 +123,29 @@ pub struct StatsArgs {
 
 impl StatsArgs {
     pub fn run(self) -> Result<(), CliError> {
-        let StatsArgs { addr, config, interval, json, .. } = self;
+        let StatsArgs { addr, config, data_dir, interval, json, .. } = self;
         if !(interval > 0.0 && interval <= 3600.0) {
             return Err(CliError("--interval must be in (0, 3600] seconds".into()));
         }
         let addr = match (addr, config) {
             (Some(a), _) => a,
+            (None, None) if data_dir.is_some() => {
+                let dir = data_dir.expect("checked");
+                let mut cfg = serve::Config::load(None)?;
+                cfg.data_dir = dir.clone();
+                let socket = cfg.in_data_dir(&cfg.control_socket);
+                let status = crate::control::request(&socket, &crate::control::Request::Status, &mut |_| {})
+                    .map_err(CliError)?;
+                match status["metrics"].as_str() {
+                    Some(a) => a.to_string(),
+                    None => {
+                        return Err(CliError(format!(
+                            "the server with data directory {} serves no metrics (metrics_listen = \"\")",
+                            dir.display()
+                        )))
+                    }
+                }
+            }
             (None, Some(path)) => {
                 let cfg = serve::Config::load(Some(&path))?;
                 if cfg.metrics_listen.is_empty() {

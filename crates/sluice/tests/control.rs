@@ -116,6 +116,15 @@ fn every_cache_command_works_on_a_running_server_and_bad_ones_change_nothing() {
     }
     let (ok, table, _) = cache(&config, &["stats"]);
     assert!(ok && table.contains("read hit ratio: 100.0 %"), "{table}");
+    // `sluice stats` finds the metrics from the data directory alone.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["stats", "--interval", "0.1", "--json", "--data-dir"])
+        .arg(dir.join("data"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "sluice stats --data-dir: {}", String::from_utf8_lossy(&out.stderr));
+    let rates: Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    assert!(rates.get("volumes").is_some(), "{rates}");
 
     // set-mode, and its refusals.
     let (ok, out, _) = cache(&config, &["set-mode", "default", "wt"]);

@@ -574,9 +574,11 @@ fn serve_opened(
             h.local_addr()
         );
     }
+    let mut metrics_addr = None;
     if let Some(l) = metrics_listener {
         let what = || format!("metrics_listen {}", cfg.metrics_listen);
         let addr = l.local_addr().map_err(|source| ServeError::Io { what: what(), source })?;
+        metrics_addr = Some(addr.to_string());
         let monitors: Vec<ServerMonitor> = handles.iter().map(|h| h.monitor()).collect();
         let counters = move || {
             let mut c = NbdCounters::default();
@@ -598,6 +600,7 @@ fn serve_opened(
         engine: engine.clone(),
         configured: std::sync::Mutex::new(configured_modes(&policies)),
         devices: cfg.device_lines(),
+        metrics: metrics_addr,
         layout: match cfg.layout()? {
             sluice_engine::Layout::InPlace => "in-place",
             _ => "bands",
