@@ -752,9 +752,6 @@ fn attach_on(cfg: &Config, force: bool, opened: &[OpenedDevice], mut found: Vec<
     Ok(text)
 }
 
-/// `sluice check`: scan both devices read-only and report (text or JSON);
-/// with `salvage`, open accepting the damage (docs/serve.md) and shut down
-/// cleanly. Returns the report text and whether damage was found.
 /// `sluice clean`: open an in-place engine (the server stopped), write every
 /// dirty block home, shut it down cleanly. The capacity device alone then
 /// holds every volume (docs/caching.md); returns what to tell the operator.
@@ -857,6 +854,9 @@ fn salvage_found(cfg: &Config) -> Result<(String, bool), ServeError> {
     Ok((text, damaged))
 }
 
+/// `sluice check`: scan both devices read-only and report (text or JSON);
+/// with `salvage`, open accepting the damage (docs/serve.md) and shut down
+/// cleanly. Returns the report text and whether damage was found.
 pub fn check(cfg: &Config, json: bool, salvage: bool) -> Result<(String, bool), ServeError> {
     existing_devices(cfg, "sluice check")?;
     if salvage {
