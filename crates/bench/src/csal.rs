@@ -268,12 +268,24 @@ fn opt(v: Option<f64>, prec: usize) -> String {
 /// A human table of rows.
 pub fn table(rows: &[CsalRow]) -> String {
     let mut s = format!(
-        "{:<12} {:<13} {:>9} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6}\n",
-        "workload", "system", "MiB/s", "paper", "WAF", "paper", "host", "device", "×qlc", "paper×", "read", "wall s"
+        "{:<12} {:<13} {:>9} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>11} {:>6}\n",
+        "workload",
+        "system",
+        "MiB/s",
+        "paper",
+        "WAF",
+        "paper",
+        "host",
+        "device",
+        "×qlc",
+        "paper×",
+        "read",
+        "busy c/cap",
+        "wall s"
     );
     for r in rows {
         s.push_str(&format!(
-            "{:<12} {:<13} {:>9.2} {:>8} {:>7.3} {:>7} {:>7.2} {:>7.2} {:>7} {:>8} {:>8} {:>6.1}\n",
+            "{:<12} {:<13} {:>9.2} {:>8} {:>7.3} {:>7} {:>7.2} {:>7.2} {:>7} {:>8} {:>8} {:>11} {:>6.1}\n",
             r.workload,
             r.system,
             r.mib_per_s,
@@ -285,13 +297,18 @@ pub fn table(rows: &[CsalRow]) -> String {
             opt(r.speedup_vs_qlc, 1),
             opt(r.paper_speedup_vs_qlc, 1),
             opt(r.read_mib_per_s, 1),
+            match (r.report.cache_busy_share, r.report.capacity_busy_share) {
+                (Some(c), Some(k)) => format!("{:.0}/{:.0} %", c * 100.0, k * 100.0),
+                _ => format!("{:.0} %", r.report.busy_share * 100.0),
+            },
             r.wall_seconds
         ));
     }
     s.push_str(
         "MiB/s per job of 8. WAF = bytes programmed to the capacity device's media / bytes the jobs wrote \
          (the paper's definition);\nhost = bytes written to cache + capacity devices / bytes the jobs wrote; \
-         device = the capacity device's own WAF.\n",
+         device = the capacity device's own WAF;\nbusy c/cap = share of the measured window the cache / capacity device had a request in flight \
+         (the device alone on bare rows).\n",
     );
     s
 }

@@ -384,6 +384,14 @@ pub struct JobReport {
     pub read_lat_p99_us: f64,
     pub device_seconds: f64,
     pub precondition_device_seconds: f64,
+    /// Share of the measured window in which a device had a request in
+    /// flight (`DeviceStats::busy_ns` over the window): the device alone, or
+    /// on stacks the busier of the two. In virtual time the busiest device
+    /// bounds a row: at 1.0 it never waited for the engine.
+    pub busy_share: f64,
+    /// On stacks: the cache device's and the capacity device's shares.
+    pub cache_busy_share: Option<f64>,
+    pub capacity_busy_share: Option<f64>,
     pub device: DeviceStats,
     pub warnings: Vec<String>,
 }
@@ -470,6 +478,9 @@ pub fn run_job_text(
         let user = r.device.host_write_bytes.max(1) as f64;
         rep.waf_host = (t.cache.host_write_bytes + t.capacity.host_write_bytes) as f64 / user;
         rep.waf_device = t.capacity.device_waf();
+        let (cache, capacity) = (busy_share(&t.cache, r.elapsed_ns), busy_share(&t.capacity, r.elapsed_ns));
+        (rep.cache_busy_share, rep.capacity_busy_share, rep.busy_share) =
+            (Some(cache), Some(capacity), cache.max(capacity));
         rep.tiers = Some(t);
     }
     if let (Some(e), Some(v0)) = (engine, traffic_before) {
@@ -519,6 +530,14 @@ pub struct TierStats {
     pub capacity: DeviceStats,
 }
 
+/// The share of a window of `window_ns` a device was busy in.
+fn busy_share(d: &DeviceStats, window_ns: u64) -> f64 {
+    if window_ns == 0 {
+        return 0.0;
+    }
+    (d.busy_ns as f64 / window_ns as f64).min(1.0)
+}
+
 fn report(opts: &RunOptions, r: &RunResult, pre: Option<&RunResult>, warnings: Vec<String>) -> JobReport {
     let secs = r.elapsed_ns as f64 / 1e9;
     let writes: u64 = r.jobs.iter().map(|j| j.writes).sum();
@@ -554,6 +573,9 @@ fn report(opts: &RunOptions, r: &RunResult, pre: Option<&RunResult>, warnings: V
         read_lat_p99_us: rl.quantile(0.99) as f64 / 1e3,
         device_seconds: secs,
         precondition_device_seconds: pre.map_or(0.0, |p| p.elapsed_ns as f64 / 1e9),
+        busy_share: busy_share(&r.device, r.elapsed_ns),
+        cache_busy_share: None,
+        capacity_busy_share: None,
         device: r.device,
         warnings,
     }

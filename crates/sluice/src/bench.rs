@@ -647,6 +647,14 @@ fn bench_job(
             r.waf_device
         );
     }
+    match (r.cache_busy_share, r.capacity_busy_share) {
+        (Some(c), Some(k)) => println!(
+            "busy: cache device {:.1} %, capacity device {:.1} % of the measured window (a request in flight)",
+            c * 100.0,
+            k * 100.0
+        ),
+        _ => println!("busy: the device {:.1} % of the measured window (a request in flight)", r.busy_share * 100.0),
+    }
     if let Some(path) = json {
         write_json(path, &r)?;
     }
