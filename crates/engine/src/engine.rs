@@ -97,6 +97,7 @@ mod streams;
 mod tests;
 mod throttle;
 mod trims;
+mod watermark;
 mod worker;
 mod writers;
 mod zoned;
@@ -265,6 +266,8 @@ pub struct Engine {
     clock: sluice_media::ClockRef,
     /// FLUSH requests grouped into rounds (`flushes.rs`).
     flushes: flushes::FlushGroup,
+    /// The flushed watermark's claims on the cache device (watermark.rs).
+    claims: watermark::Claims,
     /// Each volume's map when reads may use it without the lock (held
     /// whole in DRAM, volume not in place): read.rs. The maps are never
     /// replaced once the engine is assembled.
@@ -304,6 +307,7 @@ impl Engine {
         let reuses = inner.reuses.clone();
         let reads_inline = cache.runs_inline() && capacity.runs_inline();
         let depth = cache.info().queue_depth_max.min(capacity.info().queue_depth_max);
+        let claimed_from = inner.log.lsn();
         Arc::new(Engine {
             cache: SharedDevice::wrap(cache),
             capacity: SharedDevice::wrap(capacity),
@@ -320,6 +324,7 @@ impl Engine {
             bg: worker::Background::new(),
             clock,
             flushes: Default::default(),
+            claims: watermark::Claims::after(claimed_from),
             lockless_maps,
             reuses,
             reads_inline,

@@ -88,7 +88,7 @@ impl Engine {
         // snapshot stops below the first record still being written, and
         // every write acknowledged before this round is published, so
         // written, whichever records of other writers are still in flight.
-        let (seq, lsn, cache_new) = {
+        let (seq, lsn, cache_new, tag, bpc) = {
             let inner = self.lock_for_request();
             inner.taking_changes()?;
             let (seq, lsn) = inner.written_upto();
@@ -96,7 +96,7 @@ impl Engine {
             // record published above one still in flight is past the
             // snapshot, and needs the device flush all the same.
             let new = (inner.seq.last(), inner.log.lsn()) != (inner.log.flushed_seq(), inner.log.flushed_lsn());
-            (seq, lsn, new)
+            (seq, lsn, new, inner.tag, inner.blocks_per_chunk())
         };
         // A file's fdatasync directly (not queued behind the log writes
         // that go on meanwhile), else a queued flush.
@@ -122,6 +122,13 @@ impl Engine {
         });
         let r = inner.stop_on_device_error(r);
         self.after_change(&inner);
+        drop(inner);
+        // The records this round made durable, claimed before it answers
+        // (watermark.rs), without the lock: a claim is true whenever it lands.
+        if cache_new && r.is_ok() {
+            let claimed = self.claim_flushed(tag, bpc, lsn);
+            return self.lock_for_request().stop_on_device_error(claimed);
+        }
         r
     }
 }

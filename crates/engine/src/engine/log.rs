@@ -840,7 +840,7 @@ impl Engine {
         let (seq, lsn) = inner.written_upto();
         flush(&*self.cache)?;
         inner.log.flushed_upto(seq, lsn);
-        Ok(())
+        self.claim_flushed(inner.tag, inner.blocks_per_chunk(), lsn)
     }
 }
 

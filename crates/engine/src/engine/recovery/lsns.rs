@@ -20,9 +20,10 @@ pub(super) struct LsnCheck {
 }
 
 /// Check the records `scans` found against the numbering from `head`;
-/// missing durable ones go into `damage`.
-pub(super) fn check_lsns(scans: &[ChunkScan], head: u64, damage: &mut Vec<Damage>) -> LsnCheck {
-    let flushed = scans.iter().map(|cs| cs.flushed_lsn).max().unwrap_or(0);
+/// missing durable ones go into `damage`. `claimed`: the watermark the
+/// cache device's slots claim (watermark.rs), a header's in all but place.
+pub(super) fn check_lsns(scans: &[ChunkScan], head: u64, claimed: u64, damage: &mut Vec<Damage>) -> LsnCheck {
+    let flushed = scans.iter().map(|cs| cs.flushed_lsn).max().unwrap_or(0).max(claimed);
     let mut runs: Vec<&LsnRun> = scans.iter().flat_map(|cs| cs.runs.iter()).collect();
     runs.sort_unstable_by_key(|r| (r.first, r.chunk));
     let lsn_max = runs.iter().map(|r| r.first + r.count - 1).max().unwrap_or(0);

@@ -210,8 +210,11 @@ fn scan_with(
         // may have won: again, knowing the head.
         return Ok(Err(head));
     }
-    let LsnCheck { flushed, lsn_max, accepted, mut new_gaps } = check_lsns(&scans, head, &mut damage);
-    inner.log.recovered_lsn(lsn_max.max(head.saturating_sub(1)));
+    let claimed = super::watermark::read_claimed(cache, tag, bpc)?;
+    let LsnCheck { flushed, lsn_max, accepted, mut new_gaps } = check_lsns(&scans, head, claimed, &mut damage);
+    // Above every LSN found and every one claimed durable: when damage is
+    // accepted, the numbers of the records it lost are not handed out again.
+    inner.log.recovered_lsn(lsn_max.max(flushed).max(head.saturating_sub(1)));
     inner.mark_gen = mark.as_ref().map_or(0, |m| m.gen);
     let mut chunk_epochs: Vec<(u64, u32)> = Vec::new();
     // In place, the newest claim on each block at or above the head

@@ -302,3 +302,47 @@ fn a_damaged_winner_of_a_torn_copy_is_refused_before_anything_is_written() {
     // Accepted for good: the next reopen finds nothing.
     Engine::open(cache, capacity).unwrap().check_invariants();
 }
+
+/// The newest records a FLUSH covered, with nothing logged after them: a
+/// header damaged there used to be taken for a torn tail, and its blocks
+/// silently read back their previous versions (issue: "a flushed write can
+/// be rolled back silently"). The watermark's claim on the cache device
+/// (watermark.rs) proves them durable: the damage is refused and named.
+/// Without the claim (its slots zeroed: the old behaviour), the same flip
+/// reads back the previous version.
+#[test]
+fn a_damaged_newest_record_a_flush_covered_is_damage_not_a_torn_tail() {
+    let run = |keep_claims: bool| {
+        let w = small_world(&[256]);
+        for lba in 0..8 {
+            w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+        }
+        w.volumes[0].flush().unwrap();
+        // The newest record: 8 blocks rewritten at once, then a FLUSH, and
+        // nothing after it.
+        let data: Vec<u8> = (0..8).flat_map(|lba| pattern(0, lba, 2)).collect();
+        w.volumes[0].write(0, &data, false).unwrap();
+        w.volumes[0].flush().unwrap();
+        let tag = crate::persist::engine_tag(&w.engine.uuid());
+        let (cache, capacity) = w.engine.devices();
+        drop(w);
+        let newest = headers(&*cache, tag).into_iter().max_by_key(|(_, h)| h.lsn).map(|(b, _)| b).unwrap();
+        flip(&*cache, newest, 100);
+        if !keep_claims {
+            for slot in super::super::watermark::WATERMARK_SLOTS {
+                write_at(&*cache, slot * BS, &[0u8; BLOCK_BYTES]).unwrap();
+            }
+        }
+        (Engine::open(cache, capacity), newest)
+    };
+    let (opened, newest) = run(true);
+    let d = damage_of(opened);
+    assert!(
+        d.iter().any(|x| matches!(x, Damage::LogRecords { .. })),
+        "the flipped newest header (block {newest}) was not reported: {d:?}"
+    );
+    let (opened, _) = run(false);
+    let e = opened.expect("without the claim the flip looks torn");
+    let v = e.volume("v0").unwrap();
+    assert_eq!(crate::testkit::read_block(&v, 0), pattern(0, 0, 1), "rolled back to the previous version");
+}
