@@ -1072,6 +1072,12 @@ mod tests {
         // into a fresh band it filled, until no band was free (no space).
         let swarm = SimOptions { swarm: true, ..SimOptions::default() };
         campaign([7100000099, 9325392541, 8170545083, 8170545518, 1095, 1144].map(|s| (s, false)), swarm);
+        // The flushed watermark's claims (watermark.rs) over records a
+        // recovery had found torn, written before its gap record was
+        // durable: a crash during the reopen then looked like damage.
+        campaign([(3447269141, false)], swarm);
+        campaign([(3447269042, false)], SimOptions { in_place: true, ..SimOptions::default() });
+        campaign([(3447269052, false)], SimOptions { concurrent: true, ..SimOptions::default() });
     }
 
     #[test]

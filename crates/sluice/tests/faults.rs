@@ -303,6 +303,32 @@ fn a_damaged_durable_log_record_is_refused_reported_and_salvaged() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The case: the newest log record, which a completed FLUSH
+/// covered and no later record names, damaged at rest, then kill -9. It was
+/// taken for a torn tail and its 64 blocks read back their previous
+/// version; the flushed watermark's claim now makes it damage: the start
+/// is refused and `sluice check` reports it.
+#[test]
+fn the_newest_flushed_record_damaged_is_refused_not_rolled_back() {
+    need("qemu-io");
+    let (dir, config) = small_config("faults-newest");
+    let (mut server, port) = start(&config);
+    qemu_io(port, &["write -P 0x41 0 256k", "flush", "write -P 0x42 0 256k", "flush"]);
+    server.kill().unwrap();
+    let _ = server.into_child().wait();
+    let cache = data_file(&dir, "cache.img");
+    let mut img = std::fs::read(&cache).unwrap();
+    let lsn = |o: usize| u64::from_le_bytes(img[o + 48..o + 56].try_into().unwrap());
+    let newest = record_headers(&img).into_iter().max_by_key(|&o| lsn(o)).expect("a write record");
+    img[newest + 100] ^= 0x01;
+    std::fs::write(&cache, &img).unwrap();
+    let err = stderr(&refused_start(&config));
+    assert!(err.contains("recovery found damage") && err.contains("headers are damaged"), "{err}");
+    let out = check(&config, &[]);
+    assert_eq!(out.status.code(), Some(1), "sluice check found nothing: {}", String::from_utf8_lossy(&out.stdout));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_block_damaged_at_rest_fails_its_read_is_counted_and_checked() {
     need("qemu-io");
