@@ -14,6 +14,8 @@
 //!   with an error saying why.
 //! - Every change is logged on the server's stderr with what it was
 //!   before and after (`sluice: control: …`).
+//! - At most `CONNECTIONS_MAX` connections are served at once; one more
+//!   gets an error line and is closed.
 //! - A clean runs in steps (`Engine::clean_step`), the engine lock let go
 //!   between them, so requests go on; a client that goes away (Ctrl-C)
 //!   stops it after the step in flight, and the next clean resumes it:
@@ -40,6 +42,10 @@ pub const CLEAN_STEP_BYTES: u64 = 16 << 20;
 
 /// Longest request line accepted.
 const REQUEST_BYTES_MAX: u64 = 64 * 1024;
+
+/// Control connections served at once; more are answered with an error
+/// and closed (a clean holds its connection for as long as it runs).
+const CONNECTIONS_MAX: usize = 16;
 
 /// A request on the control socket.
 #[derive(Debug, Deserialize, Serialize, PartialEq)]
@@ -96,13 +102,25 @@ pub fn spawn(path: &Path, control: Arc<Control>) -> std::io::Result<PathBuf> {
     }
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new().name("control".into()).spawn(move || {
+        use std::sync::atomic::Ordering::SeqCst;
         for conn in listener.incoming() {
-            let Ok(conn) = conn else { continue };
-            let control = control.clone();
-            let _ = std::thread::Builder::new().name("control-conn".into()).spawn(move || {
+            let Ok(mut conn) = conn else { continue };
+            if open.fetch_add(1, SeqCst) >= CONNECTIONS_MAX {
+                open.fetch_sub(1, SeqCst);
+                let busy = json!({ "error": format!("{CONNECTIONS_MAX} control connections are open already") });
+                let _ = writeln!(conn, "{busy}");
+                continue;
+            }
+            let (control, mine) = (control.clone(), open.clone());
+            let spawned = std::thread::Builder::new().name("control-conn".into()).spawn(move || {
                 let _ = serve(conn, &control);
+                mine.fetch_sub(1, SeqCst);
             });
+            if spawned.is_err() {
+                open.fetch_sub(1, SeqCst);
+            }
         }
     })?;
     Ok(path.to_path_buf())

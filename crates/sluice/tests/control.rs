@@ -161,6 +161,20 @@ fn every_cache_command_works_on_a_running_server_and_bad_ones_change_nothing() {
     BufReader::new(&raw).read_line(&mut line).unwrap();
     assert!(line.contains("\"error\"") && line.contains("bad request"), "{line}");
 
+    // Connections are bounded: the 17th while 16 are open is refused.
+    // (Accepted in the order they connect: the 17th is the one refused.)
+    let held: Vec<_> = (0..16).map(|_| std::os::unix::net::UnixStream::connect(&socket).expect("connect")).collect();
+    let extra = std::os::unix::net::UnixStream::connect(&socket).expect("connect");
+    let mut line = String::new();
+    BufReader::new(&extra).read_line(&mut line).unwrap();
+    assert!(line.contains("control connections are open already"), "{line}");
+    drop(held);
+    // Served again once the server has seen them close.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !cache(&config, &["status"]).0 {
+        assert!(std::time::Instant::now() < deadline, "the closed connections were never let go");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     // A clean stopped by its client after the first step, then resumed.
     let mut raw = std::os::unix::net::UnixStream::connect(&socket).expect("connect");
     writeln!(raw, "{{\"cmd\":\"clean\",\"step_bytes\":{BLOCK}}}").unwrap();
