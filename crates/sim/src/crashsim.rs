@@ -18,8 +18,10 @@
 //!
 //! Opt-in (`SimOptions::flips`, `sluice sim --flips`), because one kind of
 //! damage stays undetectable by design (docs/format.md: the newest log
-//! records after the last recorded flush), though no held-out seed found it
-//! since a clean shutdown records its final flush (3 000 seeds, 2026-11-25):
+//! records a flush covered, when power is lost before the flushed
+//! watermark's claim of them is durable itself), though no held-out seed
+//! found it since a clean shutdown records its final flush (3 000 seeds,
+//! 2026-11-25) and every flush writes its claim (2026-12-02):
 //! a quarter of the crashes also flip one bit at rest somewhere on either
 //! device before the reopen: the reopen refuses it as damage (then `check`
 //! must report it and a salvage open succeeds, after which a block may read
