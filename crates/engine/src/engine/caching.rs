@@ -486,7 +486,7 @@ impl Engine {
             }
         }
         if fua {
-            self.flush_cache(inner)?;
+            self.flush_cache_for_client(inner)?;
             if home_written {
                 self.flush_capacity(inner)?;
             }

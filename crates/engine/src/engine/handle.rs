@@ -366,7 +366,7 @@ impl EngineVolume {
 
     fn flush_both(&self) -> Result<(), VolumeError> {
         self.change(|e, inner| {
-            e.flush_cache(inner)?;
+            e.flush_cache_for_client(inner)?;
             e.flush_capacity(inner)
         })
     }
@@ -452,7 +452,7 @@ impl Volume for EngineVolume {
                     e.write_past_log(inner, self.id, offset / BS, len / BS, None)?;
                     inner.stats.user_trimmed(len);
                     if fua {
-                        e.flush_cache(inner)?;
+                        e.flush_cache_for_client(inner)?;
                         e.flush_capacity(inner)?;
                     }
                     Ok(())

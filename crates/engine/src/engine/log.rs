@@ -75,7 +75,7 @@ impl Engine {
         if fua {
             // A flush, not a FUA write: recovery walks a chunk record by
             // record, so a durable record needs every earlier one durable.
-            self.flush_cache(inner)?;
+            self.flush_cache_for_client(inner)?;
         }
         Ok(())
     }
@@ -840,7 +840,14 @@ impl Engine {
         let (seq, lsn) = inner.written_upto();
         flush(&*self.cache)?;
         inner.log.flushed_upto(seq, lsn);
-        self.claim_flushed(inner.tag, inner.blocks_per_chunk(), lsn)
+        Ok(())
+    }
+
+    /// `flush_cache` for a client's FUA request, which is answered after
+    /// it: the records it made durable are claimed (watermark.rs).
+    pub(super) fn flush_cache_for_client(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        self.flush_cache(inner)?;
+        self.claim_flushed(inner.tag, inner.blocks_per_chunk(), inner.log.flushed_lsn())
     }
 }
 

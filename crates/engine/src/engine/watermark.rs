@@ -6,6 +6,13 @@
 //! Owns: the two watermark slots (blocks 6 and 7 of chunk 0 on the cache
 //! device), the claims written to them, and reading them back.
 //!
+//! Claimed: what a client's FLUSH round (flushes.rs) or FUA request
+//! (`Engine::flush_cache_for_client`) made durable, before it is answered.
+//! The engine's own flushes (compaction, GC, cleaning, recovery) claim
+//! nothing: what they cover that a client was promised is claimed by that
+//! client's FLUSH or FUA, and a claim per internal flush changed the
+//! virtual-time schedule of every bench row for no guarantee.
+//!
 //! Why: a record header carries the watermark as it was when the record
 //! was written (`flushed_lsn`), so it travels only in *later* headers. The
 //! newest records a flush made durable were claimed by nobody until the
