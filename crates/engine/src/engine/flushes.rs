@@ -123,9 +123,11 @@ impl Engine {
         let r = inner.stop_on_device_error(r);
         self.after_change(&inner);
         drop(inner);
-        // The records this round made durable, claimed before it answers
+        // The records this round answers for, claimed before it answers
         // (watermark.rs), without the lock: a claim is true whenever it lands.
-        if cache_new && r.is_ok() {
+        // Also when the round skipped the device flush: an engine flush
+        // (compaction's, say) made the records durable but claimed nothing.
+        if r.is_ok() {
             let claimed = self.claim_flushed(tag, bpc, lsn);
             return self.lock_for_request().stop_on_device_error(claimed);
         }

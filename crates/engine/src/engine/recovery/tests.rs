@@ -346,3 +346,30 @@ fn a_damaged_newest_record_a_flush_covered_is_damage_not_a_torn_tail() {
     let v = e.volume("v0").unwrap();
     assert_eq!(crate::testkit::read_block(&v, 0), pattern(0, 0, 1), "rolled back to the previous version");
 }
+
+/// The same when the engine's own flush made the newest record durable
+/// first (compaction's, say, which claims nothing) and the client's FLUSH
+/// then had no device flush to do: the FLUSH still claims what it answers
+/// for, so the damaged header is refused, not rolled back.
+#[test]
+fn a_flush_with_nothing_left_to_flush_still_claims_what_it_answers_for() {
+    let w = small_world(&[256]);
+    for lba in 0..8 {
+        w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+    }
+    w.volumes[0].flush().unwrap();
+    let data: Vec<u8> = (0..8).flat_map(|lba| pattern(0, lba, 2)).collect();
+    w.volumes[0].write(0, &data, false).unwrap();
+    {
+        let mut inner = w.engine.lock();
+        w.engine.flush_cache(&mut inner).unwrap();
+    }
+    w.volumes[0].flush().unwrap();
+    let tag = crate::persist::engine_tag(&w.engine.uuid());
+    let (cache, capacity) = w.engine.devices();
+    drop(w);
+    let newest = headers(&*cache, tag).into_iter().max_by_key(|(_, h)| h.lsn).map(|(b, _)| b).unwrap();
+    flip(&*cache, newest, 100);
+    let d = damage_of(Engine::open(cache, capacity));
+    assert!(d.iter().any(|x| matches!(x, Damage::LogRecords { .. })), "rolled back silently: {d:?}");
+}
