@@ -303,6 +303,30 @@ fn a_damaged_winner_of_a_torn_copy_is_refused_before_anything_is_written() {
     Engine::open(cache, capacity).unwrap().check_invariants();
 }
 
+/// Eight blocks written and flushed, then rewritten in one record (the
+/// newest), `before_flush` run, and a FLUSH with nothing logged after it;
+/// the engine dropped without a shutdown and one byte of the newest
+/// record's header flipped. Returns the devices.
+fn newest_record_flipped(before_flush: impl FnOnce(&crate::testkit::World)) -> DevicePair {
+    let w = small_world(&[256]);
+    for lba in 0..8 {
+        w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+    }
+    w.volumes[0].flush().unwrap();
+    let data: Vec<u8> = (0..8).flat_map(|lba| pattern(0, lba, 2)).collect();
+    w.volumes[0].write(0, &data, false).unwrap();
+    before_flush(&w);
+    w.volumes[0].flush().unwrap();
+    let tag = crate::persist::engine_tag(&w.engine.uuid());
+    let (cache, capacity) = w.engine.devices();
+    drop(w);
+    let newest = headers(&*cache, tag).into_iter().max_by_key(|(_, h)| h.lsn).map(|(b, _)| b).unwrap();
+    flip(&*cache, newest, 100);
+    (cache, capacity)
+}
+
+type DevicePair = (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>);
+
 /// The newest records a FLUSH covered, with nothing logged after them: a
 /// header damaged there used to be taken for a torn tail, and its blocks
 /// silently read back their previous versions (issue: "a flushed write can
@@ -312,37 +336,14 @@ fn a_damaged_winner_of_a_torn_copy_is_refused_before_anything_is_written() {
 /// reads back the previous version.
 #[test]
 fn a_damaged_newest_record_a_flush_covered_is_damage_not_a_torn_tail() {
-    let run = |keep_claims: bool| {
-        let w = small_world(&[256]);
-        for lba in 0..8 {
-            w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
-        }
-        w.volumes[0].flush().unwrap();
-        // The newest record: 8 blocks rewritten at once, then a FLUSH, and
-        // nothing after it.
-        let data: Vec<u8> = (0..8).flat_map(|lba| pattern(0, lba, 2)).collect();
-        w.volumes[0].write(0, &data, false).unwrap();
-        w.volumes[0].flush().unwrap();
-        let tag = crate::persist::engine_tag(&w.engine.uuid());
-        let (cache, capacity) = w.engine.devices();
-        drop(w);
-        let newest = headers(&*cache, tag).into_iter().max_by_key(|(_, h)| h.lsn).map(|(b, _)| b).unwrap();
-        flip(&*cache, newest, 100);
-        if !keep_claims {
-            for slot in super::super::watermark::WATERMARK_SLOTS {
-                write_at(&*cache, slot * BS, &[0u8; BLOCK_BYTES]).unwrap();
-            }
-        }
-        (Engine::open(cache, capacity), newest)
-    };
-    let (opened, newest) = run(true);
-    let d = damage_of(opened);
-    assert!(
-        d.iter().any(|x| matches!(x, Damage::LogRecords { .. })),
-        "the flipped newest header (block {newest}) was not reported: {d:?}"
-    );
-    let (opened, _) = run(false);
-    let e = opened.expect("without the claim the flip looks torn");
+    let (cache, capacity) = newest_record_flipped(|_| {});
+    let d = damage_of(Engine::open(cache, capacity));
+    assert!(d.iter().any(|x| matches!(x, Damage::LogRecords { .. })), "the flipped newest header: {d:?}");
+    let (cache, capacity) = newest_record_flipped(|_| {});
+    for slot in super::super::watermark::WATERMARK_SLOTS {
+        write_at(&*cache, slot * BS, &[0u8; BLOCK_BYTES]).unwrap();
+    }
+    let e = Engine::open(cache, capacity).expect("without the claim the flip looks torn");
     let v = e.volume("v0").unwrap();
     assert_eq!(crate::testkit::read_block(&v, 0), pattern(0, 0, 1), "rolled back to the previous version");
 }
@@ -353,23 +354,10 @@ fn a_damaged_newest_record_a_flush_covered_is_damage_not_a_torn_tail() {
 /// for, so the damaged header is refused, not rolled back.
 #[test]
 fn a_flush_with_nothing_left_to_flush_still_claims_what_it_answers_for() {
-    let w = small_world(&[256]);
-    for lba in 0..8 {
-        w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
-    }
-    w.volumes[0].flush().unwrap();
-    let data: Vec<u8> = (0..8).flat_map(|lba| pattern(0, lba, 2)).collect();
-    w.volumes[0].write(0, &data, false).unwrap();
-    {
+    let (cache, capacity) = newest_record_flipped(|w| {
         let mut inner = w.engine.lock();
         w.engine.flush_cache(&mut inner).unwrap();
-    }
-    w.volumes[0].flush().unwrap();
-    let tag = crate::persist::engine_tag(&w.engine.uuid());
-    let (cache, capacity) = w.engine.devices();
-    drop(w);
-    let newest = headers(&*cache, tag).into_iter().max_by_key(|(_, h)| h.lsn).map(|(b, _)| b).unwrap();
-    flip(&*cache, newest, 100);
+    });
     let d = damage_of(Engine::open(cache, capacity));
     assert!(d.iter().any(|x| matches!(x, Damage::LogRecords { .. })), "rolled back silently: {d:?}");
 }
