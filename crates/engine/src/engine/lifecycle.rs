@@ -305,12 +305,15 @@ impl Engine {
         inner.run_on(opts.runtime.clone());
         let mut engine = Engine::assemble(cache, capacity, inner, recovered_in);
         Arc::get_mut(&mut engine).expect("not shared yet").salvaged = salvaged;
+        // The gap records first: any record logged after them (the dropped
+        // copies' tombstones below) carries a watermark over the torn LSNs
+        // they accept, which must be durable before such a header is.
+        if !gaps.is_empty() {
+            engine.log_gaps(&gaps).map_err(EngineError::Recovery)?;
+        }
         if !disk_changed.is_empty() {
             let dropped = engine.drop_cached_copies().map_err(EngineError::Recovery)?;
             Arc::get_mut(&mut engine).expect("not shared yet").disk_changed = Some((disk_changed, dropped));
-        }
-        if !gaps.is_empty() {
-            engine.log_gaps(&gaps).map_err(EngineError::Recovery)?;
         }
         if !engine.salvaged.is_empty() {
             engine.salvage_repair(&engine.salvaged).map_err(EngineError::Recovery)?;

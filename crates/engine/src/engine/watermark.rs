@@ -17,9 +17,11 @@
 //! was written (`flushed_lsn`), so it travels only in *later* headers. The
 //! newest records a flush made durable were claimed by nobody until the
 //! next record, and a header damaged among them was taken for a torn tail:
-//! its blocks silently read back their previous versions. After every
-//! flush that made new records durable, the engine now writes a claim — the
-//! highest LSN that flush covered — into one of two slots. Recovery takes
+//! its blocks silently read back their previous versions. Before a
+//! client's FLUSH or FUA is answered, the engine now writes a claim — the
+//! highest LSN durable for it (by this flush, or an earlier one that
+//! claimed nothing) — into one of two slots, unless one as high is on the
+//! device already. Recovery takes
 //! the highest valid claim as a watermark like any header's, so a record at
 //! or below it that does not read back is damage, refused and reported.
 //!
@@ -28,15 +30,16 @@
 //!   written after the flush returned, with the LSN snapshot that flush
 //!   covered. So any claim recovery reads is true, whichever slot a torn or
 //!   reordered claim write left behind, and the highest valid one wins.
-//! - A claim is written before the FLUSH (or FUA write) it follows is
-//!   answered, so a process killed after the answer has it on the device
+//! - A claim is on the device before the FLUSH (or FUA write) it covers is
+//!   answered — the request's own, or a higher one whose write completed
+//!   (`Claims`) — so a process killed after the answer has it on the device
 //!   (it becomes durable against power loss with the next flush; until
 //!   then, as before, only later headers claim those records).
 //! - A slot that does not check (torn, flipped) is ignored, never damage:
 //!   claims are written without a flush of their own.
 //! - Chunks of fewer than 8 blocks have no room for the slots: no claims.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use super::{crc32c, read_at, write_at, BlockDevice, DeviceError, Engine, VolumeError, BLOCK_BYTES, BS};
 
@@ -91,12 +94,22 @@ pub(super) fn read_claimed(cache: &dyn BlockDevice, tag: u32, blocks_per_chunk: 
 }
 
 /// The claims this engine wrote: how many (the next one's slot and
-/// generation) and the highest LSN claimed. Atomics: a FLUSH round writes
-/// its claim without the engine lock.
+/// generation) and the highest LSN a completed claim write holds. Behind
+/// its own lock, held across the slot write: a FLUSH round claims without
+/// the engine lock, a FUA write under it (engine lock first, then this),
+/// and a claim counts only once its write completed — so a request that
+/// finds its records claimed already is answered after that claim is on
+/// the device, and claims land in rising order (the two slots hold the two
+/// highest).
 #[derive(Debug, Default)]
 pub(super) struct Claims {
-    written: AtomicU64,
-    lsn: AtomicU64,
+    state: Mutex<ClaimState>,
+}
+
+#[derive(Debug, Default)]
+struct ClaimState {
+    written: u64,
+    lsn: u64,
 }
 
 impl Claims {
@@ -107,7 +120,7 @@ impl Claims {
     /// naming them is durable: a claim over them before that would make a
     /// crash during the reopen look like damage.
     pub(super) fn after(lsn: u64) -> Claims {
-        Claims { written: AtomicU64::new(0), lsn: AtomicU64::new(lsn) }
+        Claims { state: Mutex::new(ClaimState { written: 0, lsn }) }
     }
 }
 
@@ -115,11 +128,16 @@ impl Engine {
     /// A flush just made every record up to `lsn` durable: claim it, unless
     /// a claim as high was written already (or there is no room for one).
     pub(super) fn claim_flushed(&self, tag: u32, blocks_per_chunk: u64, lsn: u64) -> Result<(), VolumeError> {
-        if !has_slots(blocks_per_chunk) || self.claims.lsn.fetch_max(lsn, Ordering::AcqRel) >= lsn {
+        if !has_slots(blocks_per_chunk) {
             return Ok(());
         }
-        let n = self.claims.written.fetch_add(1, Ordering::AcqRel);
+        let mut st = self.claims.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if st.lsn >= lsn {
+            return Ok(());
+        }
+        let n = st.written;
         write_at(&*self.cache, WATERMARK_SLOTS[(n % 2) as usize] * BS, &encode(tag, n, lsn))?;
+        (st.written, st.lsn) = (n + 1, lsn);
         Ok(())
     }
 }
