@@ -31,6 +31,11 @@ pub fn read_block(v: &EngineVolume, lba: u64) -> Vec<u8> {
     b
 }
 
+/// Every byte device `d` holds now.
+pub fn device_image(d: &dyn BlockDevice) -> Vec<u8> {
+    sluice_media::device::read_at(d, 0, d.info().capacity_bytes as usize).unwrap().to_vec()
+}
+
 /// `w`'s engine after a FLUSH (of its first volume: a round flushes them
 /// all) and an unclean stop: opened again on the same devices, so it
 /// replays its log.

@@ -35,10 +35,7 @@ impl Target {
         if let Some(d) = &self.data_dir {
             cfg.data_dir = d.clone();
         }
-        if cfg.control_socket.is_empty() {
-            return Err(CliError("the config sets control_socket = \"\": the server listens for no commands".into()));
-        }
-        Ok(cfg.in_data_dir(&cfg.control_socket))
+        control::socket_of(&cfg).map_err(CliError)
     }
 }
 

@@ -157,7 +157,8 @@ fn answer(c: &Control, req: Request, progress: &mut dyn FnMut(Value) -> bool) ->
             let new: CacheMode = mode.parse().map_err(err)?;
             let old = policy_of(e, &volume)?;
             e.set_cache_policy(&volume, CachePolicy { mode: new, ..old }).map_err(err)?;
-            let line = format!("volume {volume}: mode {} -> {}", mode_name(old.mode), mode_name(new));
+            let line =
+                format!("volume {volume}: mode {} -> {}", CacheMode::short_name(old.mode), CacheMode::short_name(new));
             eprintln!("sluice: control: {line}");
             Ok(json!({ "changed": line }))
         }
@@ -174,7 +175,11 @@ fn answer(c: &Control, req: Request, progress: &mut dyn FnMut(Value) -> bool) ->
                 let old = policy_of(e, volume)?;
                 if old.mode != *mode {
                     e.set_cache_policy(volume, CachePolicy { mode: *mode, ..old }).map_err(err)?;
-                    changed.push(format!("volume {volume}: mode {} -> {}", mode_name(old.mode), mode_name(*mode)));
+                    changed.push(format!(
+                        "volume {volume}: mode {} -> {}",
+                        CacheMode::short_name(old.mode),
+                        CacheMode::short_name(*mode)
+                    ));
                 }
             }
             match changed.is_empty() {
@@ -203,17 +208,6 @@ fn policy_of(e: &Engine, volume: &str) -> Result<CachePolicy, String> {
         .ok_or_else(|| format!("no volume named {volume:?}"))
 }
 
-/// The mode's short name, as the config writes it.
-pub fn mode_name(m: CacheMode) -> &'static str {
-    match m {
-        CacheMode::WriteBack => "wb",
-        CacheMode::WriteThrough => "wt",
-        CacheMode::WriteAround => "wa",
-        CacheMode::WriteInvalidate => "wi",
-        CacheMode::PassThrough => "pt",
-    }
-}
-
 fn clean(
     c: &Control,
     detach: bool,
@@ -230,7 +224,7 @@ fn clean(
         let mut changed = Vec::new();
         for r in report.iter().filter(|r| r.policy.mode != CacheMode::PassThrough) {
             e.set_cache_policy(&r.volume, CachePolicy { mode: CacheMode::PassThrough, ..r.policy }).map_err(err)?;
-            changed.push(format!("volume {}: mode {} -> pt", r.volume, mode_name(r.policy.mode)));
+            changed.push(format!("volume {}: mode {} -> pt", r.volume, CacheMode::short_name(r.policy.mode)));
         }
         if !changed.is_empty() {
             eprintln!("sluice: control: detach: {}", changed.join("; "));
@@ -284,7 +278,7 @@ fn status(c: &Control) -> Value {
                 Some(r) => json!({
                     "name": v.name,
                     "size_bytes": v.size_bytes,
-                    "mode": mode_name(r.policy.mode),
+                    "mode": CacheMode::short_name(r.policy.mode),
                     "policy": r.policy,
                     "cached_bytes": r.cached_bytes,
                     "dirty_bytes": r.dirty_bytes,
@@ -338,7 +332,7 @@ fn stats(e: &Engine) -> Value {
             }
             json!({
                 "volume": r.volume,
-                "mode": mode_name(r.policy.mode),
+                "mode": CacheMode::short_name(r.policy.mode),
                 "cached_bytes": r.cached_bytes,
                 "dirty_bytes": r.dirty_bytes,
                 "stats": r.stats,
@@ -347,6 +341,14 @@ fn stats(e: &Engine) -> Value {
         })
         .collect();
     json!({ "total": total, "volumes": volumes })
+}
+
+/// Where the server running with `cfg` listens for control requests.
+pub fn socket_of(cfg: &crate::serve::Config) -> Result<PathBuf, String> {
+    if cfg.control_socket.is_empty() {
+        return Err("the config sets control_socket = \"\": the server listens for no commands".into());
+    }
+    Ok(cfg.in_data_dir(&cfg.control_socket))
 }
 
 /// Client side: send `req` to the socket at `path`; each progress value is

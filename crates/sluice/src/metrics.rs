@@ -12,7 +12,7 @@
 
 use serde::Serialize;
 use sluice_engine::metrics::QUANTILES;
-use sluice_engine::{CacheMode, CacheReport, Engine, EngineSnapshot};
+use sluice_engine::{CacheReport, Engine, EngineSnapshot};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -230,13 +230,7 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
     }
     family(o, "sluice_cache_mode", "gauge", "1 for the volume's cache mode (wb, wt, wa, wi, pt).");
     for c in &s.cache {
-        let mode = match c.policy.mode {
-            CacheMode::WriteBack => "wb",
-            CacheMode::WriteThrough => "wt",
-            CacheMode::WriteAround => "wa",
-            CacheMode::WriteInvalidate => "wi",
-            CacheMode::PassThrough => "pt",
-        };
+        let mode = c.policy.mode.short_name();
         let _ = writeln!(o, "sluice_cache_mode{{volume=\"{}\",mode=\"{mode}\"}} 1", esc(&c.volume));
     }
     for (name, help, get) in [

@@ -133,7 +133,7 @@ impl StatsArgs {
                 let dir = data_dir.expect("checked");
                 let mut cfg = serve::Config::load(None)?;
                 cfg.data_dir = dir.clone();
-                let socket = cfg.in_data_dir(&cfg.control_socket);
+                let socket = crate::control::socket_of(&cfg).map_err(CliError)?;
                 let status = crate::control::request(&socket, &crate::control::Request::Status, &mut |_| {})
                     .map_err(CliError)?;
                 match status["metrics"].as_str() {

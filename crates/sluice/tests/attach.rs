@@ -50,21 +50,7 @@ fn setup(name: &str) -> (PathBuf, PathBuf, PathBuf) {
     debugfs(&image, "mkdir data");
     debugfs(&image, &format!("write {} data/a", dir.join("a").display()));
     debugfs(&image, &format!("write {} b", dir.join("b").display()));
-    let config = dir.join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\nmetrics_listen = \"127.0.0.1:0\"\n\
-             [cache]\nkind = \"file\"\npath = {:?}\nsize = \"16m\"\n\
-             [capacity]\nkind = \"file\"\npath = {:?}\nsize = \"\"\n\
-             [engine]\nlayout = \"in-place\"\nattach = true\nchunk_size = \"1m\"\n\
-             [[volume]]\nname = \"default\"\nsize = \"disk\"\n",
-            dir.join("data"),
-            dir.join("cache.img"),
-            image
-        ),
-    )
-    .unwrap();
+    let config = attached_config(&dir, &image, "16m");
     (dir, image, config)
 }
 

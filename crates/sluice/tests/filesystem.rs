@@ -392,21 +392,7 @@ fn an_ext4_disk_with_files_gets_a_cache_and_is_handed_back_whole_by_a_live_detac
     // 4 KiB blocks: the loop device has 4 KiB sectors (a 256 MiB image
     // would get 1 KiB blocks otherwise).
     sh("mkfs.ext4", &["-q", "-F", "-b", "4096", "-d", seed.to_str().unwrap(), image.to_str().unwrap()]);
-    let config = dir.join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\nmetrics_listen = \"127.0.0.1:0\"\n\
-             [cache]\nkind = \"file\"\npath = {:?}\nsize = \"32m\"\n\
-             [capacity]\nkind = \"file\"\npath = {:?}\nsize = \"\"\n\
-             [engine]\nlayout = \"in-place\"\nattach = true\nchunk_size = \"1m\"\n\
-             [[volume]]\nname = \"default\"\nsize = \"disk\"\n",
-            dir.join("data"),
-            dir.join("cache.img"),
-            image
-        ),
-    )
-    .unwrap();
+    let config = attached_config(&dir, &image, "32m");
 
     let (server, port) = start(&config);
     let fs = Mounted::new(&dir, port, false);

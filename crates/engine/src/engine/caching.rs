@@ -67,6 +67,20 @@ impl std::str::FromStr for CacheMode {
     }
 }
 
+impl CacheMode {
+    /// The mode's short name, as the config writes it (what `from_str`
+    /// reads first).
+    pub fn short_name(self) -> &'static str {
+        match self {
+            CacheMode::WriteBack => "wb",
+            CacheMode::WriteThrough => "wt",
+            CacheMode::WriteAround => "wa",
+            CacheMode::WriteInvalidate => "wi",
+            CacheMode::PassThrough => "pt",
+        }
+    }
+}
+
 /// When a sequential stream bypasses the cache (Open CAS's policies).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -661,7 +675,7 @@ impl Engine {
                     .iter_mut()
                     .for_each(|v| v.cache.set_policy(CachePolicy { mode: CacheMode::PassThrough, ..v.cache.policy() }));
             }
-            let n = e.clean_all(inner)?;
+            let n = e.clean_oldest_first(inner, u64::MAX)?;
             Ok(n * BS)
         })
         .map_err(EngineError::Request)
@@ -678,17 +692,7 @@ impl Engine {
             return Err(EngineError::Config("cleaning applies to an in-place engine (layout = in-place)"));
         }
         self.change(|e, inner| {
-            let order: Vec<ChunkId> = inner.log.full().chain(inner.log.open().map(|(c, _)| c)).collect();
-            let mut n = 0;
-            for c in order {
-                while n < blocks_max && inner.residency.dirty(c) > 0 {
-                    n += e.clean_chunk(inner, c, blocks_max - n)?;
-                }
-            }
-            if inner.cap.is_dirty() {
-                e.flush_capacity(inner)?;
-            }
-            e.log_claims(inner)?;
+            let n = e.clean_oldest_first(inner, blocks_max)?;
             let dirty: u64 = inner.vols.iter().map(|v| v.cache.dirty_blocks()).sum();
             Ok(CleanStep { cleaned_bytes: n * BS, dirty_bytes: dirty * BS })
         })

@@ -536,15 +536,16 @@ impl Engine {
         Ok(())
     }
 
-    /// Clean every dirty block in the log, oldest chunk first (the open
-    /// chunk last), and make the homes durable: the disk alone is then a
-    /// complete copy of every volume. Returns the blocks written.
-    pub(super) fn clean_all(&self, inner: &mut Inner) -> Result<u64, VolumeError> {
+    /// Clean at most `blocks_max` dirty blocks of the log, oldest chunk
+    /// first (the open chunk last), make the homes durable and claim them
+    /// clean; with `u64::MAX`, every one: the disk alone is then a complete
+    /// copy of every volume. Returns the blocks written.
+    pub(super) fn clean_oldest_first(&self, inner: &mut Inner, blocks_max: u64) -> Result<u64, VolumeError> {
         let order: Vec<ChunkId> = inner.log.full().chain(inner.log.open().map(|(c, _)| c)).collect();
         let mut n = 0;
         for c in order {
-            while inner.residency.dirty(c) > 0 {
-                n += self.clean_chunk(inner, c, u64::MAX)?;
+            while n < blocks_max && inner.residency.dirty(c) > 0 {
+                n += self.clean_chunk(inner, c, blocks_max - n)?;
             }
         }
         if inner.cap.is_dirty() {

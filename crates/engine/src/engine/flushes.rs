@@ -127,11 +127,14 @@ impl Engine {
         // (watermark.rs), without the lock: a claim is true whenever it lands.
         // Also when the round skipped the device flush: an engine flush
         // (compaction's, say) made the records durable but claimed nothing.
-        if r.is_ok() {
-            let claimed = self.claim_flushed(tag, bpc, lsn);
-            return self.lock_for_request().stop_on_device_error(claimed);
+        // The lock again only if the claim's write failed (it stops the
+        // engine, as any device error under a change does).
+        match r {
+            Ok(()) => {
+                self.claim_flushed(tag, bpc, lsn).or_else(|e| self.lock_for_request().stop_on_device_error(Err(e)))
+            }
+            Err(e) => Err(e),
         }
-        r
     }
 }
 

@@ -4,7 +4,7 @@
 use crate::engine::Engine;
 use crate::engine::EngineError;
 use crate::testkit::{
-    assert_reads_as, pattern, small_config, small_device_bytes, small_specs, small_world, small_world_on,
+    assert_reads_as, device_image, pattern, small_config, small_device_bytes, small_specs, small_world, small_world_on,
     small_world_zns, World,
 };
 use crate::volume::Volume;
@@ -276,9 +276,7 @@ fn a_read_only_open_serves_reads_refuses_changes_and_writes_nothing() {
     }
     w.volumes[0].flush().unwrap();
     let (cache, capacity) = w.engine.devices();
-    let image = |d: &Arc<dyn BlockDevice>| {
-        sluice_media::device::read_at(&**d, 0, d.info().capacity_bytes as usize).unwrap().to_vec()
-    };
+    let image = |d: &Arc<dyn BlockDevice>| device_image(&**d);
     // Not shut down: refused, and nothing written.
     let (c0, k0) = (image(&cache), image(&capacity));
     let ro = crate::OpenOptions { read_only: true, ..Default::default() };
@@ -693,9 +691,7 @@ fn a_flip_in_any_segment_header_is_refused_or_harmless() {
     }
     w.volumes[0].flush().unwrap();
     let (cache, capacity) = w.engine.devices();
-    let image = |d: &Arc<dyn BlockDevice>| {
-        sluice_media::device::read_at(&**d, 0, d.info().capacity_bytes as usize).unwrap().to_vec()
-    };
+    let image = |d: &Arc<dyn BlockDevice>| device_image(&**d);
     let (c_img, k_img) = (image(&cache), image(&capacity));
     drop(w);
     let tag = Engine::inspect(&*cache, &*capacity).unwrap().engine_tag();

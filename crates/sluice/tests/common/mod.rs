@@ -180,6 +180,28 @@ pub fn config_of(name: &str, tables: &str) -> (std::path::PathBuf, std::path::Pa
     (dir, config)
 }
 
+/// A config in `dir` attaching a cache of `cache_size` (a file in `dir`)
+/// to the disk image `image`, served whole as volume "default" (in place,
+/// `[engine] attach`). Returns the config's path.
+pub fn attached_config(dir: &Path, image: &Path, cache_size: &str) -> std::path::PathBuf {
+    let config = dir.join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nlisten = [\"127.0.0.1:0\"]\nunix_socket = \"\"\nmetrics_listen = \"127.0.0.1:0\"\n\
+             [cache]\nkind = \"file\"\npath = {:?}\nsize = {cache_size:?}\n\
+             [capacity]\nkind = \"file\"\npath = {:?}\nsize = \"\"\n\
+             [engine]\nlayout = \"in-place\"\nattach = true\nchunk_size = \"1m\"\n\
+             [[volume]]\nname = \"default\"\nsize = \"disk\"\n",
+            dir.join("data"),
+            dir.join("cache.img"),
+            image
+        ),
+    )
+    .unwrap();
+    config
+}
+
 /// The server's log (stderr), line by line: a test waits for the line an
 /// action logs before the next one (signals sent before the last was taken
 /// would merge into one).
