@@ -48,6 +48,51 @@ def sh(*args, check=True):
     return r.stdout.strip()
 
 
+def cgroup(controller, name, settings=()):
+    """A cgroup (v1) of `controller` named `name`, created if missing, with
+    `settings` [(file, value)] written."""
+    cg = os.path.join("/sys/fs/cgroup", controller, name)
+    os.makedirs(cg, exist_ok=True)
+    for k, v in settings:
+        with open(os.path.join(cg, k), "w") as f:
+            f.write(str(v))
+    return cg
+
+
+class Side:
+    """One side of the machine — the jobs, or the storage path (the sluice
+    servers and nbdfuse) — in a CPU set of its own (`cpus`, e.g. "1"; None:
+    every CPU) with its CPU time accounted (cpuacct)."""
+
+    def __init__(self, name, cpus):
+        self.groups = [cgroup("cpuacct", name)]
+        if cpus:
+            mems = open("/sys/fs/cgroup/cpuset/cpuset.mems").read().strip()
+            self.groups.append(cgroup("cpuset", name, [("cpuset.mems", mems), ("cpuset.cpus", cpus)]))
+        self.usage = os.path.join(self.groups[0], "cpuacct.usage")
+
+    def join(self):
+        """Put the calling process in the side's groups (a `preexec_fn`)."""
+        for g in self.groups:
+            with open(os.path.join(g, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+
+    def cpu_s(self):
+        with open(self.usage) as f:
+            return int(f.read()) / 1e9
+
+
+# The emulated HDD's media rate ("" the profile's; set by main).
+HDD_RATE = ""
+# The storage path's side (set by main; None: no CPU sets).
+STORAGE = None
+
+
+def storage_preexec():
+    if STORAGE:
+        STORAGE.join()
+
+
 class Server:
     """One `sluice serve` on a config of its own; stops with SIGTERM."""
 
@@ -58,7 +103,8 @@ class Server:
             f.write(text)
         self.log = open(os.path.join(workdir, "serve.log"), "w")
         self.proc = subprocess.Popen(
-            [sluice, "serve", "--config", self.config], stdout=subprocess.PIPE, stderr=self.log, text=True
+            [sluice, "serve", "--config", self.config], stdout=subprocess.PIPE, stderr=self.log, text=True,
+            preexec_fn=storage_preexec,
         )
         first = self.proc.stdout.readline()
         m = re.search(r":(\d+)\s*$", first)
@@ -107,6 +153,7 @@ class Mount:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=storage_preexec,
         )
         self.loop = None
         self.mounted = False
@@ -142,9 +189,10 @@ class Mount:
 
 
 def devices(cache_bytes, capacity_bytes, disks):
+    rate = f'hdd_rate = "{HDD_RATE}"\n' if HDD_RATE else ""
     return (
         f'[cache]\nkind = "memory"\nsize = "{cache_bytes // MIB}m"\nemulate = "scm"\n'
-        f'[capacity]\nkind = "memory"\nsize = "{capacity_bytes // MIB}m"\nemulate = "hdd"\ndisks = {disks}\n'
+        f'[capacity]\nkind = "memory"\nsize = "{capacity_bytes // MIB}m"\nemulate = "hdd"\ndisks = {disks}\n{rate}'
     )
 
 
@@ -171,10 +219,13 @@ def config(workdir, case, o, cache_bytes, disks, trace=False):
             vol += 'mode = "pt"\n'
         elif case == "b-class":
             # Everything is cached first (a new file's blocks are known only
-            # once its metadata is on the disk); the temp directory's blocks
-            # are the class's, kept at reclaim; the rest is cleaned home.
+            # once its metadata is committed); the temp directory's blocks
+            # are the class's, kept at reclaim; everything else the
+            # metadata names is written home at once (clean_others), so a
+            # reclaim drops it without a disk write (docs/caching.md).
             vol += 'seq_cutoff = "never"\n'
             vol += '[[volume.class]]\nname = "temp"\ndirectory = "/tmp"\nrefresh = "1s"\nshare = 1.0\npinned = true\n'
+            vol += f'clean_others = true\npredict = {"true" if o.predict else "false"}\n'
         else:
             vol += 'seq_cutoff = "never"\n'
         return [("hdd", head + devices(cache_bytes, cap, disks) + engine + vol, [("data", data, "both")])]
@@ -230,16 +281,48 @@ def sample_peak(path, stop, out):
         stop.wait(0.5)
 
 
+# Each job's own phase — what Twitter timed as the job: TeraSort without
+# TeraGen and TeraValidate (generating and checking the data are phases of
+# their own here, reported apart).
+MAIN_PHASE = {"terasort": "sort", "groupby": "aggregate", "join": "join"}
+
+
+def sample_busy(server, stop, out):
+    """(time, HDD busy ns) every half second until `stop`."""
+    while not stop.is_set():
+        try:
+            m = server.metrics()
+            out.append((time.time(), m.get('sluice_device_busy_ns_total{device="capacity"}', 0.0)))
+        except Exception:
+            pass
+        stop.wait(0.5)
+
+
+def busy_over(samples, a, b):
+    """The HDD's busy share over [a, b], from samples (linear between them)."""
+    def at(t):
+        if not samples:
+            return 0.0
+        if t <= samples[0][0]:
+            return samples[0][1]
+        for (t0, x0), (t1, x1) in zip(samples, samples[1:]):
+            if t0 <= t <= t1:
+                return x0 + (x1 - x0) * (t - t0) / max(1e-9, t1 - t0)
+        return samples[-1][1]
+    return max(0.0, min(1.0, (at(b) - at(a)) / 1e9 / max(1e-9, b - a)))
+
+
 def capacity_stats(metrics):
     g = lambda k: metrics.get(f'sluice_device_{k}_total{{device="capacity"}}', 0.0)
-    return {"hdd_write_bytes": g("host_write_bytes"), "hdd_read_bytes": g("host_read_bytes")}
+    return {"hdd_write_bytes": g("host_write_bytes"), "hdd_read_bytes": g("host_read_bytes"), "hdd_busy_ns": g("busy_ns")}
 
 
 def cache_stats(metrics):
     out = {}
     for k in ("spill_bytes", "discarded_dirty_bytes", "read_hit_bytes", "read_miss_bytes", "cleaned_bytes"):
         out[k] = sum(v for m, v in metrics.items() if m.startswith(f"sluice_cache_{k}_total{{"))
-    out["reclassified_bytes"] = sum(v for m, v in metrics.items() if m.startswith("sluice_cache_class_reclassified_bytes{"))
+    for k in ("reclassified_bytes", "class_in_time_bytes", "class_missed_bytes", "other_kept_out_bytes", "other_admitted_bytes"):
+        out[k] = sum(v for m, v in metrics.items() if m.startswith(f"sluice_cache_class_{k}{{"))
     return out
 
 
@@ -269,7 +352,13 @@ def run_case(case, o, cache_bytes, disks, rep, trace_to=None):
         stop, peak = threading.Event(), [0]
         sampler = threading.Thread(target=sample_peak, args=(tmp_dir, stop, peak))
         sampler.start()
+        busy_samples = []
+        hdd_server = dict(servers)["hdd"]
+        busy_sampler = threading.Thread(target=sample_busy, args=(hdd_server, stop, busy_samples))
+        busy_sampler.start()
         busy0, total0 = cpu_times()
+        jobs_side = Side("sluice-hadoop-jobs", o.cpus_jobs)
+        side0 = (jobs_side.cpu_s(), STORAGE.cpu_s() if STORAGE else 0.0)
         t0 = time.monotonic()
         env = dict(os.environ, PYSPARK_PYTHON=o.python)
         # The jobs run in a memory cgroup of `job_memory` (page cache
@@ -278,15 +367,18 @@ def run_case(case, o, cache_bytes, disks, rep, trace_to=None):
         # next to nothing.
         cg = memory_cgroup(f"sluice-hadoop-{os.getpid()}", o.job_memory)
         cmd = [o.python, os.path.join(HERE, "jobs.py"), "--jobs", o.jobs, "--data", data_dir, "--tmp", tmp_dir,
-               "--records", str(o.records), "--partitions", str(o.partitions), "--memory", o.memory]
+               "--records", str(o.records), "--partitions", str(o.partitions), "--memory", o.memory,
+               "--cores", str(o.cores)]
         r = subprocess.run(
             ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh", *cmd],
-            capture_output=True, text=True, env=env,
+            capture_output=True, text=True, env=env, preexec_fn=jobs_side.join,
         )
         wall = time.monotonic() - t0
+        side1 = (jobs_side.cpu_s(), STORAGE.cpu_s() if STORAGE else 0.0)
         busy1, total1 = cpu_times()
         stop.set()
         sampler.join()
+        busy_sampler.join()
         jobs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
         errors = [] if r.returncode == 0 else [r.stderr.strip().splitlines()[-1:] or ["failed"]]
         after = {n: s.metrics() for n, s in servers}
@@ -299,13 +391,25 @@ def run_case(case, o, cache_bytes, disks, rep, trace_to=None):
             "repeat": rep,
             "cache_bytes": cache_bytes if case not in ("a-hdd", "c-scm") else 0,
             "wall_s": round(wall, 2),
-            "jobs": {j["job"]: j["seconds"] for j in jobs},
+            # The job's own phase (MAIN_PHASE), and the whole run of it.
+            "jobs": {j["job"]: j["phases"].get(MAIN_PHASE.get(j["job"], ""), j["seconds"]) for j in jobs},
+            "jobs_wall": {j["job"]: j["seconds"] for j in jobs},
+            "phases": {j["job"]: j["phases"] for j in jobs},
+            "job_hdd_busy_share": {
+                j["job"]: round(busy_over(busy_samples, *j["spans"][MAIN_PHASE[j["job"]]]), 3)
+                for j in jobs if MAIN_PHASE.get(j["job"]) in j.get("spans", {})
+            },
             "jobs_ok": all(j["ok"] for j in jobs) and len(jobs) == len(o.jobs.split(",")),
             "hdd_write_bytes": cap["hdd_write_bytes"],
             "hdd_read_bytes": cap["hdd_read_bytes"],
             "hdd_write_mb_per_s": round(cap["hdd_write_bytes"] / 1e6 / wall, 2),
             "hdd_read_mb_per_s": round(cap["hdd_read_bytes"] / 1e6 / wall, 2),
+            "hdd_busy_share": round(min(1.0, cap["hdd_busy_ns"] / 1e9 / wall), 3),
             "cpu_utilisation": round((busy1 - busy0) / max(1, total1 - total0), 3),
+            # CPUs each side kept busy on average (cpuacct), and how many
+            # it had.
+            "jobs_cpus_used": round((side1[0] - side0[0]) / wall, 3),
+            "storage_cpus_used": round((side1[1] - side0[1]) / wall, 3) if STORAGE else None,
             "peak_temp_bytes": peak[0],
             **cache,
             "errors": errors,
@@ -323,6 +427,11 @@ def run_case(case, o, cache_bytes, disks, rep, trace_to=None):
             shutil.copy(os.path.join(workdir, "hdd", "data", TRACE), trace_to + ".csv")
             shutil.copy(os.path.join(workdir, "hdd", "sluice.toml"), trace_to + ".toml")
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def med_share(rs, hit, miss):
+    xs = [r.get(hit, 0) / (r.get(hit, 0) + r.get(miss, 0)) for r in rs if r.get(hit, 0) + r.get(miss, 0) > 0]
+    return round(statistics.median(xs), 3) if xs else None
 
 
 def summarize(rows):
@@ -344,6 +453,18 @@ def summarize(rows):
             "cpu_utilisation": med("cpu_utilisation"), "peak_temp_mib": med("peak_temp_bytes") / MIB,
             "spill_mib": med("spill_bytes") / MIB, "discarded_dirty_mib": med("discarded_dirty_bytes") / MIB,
             "read_hit_mib": med("read_hit_bytes") / MIB, "reclassified_mib": med("reclassified_bytes") / MIB,
+            "hdd_busy_share": med("hdd_busy_share"),
+            # Over the jobs' own phases (the time-weighted mean of the jobs).
+            "job_hdd_busy_share": statistics.median(
+                sum(r["job_hdd_busy_share"].get(j, 0) * r["jobs"][j] for j in r["jobs"]) / max(1e-9, sum(r["jobs"].values()))
+                for r in rs
+            ),
+            "jobs_cpus_used": med("jobs_cpus_used"),
+            "storage_cpus_used": statistics.median(r["storage_cpus_used"] or 0.0 for r in rs),
+            # Write-time classification (directory classes): the class's
+            # bytes taken in, and others' kept out, when written.
+            "class_in_time_share": med_share(rs, "class_in_time_bytes", "class_missed_bytes"),
+            "other_kept_out_share": med_share(rs, "other_kept_out_bytes", "other_admitted_bytes"),
             "cache_mib": rs[0]["cache_bytes"] / MIB,
             "all_ok": all(r["jobs_ok"] and not r["errors"] for r in rs),
         })
@@ -353,7 +474,7 @@ def summarize(rows):
 def table(summary):
     jobs = list(summary[0]["jobs"]) if summary else []
     head = f"{'case':<11} {'disks':>5} " + " ".join(f"{j + ' s':>14}" for j in jobs)
-    head += f" {'total s':>8} {'hdd w MB/s':>10} {'hdd r MB/s':>10} {'cpu':>5} {'peak tmp':>9} {'spill':>7} {'discard':>8} {'ok':>3}"
+    head += f" {'total s':>8} {'hdd w MB/s':>10} {'hdd r MB/s':>10} {'hdd busy':>8} {'cpu':>5} {'jobs/stor':>9} {'peak tmp':>9} {'spill':>7} {'discard':>8} {'ok':>3}"
     lines = [head]
     for s in summary:
         cells = " ".join(
@@ -361,9 +482,15 @@ def table(summary):
         )
         lines.append(
             f"{s['case']:<11} {s['disks']:>5} {cells} {s['total_s']:>8.1f} {s['hdd_write_mb_per_s']:>10.1f} "
-            f"{s['hdd_read_mb_per_s']:>10.1f} {s['cpu_utilisation'] * 100:>4.0f}% {s['peak_temp_mib']:>8.0f}M "
+            f"{s['hdd_read_mb_per_s']:>10.1f} {s['job_hdd_busy_share'] * 100:>7.0f}% {s['cpu_utilisation'] * 100:>4.0f}% {s['jobs_cpus_used']:>4.2f}/{s['storage_cpus_used']:<4.2f} {s['peak_temp_mib']:>8.0f}M "
             f"{s['spill_mib']:>6.0f}M {s['discarded_dirty_mib']:>7.0f}M {'yes' if s['all_ok'] else 'NO':>3}"
         )
+    for s in summary:
+        if s.get("class_in_time_share") is not None:
+            lines.append(
+                f"{s['case']}: at write time {s['class_in_time_share'] * 100:.1f} % of the temp data taken in, "
+                f"{(s['other_kept_out_share'] or 0) * 100:.1f} % of other data kept out"
+            )
     return "\n".join(lines)
 
 
@@ -429,6 +556,15 @@ def advise(o, rows):
     }
 
 
+def expand_cpus(spec):
+    """The CPUs of a cpuset.cpus list such as "0-2,5"."""
+    out = []
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        out.extend(range(int(a), int(b or a) + 1))
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
@@ -443,7 +579,18 @@ def main():
     p.add_argument("--workdir", default="/tmp/sluice-hadoop")
     p.add_argument("--json", default=os.path.join(ROOT, "target", "bench", "hadoop.json"))
     p.add_argument("--no-advise", action="store_true", help="do not record b2-volume's temp trace and run sluice advise on it")
+    p.add_argument("--predict", action="store_true", help="b-class: predict the temp class at write time (docs/caching.md)")
+    p.add_argument("--cpus-jobs", default="1", help="CPU set of the jobs (cpuset.cpus syntax; 'all': no CPU sets)")
+    p.add_argument("--cpus-storage", default="0", help="CPU set of the storage path: sluice serve and nbdfuse")
+    p.add_argument("--hdd-rate", default="", help="the emulated HDD's media rate (e.g. 60m; default the 7200 rpm profile's 200m)")
     o = p.parse_args()
+    global STORAGE, HDD_RATE
+    HDD_RATE = o.hdd_rate
+    if o.cpus_jobs == "all":
+        o.cpus_jobs = o.cpus_storage = None
+    STORAGE = Side("sluice-hadoop-storage", o.cpus_storage)
+    # Spark's cores: the CPUs of its set.
+    o.cores = len(expand_cpus(o.cpus_jobs)) if o.cpus_jobs else os.cpu_count()
     o.records = 3_000_000 if o.quick else 6_000_000
     if o.quick and o.jobs == JOBS_ALL:
         o.jobs = "terasort"

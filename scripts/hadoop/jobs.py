@@ -62,10 +62,17 @@ def checksum(df):
     return int(row["s"] or 0), int(row["n"])
 
 
+# When each phase ran: (start, end) in seconds since the epoch, so that the
+# caller can line them up with what it sampled meanwhile (the HDD's busy
+# time over the job's main phase).
+SPANS = {}
+
+
 def timed(phases, name, f):
-    t = time.monotonic()
+    t, at = time.monotonic(), time.time()
     r = f()
     phases[name] = round(time.monotonic() - t, 3)
+    SPANS.setdefault(id(phases), {})[name] = [round(at, 3), round(time.time(), 3)]
     return r
 
 
@@ -190,7 +197,8 @@ def main():
         t = time.monotonic()
         phases, v, ok = JOBS[name](spark, args)
         wall = round(time.monotonic() - t, 3)
-        print(json.dumps({"job": name, "seconds": wall, "phases": phases, "validation": v, "ok": ok}), flush=True)
+        spans = SPANS.get(id(phases), {})
+        print(json.dumps({"job": name, "seconds": wall, "phases": phases, "spans": spans, "validation": v, "ok": ok}), flush=True)
         failed |= not ok
     spark.stop()
     sys.exit(1 if failed else 0)

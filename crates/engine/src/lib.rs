@@ -15,9 +15,9 @@ mod testkit;
 pub use sluice_volume as volume;
 
 pub use engine::{
-    BandPlacement, CacheMode, CachePolicy, CacheReport, CacheStats, CheckReport, ClassDirection, ClassStats, Cleaning,
-    CleaningMode, Compactor, CompactorConfig, CompactorSnapshot, Damage, Engine, EngineConfig, EngineError,
-    EngineSnapshot, EngineStats, EngineVolume, IoClass, L2pStats, Layout, OpenOptions, Runtime, Schedule, SeqCutoff,
-    StagedWrite, Stepped, VolumeSnapshot, VolumeSpec, WriteStep,
+    Allocation, BandPlacement, CacheMode, CachePolicy, CacheReport, CacheStats, CheckReport, ClassDirection,
+    ClassStats, Cleaning, CleaningMode, Compactor, CompactorConfig, CompactorSnapshot, Damage, Engine, EngineConfig,
+    EngineError, EngineSnapshot, EngineStats, EngineVolume, IoClass, L2pStats, Layout, OpenOptions, Outcome, Runtime,
+    Schedule, SeqCutoff, StagedWrite, Stepped, VolumeSnapshot, VolumeSpec, WriteStep,
 };
 pub use volume::{Extent, Volume, VolumeError, WriteBuf};

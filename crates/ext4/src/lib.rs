@@ -63,6 +63,10 @@ const EXTENTS_FL: u32 = 0x8_0000;
 const INLINE_DATA_FL: u32 = 0x1000_0000;
 const INCOMPAT_64BIT: u32 = 0x80;
 const INCOMPAT_META_BG: u32 = 0x10;
+const INCOMPAT_FLEX_BG: u32 = 0x200;
+/// A group descriptor's flag: the group's block bitmap was never written
+/// (no block of the group is in use but its own metadata).
+const BG_BLOCK_UNINIT: u16 = 0x2;
 const EXTENT_MAGIC: u16 = 0xF30A;
 const JBD2_MAGIC: u32 = 0xC03B_3998;
 const COMPAT_HAS_JOURNAL: u32 = 0x4;
@@ -81,6 +85,9 @@ pub struct Ext4<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> {
     desc_size: u64,
     first_data_block: u64,
     groups: u64,
+    blocks_per_group: u64,
+    /// Block groups per flexible block group (1 without `flex_bg`).
+    flex_groups: u64,
     /// The newest committed journal copy of each file-system block.
     overlay: std::collections::HashMap<u64, Vec<u8>>,
 }
@@ -121,10 +128,23 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> Ext4<R> {
             return Err(Ext4Error::Corrupt("superblock geometry"));
         }
         let groups = blocks.saturating_sub(first_data_block).div_ceil(blocks_per_group);
+        let flex_log = sb[0x174] as u32;
+        let flex_groups = if u32_at(&sb, 0x60) & INCOMPAT_FLEX_BG != 0 && flex_log < 32 { 1u64 << flex_log } else { 1 };
         let journal_inode = (u32_at(&sb, 0x5C) & COMPAT_HAS_JOURNAL != 0).then(|| u32_at(&sb, 0xE0));
         let overlay = Default::default();
-        let mut fs =
-            Ext4 { read, block, bytes, inodes_per_group, inode_size, desc_size, first_data_block, groups, overlay };
+        let mut fs = Ext4 {
+            read,
+            block,
+            bytes,
+            inodes_per_group,
+            inode_size,
+            desc_size,
+            first_data_block,
+            groups,
+            blocks_per_group,
+            flex_groups,
+            overlay,
+        };
         if let Some(n) = journal_inode.filter(|&n| n != 0) {
             fs.overlay = fs.replay_journal(n)?;
         }
@@ -241,6 +261,90 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> Ext4<R> {
     /// The file system's block size.
     pub fn block_bytes(&self) -> u64 {
         self.block
+    }
+
+    /// How the file system divides the device into block groups: what its
+    /// allocator places near each other (`Geometry`).
+    pub fn geometry(&self) -> Geometry {
+        Geometry {
+            first_byte: self.first_data_block * self.block,
+            group_bytes: self.blocks_per_group * self.block,
+            flex_groups: self.flex_groups,
+            groups: self.groups,
+        }
+    }
+
+    /// The byte ranges (sorted, merged) of the blocks the file system holds
+    /// in use, by its block bitmaps as the journal has them: every file's
+    /// and directory's data, the journal, the superblock and descriptor
+    /// copies — all but the groups' bitmaps and inode tables, which hold no
+    /// file's data and would weigh a group by its metadata. A group whose
+    /// bitmap was never written (`BLOCK_UNINIT`) holds nothing of files and
+    /// is left out.
+    pub fn allocated(&self) -> Result<Vec<(u64, u64)>, Ext4Error> {
+        let gdt = (self.first_data_block + 1) * self.block;
+        let mut maps: Vec<(u64, u64)> = Vec::new(); // (bitmap block, group)
+        let mut fixed: Vec<(u64, u64)> = Vec::new(); // bitmaps and inode tables, bytes
+        let table_blocks = (self.inodes_per_group as u64 * self.inode_size).div_ceil(self.block);
+        for g in 0..self.groups {
+            let d = self.read(gdt + g * self.desc_size, self.desc_size as usize)?;
+            let at = |lo: usize| {
+                let mut b = u32_at(&d, lo) as u64;
+                if self.desc_size >= 64 {
+                    b |= (u32_at(&d, lo + 0x20) as u64) << 32;
+                }
+                b.saturating_mul(self.block)
+            };
+            let (bitmap, inodes, table) = (at(0x00), at(0x04), at(0x08));
+            fixed.extend([
+                (bitmap, bitmap.saturating_add(self.block)),
+                (inodes, inodes.saturating_add(self.block)),
+                (table, table.saturating_add(table_blocks * self.block)),
+            ]);
+            if u16_at(&d, 0x12) & BG_BLOCK_UNINIT != 0 {
+                continue;
+            }
+            maps.push((bitmap / self.block, g));
+        }
+        maps.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let per_group = self.blocks_per_group.min(self.block * 8);
+        let mut i = 0;
+        while i < maps.len() {
+            // Bitmaps of a flex group lie side by side: one read for a run.
+            let mut n = 1;
+            while i + n < maps.len() && maps[i + n].0 == maps[i].0 + n as u64 && n < 256 {
+                n += 1;
+            }
+            let bytes = self.read(
+                maps[i].0.checked_mul(self.block).ok_or(Ext4Error::Corrupt("block bitmap"))?,
+                (n as u64 * self.block) as usize,
+            )?;
+            for (k, &(_, g)) in maps[i..i + n].iter().enumerate() {
+                let bits = &bytes[k * self.block as usize..][..self.block as usize];
+                let first = self.first_data_block + g * self.blocks_per_group;
+                let count = per_group.min((self.bytes / self.block).saturating_sub(first));
+                let mut b = 0;
+                while b < count {
+                    if bits[(b / 8) as usize] & (1 << (b % 8)) == 0 {
+                        b += 1;
+                        continue;
+                    }
+                    let start = b;
+                    while b < count && bits[(b / 8) as usize] & (1 << (b % 8)) != 0 {
+                        b += 1;
+                    }
+                    let (a, z) = ((first + start) * self.block, (first + b) * self.block);
+                    match out.last_mut() {
+                        Some(last) if last.1 == a => last.1 = z,
+                        _ => out.push((a, z)),
+                    }
+                }
+            }
+            i += n;
+        }
+        fixed.sort_unstable();
+        Ok(without(&merged(out), &merged(fixed)))
     }
 
     /// `read_raw`, with the journal's newer copies of the blocks overlaid.
@@ -420,17 +524,80 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> Ext4<R> {
                 }
             }
         }
-        blocks.sort_unstable();
-        let mut out: Vec<(u64, u64)> = Vec::new();
-        for (start, len) in blocks {
-            let (a, b) = (start * self.block, (start + len) * self.block);
-            match out.last_mut() {
-                Some(last) if last.1 >= a => last.1 = last.1.max(b),
-                _ => out.push((a, b)),
-            }
-        }
-        Ok(out)
+        let mut out: Vec<(u64, u64)> = blocks.iter().map(|&(s, n)| (s * self.block, (s + n) * self.block)).collect();
+        out.sort_unstable();
+        Ok(merged(out))
     }
+
+    /// What a directory class needs of the file system at one moment: the
+    /// directory's files (`directory_extents`), every block in use
+    /// (`allocated`) and the group geometry — from which a block server
+    /// predicts the class of a block written before the metadata naming its
+    /// file is committed (the engine's `predict` module).
+    pub fn directory_layout(&self, path: &str) -> Result<Layout, Ext4Error> {
+        Ok(Layout { class: self.directory_extents(path)?, allocated: self.allocated()?, geometry: self.geometry() })
+    }
+}
+
+/// Sorted, disjoint ranges `a` less sorted, disjoint ranges `b`.
+fn without(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(a.len());
+    let mut j = 0;
+    for &(mut s, e) in a {
+        while j < b.len() && b[j].1 <= s {
+            j += 1;
+        }
+        let mut k = j;
+        while k < b.len() && b[k].0 < e {
+            if b[k].0 > s {
+                out.push((s, b[k].0));
+            }
+            s = s.max(b[k].1);
+            k += 1;
+        }
+        if s < e {
+            out.push((s, e));
+        }
+    }
+    out
+}
+
+/// Sorted byte ranges with touching or overlapping ones joined.
+fn merged(sorted: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
+    for (a, b) in sorted {
+        match out.last_mut() {
+            Some(last) if last.1 >= a => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+/// How an ext4 file system divides its device (`Ext4::geometry`). ext4's
+/// allocator places a file's data in or after its inode's group — with
+/// `flex_bg`, from the second group of the inode's flexible group on — and
+/// a directory's inodes near its parent's, so files of one directory tree
+/// tend to share groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Byte where group 0 starts.
+    pub first_byte: u64,
+    pub group_bytes: u64,
+    /// Groups per flexible block group (1 without `flex_bg`).
+    pub flex_groups: u64,
+    pub groups: u64,
+}
+
+/// A directory's files, the blocks in use and the geometry, read at one
+/// moment (`Ext4::directory_layout`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Byte ranges (sorted, merged) of the directory's files.
+    pub class: Vec<(u64, u64)>,
+    /// Byte ranges (sorted, merged) of every block in use.
+    pub allocated: Vec<(u64, u64)>,
+    pub geometry: Geometry,
 }
 
 /// The byte ranges of `volume` holding the files under directory `path` of
@@ -448,7 +615,27 @@ pub fn directory_extents_via(
     read_blocks: impl Fn(u64, &mut [u8]) -> Result<(), ReadError>,
     path: &str,
 ) -> Result<Vec<(u64, u64)>, Ext4Error> {
-    let read = |offset: u64, len: usize| -> Result<Vec<u8>, ReadError> {
+    Ext4::open(block_reader(size, bs, read_blocks))?.directory_extents(path)
+}
+
+/// `directory_extents_via`, with every block in use and the geometry
+/// (`Ext4::directory_layout`).
+pub fn directory_layout_via(
+    size: u64,
+    bs: u64,
+    read_blocks: impl Fn(u64, &mut [u8]) -> Result<(), ReadError>,
+    path: &str,
+) -> Result<Layout, Ext4Error> {
+    Ext4::open(block_reader(size, bs, read_blocks))?.directory_layout(path)
+}
+
+/// A byte reader over whole-block reads of a device of `size` bytes.
+fn block_reader(
+    size: u64,
+    bs: u64,
+    read_blocks: impl Fn(u64, &mut [u8]) -> Result<(), ReadError>,
+) -> impl Fn(u64, usize) -> Result<Vec<u8>, ReadError> {
+    move |offset: u64, len: usize| -> Result<Vec<u8>, ReadError> {
         let start = offset / bs * bs;
         let end = (offset + len as u64).div_ceil(bs) * bs;
         if end > size {
@@ -458,8 +645,7 @@ pub fn directory_extents_via(
         read_blocks(start, &mut b)?;
         let at = (offset - start) as usize;
         Ok(b[at..at + len].to_vec())
-    };
-    Ext4::open(read)?.directory_extents(path)
+    }
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -542,6 +728,24 @@ mod tests {
         }
         let bytes: u64 = yarn.iter().map(|(a, b)| b - a).sum();
         assert!((1_340_000 + 300 * 4096..4 << 20).contains(&bytes), "{bytes}");
+        // Every block of every file is in use by the bitmaps; most of the
+        // image is free; the geometry is mkfs's for 64 MiB.
+        let used = fs.allocated().unwrap();
+        let within = |o: u64| used.iter().any(|&(a, b)| (a..b).contains(&o));
+        for &(a, b) in yarn.iter().chain(&hdfs) {
+            assert!((a..b).step_by(4096).all(within), "{a}..{b} is in use");
+        }
+        assert!(within(0), "the superblock's group metadata is in use");
+        let used_bytes: u64 = used.iter().map(|(a, b)| b - a).sum();
+        assert!(used_bytes < 40 << 20 && used_bytes > bytes, "{used_bytes}");
+        assert!(used.windows(2).all(|w| w[0].1 < w[1].0), "sorted and merged");
+        assert_eq!(
+            without(&[(0, 100), (200, 300)], &[(50, 60), (90, 210), (250, 400)]),
+            [(0, 50), (60, 90), (210, 250)]
+        );
+        let g = fs.geometry();
+        assert_eq!((g.first_byte, g.group_bytes, g.groups), (0, 128 << 20, 1));
+        assert_eq!(fs.directory_layout("/yarn/local").unwrap().class, yarn);
         // Typed refusals.
         assert!(matches!(fs.directory_extents("/nope"), Err(Ext4Error::NotFound(_))));
         assert!(matches!(fs.directory_extents("/hdfs/blk_1"), Err(Ext4Error::NotFound(_))));

@@ -294,6 +294,20 @@ fn stats_table(s: &Value, rates: Option<&Value>) -> String {
                 c["cutoff_bytes"],
                 c["reclassified_bytes"]
             );
+            let n = |k: &str| c[k].as_u64().unwrap_or(0);
+            let (mine, theirs) = (
+                n("class_in_time_bytes") + n("class_missed_bytes"),
+                n("other_kept_out_bytes") + n("other_admitted_bytes"),
+            );
+            if mine + theirs > 0 {
+                let pct = |a: u64, b: u64| if b == 0 { 100.0 } else { a as f64 * 100.0 / b as f64 };
+                o += &format!(
+                    "  at write time: {:.1} % of the class's bytes taken in, {:.1} % of others' kept out ({} bytes never named)\n",
+                    pct(n("class_in_time_bytes"), mine),
+                    pct(n("other_kept_out_bytes"), theirs),
+                    n("unresolved_bytes")
+                );
+            }
         }
     }
     o

@@ -1,6 +1,8 @@
 //! Directory classes kept current while the server runs: a thread that
 //! reads the ext4 metadata of each volume with a `directory` class and hands
-//! the blocks of the directory's files to the engine (docs/caching.md).
+//! the blocks of the directory's files to the engine, with the blocks the
+//! file system holds in use, from which the engine predicts the class of
+//! writes to blocks no file is known to hold yet (docs/caching.md).
 
 use crate::serve::{seconds_of, Config, ServeError};
 use sluice_engine::{Engine, Volume};
@@ -27,7 +29,13 @@ impl DirectoryClasses {
                     let secs = seconds_of(&format!("volume {} class {} refresh", v.name, c.name), &c.refresh)?;
                     every = every.min(std::time::Duration::from_secs_f64(secs.max(0.01)));
                 }
-                jobs.push((engine.volume(&v.name)?, v.name.clone(), c.name.clone(), c.directory.clone()));
+                jobs.push((
+                    engine.volume(&v.name)?,
+                    v.name.clone(),
+                    c.name.clone(),
+                    c.directory.clone(),
+                    c.predict || c.clean_others,
+                ));
             }
         }
         if jobs.is_empty() {
@@ -40,20 +48,36 @@ impl DirectoryClasses {
             .spawn(move || {
                 let mut said: std::collections::HashMap<(String, String), String> = std::collections::HashMap::new();
                 while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                    for (vol, name, class, dir) in &jobs {
+                    for (vol, name, class, dir, predict) in &jobs {
                         let read =
                             |o: u64, b: &mut [u8]| vol.read_unaccounted(o, b).map_err(sluice_ext4::ReadError::from);
-                        let found = sluice_ext4::directory_extents_via(vol.size_bytes(), 4096, read, dir);
-                        let (extents, err) = match found {
-                            Ok(e) => (e, String::new()),
-                            Err(e) => (Vec::new(), e.to_string()),
+                        let found = sluice_ext4::directory_layout_via(vol.size_bytes(), 4096, read, dir);
+                        let (extents, alloc, err) = match found {
+                            Ok(l) => {
+                                let alloc = predict.then(|| sluice_engine::Allocation {
+                                    allocated: l.allocated,
+                                    first_byte: l.geometry.first_byte,
+                                    group_bytes: l.geometry.group_bytes,
+                                });
+                                (l.class, alloc, String::new())
+                            }
+                            Err(e) => (Vec::new(), None, e.to_string()),
                         };
                         let key = (name.clone(), class.clone());
                         if !err.is_empty() && said.get(&key) != Some(&err) {
                             eprintln!("sluice: volume {name:?} class {class:?}: directory {dir:?}: {err}");
                         }
                         said.insert(key, err);
-                        let _ = engine.set_class_extents(name, class, extents);
+                        let known = alloc.is_some();
+                        let _ = engine.set_class_layout(name, class, extents, alloc);
+                        // Others' dirty blocks home, a MiB at a time (the
+                        // engine's lock is free between steps).
+                        while known && !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                            match engine.clean_others(name, 256) {
+                                Ok(step) if step.cleaned_bytes > 0 => {}
+                                _ => break,
+                            }
+                        }
                     }
                     let t = std::time::Instant::now();
                     while t.elapsed() < every && !flag.load(std::sync::atomic::Ordering::Relaxed) {

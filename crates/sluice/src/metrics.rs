@@ -257,6 +257,14 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
             "reclassified_bytes",
             "Cached blocks found to be the class's only after they were written (directory classes: recognised late).",
         ),
+        (
+            "class_in_time_bytes",
+            "The class's bytes admitted as the class when written (directory classes: known or predicted right).",
+        ),
+        ("class_missed_bytes", "The class's bytes predicted to be another's when written (directory classes)."),
+        ("other_kept_out_bytes", "Other bytes kept out of the class when written (directory classes)."),
+        ("other_admitted_bytes", "Other bytes predicted to be the class's when written (directory classes)."),
+        ("unresolved_bytes", "Predicted bytes the file system never named (freed first; directory classes)."),
     ] {
         let name = format!("sluice_cache_class_{k}");
         family(o, &name, if k == "cached_bytes" { "gauge" } else { "counter" }, help);
@@ -269,6 +277,11 @@ fn render_cache(o: &mut String, s: &EngineSnapshot) {
                     "bypass_bytes" => cl.bypass_bytes,
                     "spill_bytes" => cl.spill_bytes,
                     "cutoff_bytes" => cl.cutoff_bytes,
+                    "class_in_time_bytes" => cl.prediction.class_in_time_bytes,
+                    "class_missed_bytes" => cl.prediction.class_missed_bytes,
+                    "other_kept_out_bytes" => cl.prediction.other_kept_out_bytes,
+                    "other_admitted_bytes" => cl.prediction.other_admitted_bytes,
+                    "unresolved_bytes" => cl.prediction.unresolved_bytes,
                     _ => cl.reclassified_bytes,
                 };
                 let _ = writeln!(o, "{name}{{volume=\"{}\",class=\"{}\"}} {x}", esc(&c.volume), esc(&cl.class));

@@ -20,8 +20,17 @@
 //! blocks the class now covers (lazily, before they are cleaned or
 //! evicted), and counts them (`ClassStats::reclassified_bytes`): how much
 //! of the class's data was recognised late.
+//!
+//! Given the file system's blocks in use as well (`Allocation`), a
+//! directory class judges a write to a block no file is known to hold yet
+//! by where the allocator puts the class's files (`predict`), so that its
+//! data is taken in and others' kept out at write time, and scores each
+//! guess once the metadata names the blocks (`ClassStats::prediction`). A
+//! cached block guessed to be the class's that turns out another's leaves
+//! the class at that refresh (`Engine::set_class_layout`).
 
-use super::{Engine, EngineError, Inner, Serialize, VolumeError, BS};
+use super::predict::{Allocation, Outcome, Predictor};
+use super::{CleanStep, Engine, EngineError, Inner, Serialize, VolumeError, BS};
 
 /// Which direction a class's rule takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -56,6 +65,16 @@ pub struct IoClass {
     /// refreshed as the file system changes (`Engine::set_class_extents`).
     #[serde(skip)]
     pub extents: Option<std::sync::Arc<Vec<(u64, u64)>>>,
+    /// A directory class given the file system's blocks in use judges a
+    /// write to a block no file is known to hold yet by where the
+    /// allocator puts the class's files (`predict`); false: such a write
+    /// is not the class's.
+    pub predict: bool,
+    /// Unclassified dirty cached blocks that the file system's metadata
+    /// names another's (in use, not the class's) are written home
+    /// promptly (`Engine::clean_others`), so that a reclaim finds them
+    /// clean.
+    pub clean_others: bool,
 }
 
 impl IoClass {
@@ -71,6 +90,8 @@ impl IoClass {
             pinned: false,
             priority: 0,
             extents: None,
+            predict: false,
+            clean_others: false,
         }
     }
 
@@ -109,6 +130,11 @@ pub struct ClassStats {
     /// class's cached writes, `write_bytes` − bypass − spill were
     /// recognised in time and these late.
     pub reclassified_bytes: u64,
+    /// How writes were judged at write time against what the metadata
+    /// later said, for a class given the file system's blocks in use
+    /// (`Engine::set_class_layout`; zero otherwise).
+    #[serde(flatten)]
+    pub prediction: Outcome,
 }
 
 /// Whether `classes` can be a volume's (`Engine::set_io_classes`): at most
@@ -130,6 +156,9 @@ pub(super) struct Classes {
     /// Per class id (0: unclassified, then `list`): counters and blocks held.
     stats: Vec<ClassStats>,
     blocks: Vec<u64>,
+    /// Per class of `list`: its write-time predictor, once it has been
+    /// given the file system's blocks in use.
+    predictors: Vec<Option<Predictor>>,
 }
 
 /// What the classes say about a write.
@@ -156,6 +185,7 @@ impl Classes {
             .map(|class| ClassStats { class, ..ClassStats::default() })
             .collect();
         self.blocks = blocks;
+        self.predictors = vec![None; list.len()];
         self.list = list;
     }
 
@@ -178,11 +208,30 @@ impl Classes {
         (self.list.iter().position(|c| c.matches(offset, len, dir))).map_or(0, |i| i as u8 + 1)
     }
 
+    /// The class id of a write: as `class_of`, with a class that has a
+    /// predictor judging blocks no file is known to hold yet (`predict`).
+    fn class_of_write(&mut self, offset: u64, len: u64) -> u8 {
+        for (i, c) in self.list.iter().enumerate() {
+            let rule = (c.size_min..=c.size_max).contains(&len)
+                && c.direction.is_none_or(|d| d == ClassDirection::Write)
+                && c.range.is_none_or(|(a, b)| (a..b).contains(&offset));
+            let hit = rule
+                && match self.predictors.get_mut(i).and_then(|p| p.as_mut()).filter(|_| c.predict) {
+                    Some(p) => p.judge(offset, len),
+                    None => c.covers(offset),
+                };
+            if hit {
+                return i as u8 + 1;
+            }
+        }
+        0
+    }
+
     /// Whether a write of `blocks` at `offset` may be cached, given the
     /// log's size in blocks; counts it.
     pub(super) fn admit_write(&mut self, offset: u64, blocks: u64, log_blocks: u64) -> Admit {
         self.ensure();
-        let id = self.class_of(offset, blocks * BS, ClassDirection::Write);
+        let id = self.class_of_write(offset, blocks * BS);
         self.stats[id as usize].write_bytes += blocks * BS;
         if id == 0 {
             return Admit::Class(0);
@@ -240,6 +289,9 @@ impl Classes {
         }
         for (s, &b) in out.iter_mut().zip(&self.blocks) {
             s.cached_bytes = b * BS;
+        }
+        for (s, p) in out.iter_mut().skip(1).zip(&self.predictors) {
+            s.prediction = p.as_ref().map(|p| p.outcome()).unwrap_or_default();
         }
         out
     }
@@ -326,6 +378,28 @@ impl Inner {
         Ok(())
     }
 
+    /// The cached blocks of volume `v` in byte ranges `wrong` that class
+    /// `id` holds by a wrong guess take the class their request would have
+    /// now (by what is known, not guessed).
+    fn declassify(&mut self, v: usize, id: u8, wrong: &[(u64, u64)]) -> Result<(), VolumeError> {
+        let vol_blocks = self.vols[v].l2p.len() as u64;
+        let mut moved = Vec::new();
+        for &(a, b) in wrong {
+            for lba in a / BS..b.div_ceil(BS).min(vol_blocks) {
+                if let Some(cb) = self.vols[v].l2p.get(lba as usize)?.cache_block() {
+                    if self.residency.class(cb) == id {
+                        let now = self.vols[v].cache.classes().class_of(lba * BS, BS, ClassDirection::Write);
+                        moved.push((cb, now));
+                    }
+                }
+            }
+        }
+        for (cb, now) in moved {
+            self.set_class(cb, now);
+        }
+        Ok(())
+    }
+
     /// Cache block `cb` (just logged, current) now belongs to class `id`.
     pub(super) fn set_class(&mut self, cb: u64, id: u8) {
         let (ch, i) = self.log.chunk_of(cb);
@@ -343,12 +417,45 @@ impl Engine {
     /// (a directory class's files, as they are now), keeping its counters
     /// and the classes of blocks already cached.
     pub fn set_class_extents(&self, volume: &str, class: &str, extents: Vec<(u64, u64)>) -> Result<(), EngineError> {
+        self.set_class_layout(volume, class, extents, None)
+    }
+
+    /// `set_class_extents`, and with `alloc` (the file system's blocks in
+    /// use and its groups) the class predicts the class of writes to
+    /// blocks no file is known to hold yet (module doc, `predict`). The
+    /// guesses this refresh shows wrong leave the class: cached blocks
+    /// guessed the class's that another file holds take the class their
+    /// request would have now.
+    pub fn set_class_layout(
+        &self,
+        volume: &str,
+        class: &str,
+        extents: Vec<(u64, u64)>,
+        alloc: Option<Allocation>,
+    ) -> Result<(), EngineError> {
+        if alloc.as_ref().is_some_and(|a| a.group_bytes == 0 || a.allocated.windows(2).any(|w| w[0].1 > w[1].0)) {
+            return Err(EngineError::Config("an allocation has groups of some bytes and sorted, disjoint ranges"));
+        }
         let mut inner = self.lock();
         let v = inner.vols.iter().position(|v| v.name == volume).ok_or_else(|| EngineError::NoVolume(volume.into()))?;
-        let list = &mut inner.vols[v].cache.classes_mut().list;
-        let i = (list.iter().position(|c| c.name == class))
+        let cls = inner.vols[v].cache.classes_mut();
+        cls.ensure();
+        let i = (cls.list.iter().position(|c| c.name == class))
             .ok_or(EngineError::Config("no I/O class of that name on the volume"))?;
-        list[i].extents = Some(std::sync::Arc::new(extents));
+        let extents = std::sync::Arc::new(extents);
+        cls.list[i].extents = Some(extents.clone());
+        let wrong = match (alloc, &mut cls.predictors[i]) {
+            (Some(a), Some(p)) => p.refresh(extents, a),
+            (Some(a), slot) => {
+                *slot = Some(Predictor::new(extents, a));
+                Vec::new()
+            }
+            (None, slot) => {
+                *slot = None;
+                Vec::new()
+            }
+        };
+        inner.declassify(v, i as u8 + 1, &wrong).map_err(EngineError::Request)?;
         inner.reclassify(v, i as u8 + 1).map_err(EngineError::Request)
     }
 
@@ -370,6 +477,53 @@ impl Engine {
         let c = (list.iter_mut().find(|c| c.name == class))
             .ok_or(EngineError::Config("no I/O class of that name on the volume"))?;
         Ok(std::mem::replace(&mut c.share, share))
+    }
+
+    /// Write home at most `blocks_max` unclassified dirty cached blocks of
+    /// in-place volume `volume` that the file system's metadata, as a
+    /// class with `clean_others` last read it, names another's than the
+    /// class's: the lowest LBAs first, each chunk's in one read, homes in
+    /// runs (as cleaning does). A directory refresher calls it until it
+    /// cleans nothing, so that the cache holds the class's data dirty and
+    /// others' clean, which a reclaim drops without a disk write.
+    pub fn clean_others(&self, volume: &str, blocks_max: u64) -> Result<CleanStep, EngineError> {
+        let v = {
+            let inner = self.lock();
+            if !inner.in_place() {
+                return Err(EngineError::Config("I/O classes apply to an in-place engine (layout = in-place)"));
+            }
+            inner.vols.iter().position(|v| v.name == volume).ok_or_else(|| EngineError::NoVolume(volume.into()))?
+        };
+        self.change(|e, inner| {
+            let bpc = inner.blocks_per_chunk();
+            let cls = inner.vols[v].cache.classes();
+            let judges: Vec<&Predictor> = (cls.list.iter().zip(&cls.predictors))
+                .filter(|(c, _)| c.clean_others)
+                .filter_map(|(_, p)| p.as_ref())
+                .collect();
+            let mut todo: Vec<(u32, u64, u64)> = Vec::new();
+            if !judges.is_empty() {
+                for (cb, vol, lba) in inner.log.current() {
+                    if vol == v as u32
+                        && !inner.residency.is_clean(cb)
+                        && inner.residency.class(cb) == 0
+                        && judges.iter().any(|p| p.known_other(lba * BS))
+                    {
+                        todo.push((vol, lba, cb));
+                    }
+                }
+            }
+            todo.sort_unstable_by_key(|t| t.1);
+            todo.truncate(blocks_max.max(1) as usize);
+            todo.sort_unstable_by_key(|t| t.2);
+            let mut n = 0;
+            for chunk in todo.chunk_by(|a, b| a.2 / bpc == b.2 / bpc) {
+                n += e.clean_listed(inner, chunk)?;
+            }
+            let dirty: u64 = inner.vols.iter().map(|v| v.cache.dirty_blocks()).sum();
+            Ok(CleanStep { cleaned_bytes: n * BS, dirty_bytes: dirty * BS })
+        })
+        .map_err(EngineError::Request)
     }
 
     /// The I/O classes of in-place volume `name`, as set.

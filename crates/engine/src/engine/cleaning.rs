@@ -373,11 +373,21 @@ impl Engine {
             .filter(|&(_, _, cb)| !inner.residency.is_clean(cb))
             .take(blocks_max.max(1) as usize)
             .collect();
+        self.clean_listed(inner, &todo)
+    }
+
+    /// Write the dirty cached blocks `todo` (volume, LBA, cache block;
+    /// current, dirty, sorted by cache block, all of one chunk) home as
+    /// `clean_chunk` does. Returns how many.
+    pub(super) fn clean_listed(&self, inner: &mut Inner, todo: &[(u32, u64, u64)]) -> Result<u64, VolumeError> {
+        let bpc = inner.blocks_per_chunk();
+        assert!(todo.windows(2).all(|w| w[0].2 < w[1].2), "sorted by cache block");
+        assert!(todo.first().zip(todo.last()).is_none_or(|(a, b)| a.2 / bpc == b.2 / bpc), "one chunk");
         let (Some(first), Some(last)) = (todo.first(), todo.last()) else { return Ok(0) };
         let (first, span) = (first.2, last.2 + 1 - first.2);
         let data = read_at(&*self.cache, first * BS, (span * BS) as usize)?;
         let mut homes: Vec<(u64, u32, u64, &[u8])> = Vec::with_capacity(todo.len());
-        for &(v, lba, cb) in &todo {
+        for &(v, lba, cb) in todo {
             let block = &data[((cb - first) * BS) as usize..][..BLOCK_BYTES];
             let crc = inner.vols[v as usize].l2p.entry(lba as usize)?.1;
             if crc32c(block) != crc {
@@ -419,7 +429,7 @@ impl Engine {
             inner.stats.compacted(run.len() as u64);
             i += n;
         }
-        for &(_, _, cb) in &todo {
+        for &(_, _, cb) in todo {
             inner.mark_clean(cb);
         }
         Ok(todo.len() as u64)

@@ -961,3 +961,86 @@ fn the_engine_own_write_of_a_sampled_block_survives_a_crash() {
     e.volume("disk").unwrap().read(0, &mut b).unwrap();
     assert_eq!(b, pattern(9, 0, 3));
 }
+
+/// Write-time prediction: a directory class given the file system's
+/// blocks in use takes a write to a free block of a group its files hold
+/// and keeps out one in a group others' hold (here sent home by a share-0
+/// class after it); a guess the next refresh shows wrong leaves the class
+/// (its cached block takes the class its request has now), and both are
+/// scored.
+#[test]
+fn a_directory_class_predicts_a_new_files_blocks_at_write_time() {
+    const M: u64 = 1 << 20;
+    let w = in_place_world(&[2048]);
+    let (e, v) = (&w.engine, &w.volumes[0]);
+    let mut temp = IoClass::new("temp", 1.0);
+    temp.extents = Some(Arc::new(Vec::new()));
+    (temp.pinned, temp.predict) = (true, true);
+    e.set_io_classes("v0", vec![temp, IoClass::new("rest", 0.0)]).unwrap();
+    // Groups of 2 MiB: group 0 holds others' files, group 1 the class's.
+    let class = vec![(2 * M, 2 * M + 256 * 1024)];
+    let alloc = |extra: &[(u64, u64)]| {
+        let mut allocated = vec![(0, M), (2 * M, 2 * M + 256 * 1024)];
+        allocated.extend_from_slice(extra);
+        allocated.sort_unstable();
+        Allocation { allocated, first_byte: 0, group_bytes: 2 * M }
+    };
+    e.set_class_layout("v0", "temp", class.clone(), Some(alloc(&[]))).unwrap();
+    let bad = Allocation { allocated: vec![(0, 10), (5, 20)], first_byte: 0, group_bytes: 2 * M };
+    assert!(matches!(e.set_class_layout("v0", "temp", class.clone(), Some(bad)), Err(EngineError::Config(_))));
+    let report = || e.cache_report()[0].classes.clone();
+    v.write(3 * M, &pattern(0, 3 * M / BS, 1), false).unwrap();
+    v.write(M + M / 2, &pattern(0, (M + M / 2) / BS, 1), false).unwrap();
+    let r = report();
+    assert_eq!((r[1].cached_bytes, r[2].bypass_bytes), (BS, BS), "taken in by its group; kept out by its group");
+    assert!(e.lock().vols[0].l2p.get((3 * M / BS) as usize).unwrap().cache_block().is_some());
+    // The next refresh names both blocks another file's.
+    e.set_class_layout("v0", "temp", class, Some(alloc(&[(M + M / 2, M + M / 2 + BS), (3 * M, 3 * M + BS)]))).unwrap();
+    let r = report();
+    assert_eq!((r[1].cached_bytes, r[2].cached_bytes), (0, BS), "the wrong guess left the class");
+    let p = r[1].prediction;
+    assert_eq!((p.other_admitted_bytes, p.other_kept_out_bytes, p.class_in_time_bytes), (BS, BS, 0));
+    e.lock().check_invariants();
+    // Re-read intact.
+    let mut back = vec![0u8; BS as usize];
+    v.read(3 * M, &mut back).unwrap();
+    assert_eq!(back, pattern(0, 3 * M / BS, 1));
+}
+
+/// `clean_others`: of the unclassified dirty cached blocks, those the
+/// metadata names another's are written home (the lowest LBAs first, at
+/// most the bound per step) and stay cached clean; the class's and blocks
+/// in no known file stay dirty; without `clean_others` nothing is cleaned.
+#[test]
+fn a_directory_class_cleans_home_what_the_metadata_names_others() {
+    const M: u64 = 1 << 20;
+    let w = in_place_world(&[2048]);
+    let (e, v) = (&w.engine, &w.volumes[0]);
+    let mut temp = IoClass::new("temp", 1.0);
+    temp.extents = Some(Arc::new(Vec::new()));
+    e.set_io_classes("v0", vec![temp.clone()]).unwrap();
+    // Blocks 0-3 another's, 256-257 nobody's yet, 512-513 the class's.
+    for lba in (0..4).chain(256..258).chain(512..514) {
+        v.write(lba * BS, &pattern(0, lba, 1), false).unwrap();
+    }
+    let class = vec![(2 * M, 2 * M + 2 * BS)];
+    let alloc = Allocation { allocated: vec![(0, 4 * BS), (2 * M, 2 * M + 2 * BS)], first_byte: 0, group_bytes: 2 * M };
+    e.set_class_layout("v0", "temp", class.clone(), Some(alloc.clone())).unwrap();
+    assert_eq!(e.clean_others("v0", 100).unwrap().cleaned_bytes, 0, "not asked to");
+    temp.clean_others = true;
+    e.set_io_classes("v0", vec![temp]).unwrap();
+    e.set_class_layout("v0", "temp", class, Some(alloc)).unwrap();
+    let dirty0 = e.cache_report()[0].dirty_bytes;
+    assert_eq!(dirty0, 8 * BS);
+    assert_eq!(e.clean_others("v0", 3).unwrap().cleaned_bytes, 3 * BS, "bounded per step");
+    assert_eq!(at_home(&w, 0, 2), pattern(0, 2, 1), "lowest LBAs first");
+    assert_eq!(e.clean_others("v0", 3).unwrap().cleaned_bytes, BS);
+    assert_eq!(e.clean_others("v0", 3).unwrap().cleaned_bytes, 0);
+    assert_eq!(e.cache_report()[0].dirty_bytes, 4 * BS, "the class's and nobody's stay dirty");
+    for lba in 0..4 {
+        assert_eq!(at_home(&w, 0, lba), pattern(0, lba, 1));
+        assert_eq!(read(&w, 0, lba), pattern(0, lba, 1));
+    }
+    assert_ne!(at_home(&w, 0, 256), pattern(0, 256, 1));
+    e.lock().check_invariants();
+}

@@ -107,6 +107,11 @@ pub struct DeviceConfig {
     /// striped in 1 MiB units (0 or 1: one disk).
     #[serde(default)]
     pub disks: usize,
+    /// emulate = "hdd" only: each disk's media rate in bytes per second
+    /// (fio size syntax, e.g. "60m"; default the 7200 rpm profile's
+    /// "200m"): a disk whose bandwidth other work shares.
+    #[serde(default)]
+    pub hdd_rate: String,
     /// kind = "memory" only: allocate and touch all of it at start, so writes
     /// never wait for the kernel to fault in fresh pages (benchmarks).
     #[serde(default)]
@@ -118,6 +123,24 @@ fn default_kind() -> String {
 }
 
 impl DeviceConfig {
+    /// The emulated HDD's profile: the 7200 rpm disk, at `hdd_rate` if set.
+    pub fn hdd_profile(&self, which: &str, capacity_bytes: u64) -> Result<sluice_media::HddProfile, ServeError> {
+        let mut p = sluice_media::HddProfile { capacity_bytes, ..sluice_media::HddProfile::hdd_7200() };
+        if !self.hdd_rate.is_empty() {
+            let path = format!("{which}.hdd_rate");
+            if self.emulate != "hdd" {
+                return Err(ServeError::Config { path, msg: "a media rate is for emulate = \"hdd\"".into() });
+            }
+            let rate = size_of(&path, &self.hdd_rate)?;
+            if !(1 << 20..=1 << 40).contains(&rate) {
+                return Err(ServeError::Config { path, msg: format!("{rate} bytes/s: from 1m to 1t") });
+            }
+            p.outer_bytes_per_s = rate;
+            p.name = format!("hdd-7200 at {} MB/s", rate / 1_000_000);
+        }
+        Ok(p)
+    }
+
     /// The file's path as configured (relative to `data_dir` unless absolute).
     pub fn file_path(&self, which: &str) -> String {
         if self.path.is_empty() {
@@ -284,6 +307,16 @@ pub struct ClassConfig {
     /// How often a directory class is refreshed (default "5s").
     #[serde(default)]
     pub refresh: String,
+    /// A directory class judges a write to a block no file is known to
+    /// hold yet by where the file system allocates the directory's files
+    /// (default false: such writes are not the class's until the metadata
+    /// names them; docs/caching.md says when it pays).
+    #[serde(default)]
+    pub predict: bool,
+    /// A directory class writes home promptly the unclassified dirty
+    /// cached blocks the metadata names another's (default false).
+    #[serde(default)]
+    pub clean_others: bool,
     /// Keep the class's blocks cached when their chunk is reclaimed.
     #[serde(default)]
     pub pinned: bool,
@@ -304,6 +337,10 @@ impl ClassConfig {
         };
         let mut c = sluice_engine::IoClass::new(&self.name, self.share);
         (c.pinned, c.priority) = (self.pinned, self.priority);
+        if (self.predict || self.clean_others) && self.directory.is_empty() {
+            return Err(ServeError::Config { path, msg: "predict and clean_others are for a directory class".into() });
+        }
+        (c.predict, c.clean_others) = (self.predict, self.clean_others);
         if !self.directory.is_empty() {
             // Nothing belongs to it until the first refresh has read the
             // file system.
@@ -403,6 +440,7 @@ impl Default for Config {
                 size: "1g".into(),
                 emulate: String::new(),
                 disks: 0,
+                hdd_rate: String::new(),
                 prealloc: false,
             },
             capacity: DeviceConfig {
@@ -411,6 +449,7 @@ impl Default for Config {
                 size: "8g".into(),
                 emulate: String::new(),
                 disks: 0,
+                hdd_rate: String::new(),
                 prealloc: false,
             },
             engine: EngineSection::default(),

@@ -253,18 +253,15 @@ impl Config {
                 // Each disk its own memory; the striped device the engine sees.
                 drop(backend);
                 let each = (size / d.disks as u64) / (1 << 20) * (1 << 20);
+                let p = d.hdd_profile(which, each)?;
                 let members: Vec<Arc<dyn BlockDevice>> = (0..d.disks)
                     .map(|_| {
-                        let p = HddProfile { capacity_bytes: each, ..HddProfile::hdd_7200() };
-                        Arc::new(hdd_device(p, memory(each, d.prealloc), clock.clone())) as Arc<dyn BlockDevice>
+                        Arc::new(hdd_device(p.clone(), memory(each, d.prealloc), clock.clone())) as Arc<dyn BlockDevice>
                     })
                     .collect();
                 Arc::new(StripedDevice::new(members, 1 << 20))
             }
-            "hdd" => {
-                let p = HddProfile { capacity_bytes: size / 4096 * 4096, ..HddProfile::hdd_7200() };
-                Arc::new(hdd_device(p, backend, clock))
-            }
+            "hdd" => Arc::new(hdd_device(d.hdd_profile(which, size / 4096 * 4096)?, backend, clock)),
             "qlc" | "tlc" => {
                 // A raw block device's own size decides.
                 let p = if d.emulate == "qlc" { SsdProfile::qlc(size) } else { SsdProfile::tlc(size) };
@@ -362,6 +359,7 @@ impl Config {
         if let Some(p) = &ssd {
             ssd_fits(which, d, p, size)?;
         }
+        d.hdd_profile(which, size)?;
         Ok((size, zns))
     }
 

@@ -26,8 +26,8 @@ use sluice_frontend::access::ExportAccess;
 use sluice_frontend::{raise_open_files_limit, Listener, Server, ServerMonitor, ServerOptions, FDS_PER_CONNECTION};
 use sluice_media::ssd::{ssd_device, SsdProfile};
 use sluice_media::{
-    hdd_device, scm_device, zns_device, BlockDevice, CacheMode, ClockRef, FileDevice, FileOptions, HddProfile,
-    MemoryDevice, RealClock, ScmProfile, StripedDevice, ZnsProfile,
+    hdd_device, scm_device, zns_device, BlockDevice, CacheMode, ClockRef, FileDevice, FileOptions, MemoryDevice,
+    RealClock, ScmProfile, StripedDevice, ZnsProfile,
 };
 use sluice_workload::parse_bytes;
 use std::collections::HashMap;
