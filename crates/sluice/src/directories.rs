@@ -70,11 +70,14 @@ impl DirectoryClasses {
                         said.insert(key, err);
                         let known = alloc.is_some();
                         let _ = engine.set_class_layout(name, class, extents, alloc);
-                        // Others' dirty blocks home, a MiB at a time (the
-                        // engine's lock is free between steps).
+                        // Others' dirty blocks home, 512 KiB per step. A
+                        // step writes the disk under the engine's lock, so
+                        // the thread rests as long as each step took: at
+                        // most half of the lock's time goes to it.
                         while known && !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                            match engine.clean_others(name, 256) {
-                                Ok(step) if step.cleaned_bytes > 0 => {}
+                            let t = std::time::Instant::now();
+                            match engine.clean_others(name, 128) {
+                                Ok(step) if step.cleaned_bytes > 0 => std::thread::sleep(t.elapsed()),
                                 _ => break,
                             }
                         }
