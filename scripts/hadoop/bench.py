@@ -582,7 +582,7 @@ def main():
     p.add_argument("--predict", action="store_true", help="b-class: predict the temp class at write time (docs/caching.md)")
     p.add_argument("--cpus-jobs", default="1", help="CPU set of the jobs (cpuset.cpus syntax; 'all': no CPU sets)")
     p.add_argument("--cpus-storage", default="0", help="CPU set of the storage path: sluice serve and nbdfuse")
-    p.add_argument("--hdd-rate", default="", help="the emulated HDD's media rate (e.g. 60m; default the 7200 rpm profile's 200m)")
+    p.add_argument("--hdd-rate", default="25m", help="the emulated HDD's media rate ('' the 7200 rpm profile's 200m; docs/hadoop.md)")
     o = p.parse_args()
     global STORAGE, HDD_RATE
     HDD_RATE = o.hdd_rate
