@@ -258,11 +258,7 @@ def config(workdir, case, o, cache_bytes, disks, trace=False):
 def memory_cgroup(name, limit):
     """A cgroup (v1 memory controller) capped at `limit` bytes; emptied and
     reused if it exists."""
-    cg = os.path.join("/sys/fs/cgroup/memory", name)
-    os.makedirs(cg, exist_ok=True)
-    with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
-        f.write(str(limit))
-    return cg
+    return cgroup("memory", name, [("memory.limit_in_bytes", limit)])
 
 
 def cpu_times():

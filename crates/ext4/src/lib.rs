@@ -63,7 +63,6 @@ const EXTENTS_FL: u32 = 0x8_0000;
 const INLINE_DATA_FL: u32 = 0x1000_0000;
 const INCOMPAT_64BIT: u32 = 0x80;
 const INCOMPAT_META_BG: u32 = 0x10;
-const INCOMPAT_FLEX_BG: u32 = 0x200;
 /// A group descriptor's flag: the group's block bitmap was never written
 /// (no block of the group is in use but its own metadata).
 const BG_BLOCK_UNINIT: u16 = 0x2;
@@ -86,8 +85,6 @@ pub struct Ext4<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> {
     first_data_block: u64,
     groups: u64,
     blocks_per_group: u64,
-    /// Block groups per flexible block group (1 without `flex_bg`).
-    flex_groups: u64,
     /// The newest committed journal copy of each file-system block.
     overlay: std::collections::HashMap<u64, Vec<u8>>,
 }
@@ -128,8 +125,6 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> Ext4<R> {
             return Err(Ext4Error::Corrupt("superblock geometry"));
         }
         let groups = blocks.saturating_sub(first_data_block).div_ceil(blocks_per_group);
-        let flex_log = sb[0x174] as u32;
-        let flex_groups = if u32_at(&sb, 0x60) & INCOMPAT_FLEX_BG != 0 && flex_log < 32 { 1u64 << flex_log } else { 1 };
         let journal_inode = (u32_at(&sb, 0x5C) & COMPAT_HAS_JOURNAL != 0).then(|| u32_at(&sb, 0xE0));
         let overlay = Default::default();
         let mut fs = Ext4 {
@@ -142,7 +137,6 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> Ext4<R> {
             first_data_block,
             groups,
             blocks_per_group,
-            flex_groups,
             overlay,
         };
         if let Some(n) = journal_inode.filter(|&n| n != 0) {
@@ -269,7 +263,6 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> Ext4<R> {
         Geometry {
             first_byte: self.first_data_block * self.block,
             group_bytes: self.blocks_per_group * self.block,
-            flex_groups: self.flex_groups,
             groups: self.groups,
         }
     }
@@ -334,15 +327,12 @@ impl<R: Fn(u64, usize) -> Result<Vec<u8>, ReadError>> Ext4<R> {
                     while b < count && bits[(b / 8) as usize] & (1 << (b % 8)) != 0 {
                         b += 1;
                     }
-                    let (a, z) = ((first + start) * self.block, (first + b) * self.block);
-                    match out.last_mut() {
-                        Some(last) if last.1 == a => last.1 = z,
-                        _ => out.push((a, z)),
-                    }
+                    out.push(((first + start) * self.block, (first + b) * self.block));
                 }
             }
             i += n;
         }
+        out.sort_unstable();
         fixed.sort_unstable();
         Ok(without(&merged(out), &merged(fixed)))
     }
@@ -584,8 +574,6 @@ pub struct Geometry {
     /// Byte where group 0 starts.
     pub first_byte: u64,
     pub group_bytes: u64,
-    /// Groups per flexible block group (1 without `flex_bg`).
-    pub flex_groups: u64,
     pub groups: u64,
 }
 

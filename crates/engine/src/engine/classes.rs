@@ -96,17 +96,27 @@ impl IoClass {
     }
 
     fn matches(&self, offset: u64, len: u64, dir: ClassDirection) -> bool {
-        (self.size_min..=self.size_max).contains(&len) && self.direction.is_none_or(|d| d == dir) && self.covers(offset)
+        self.rule_matches(offset, len, dir) && self.in_extents(offset)
+    }
+
+    /// Whether a request matches the class's rule but its extents: size,
+    /// direction and range.
+    fn rule_matches(&self, offset: u64, len: u64, dir: ClassDirection) -> bool {
+        (self.size_min..=self.size_max).contains(&len)
+            && self.direction.is_none_or(|d| d == dir)
+            && self.range.is_none_or(|(a, b)| (a..b).contains(&offset))
+    }
+
+    /// Whether the byte at `offset` is in the class's extents (all if it has
+    /// none).
+    fn in_extents(&self, offset: u64) -> bool {
+        self.extents.as_ref().is_none_or(|e| super::predict::contains(e, offset))
     }
 
     /// Whether the byte at `offset` is in the class's range and extents
     /// (what lazy re-classification asks of a block already cached).
     fn covers(&self, offset: u64) -> bool {
-        self.range.is_none_or(|(a, b)| (a..b).contains(&offset))
-            && self.extents.as_ref().is_none_or(|e| {
-                let i = e.partition_point(|&(_, end)| end <= offset);
-                i < e.len() && e[i].0 <= offset
-            })
+        self.range.is_none_or(|(a, b)| (a..b).contains(&offset)) && self.in_extents(offset)
     }
 }
 
@@ -212,13 +222,10 @@ impl Classes {
     /// predictor judging blocks no file is known to hold yet (`predict`).
     fn class_of_write(&mut self, offset: u64, len: u64) -> u8 {
         for (i, c) in self.list.iter().enumerate() {
-            let rule = (c.size_min..=c.size_max).contains(&len)
-                && c.direction.is_none_or(|d| d == ClassDirection::Write)
-                && c.range.is_none_or(|(a, b)| (a..b).contains(&offset));
-            let hit = rule
+            let hit = c.rule_matches(offset, len, ClassDirection::Write)
                 && match self.predictors.get_mut(i).and_then(|p| p.as_mut()).filter(|_| c.predict) {
                     Some(p) => p.judge(offset, len),
-                    None => c.covers(offset),
+                    None => c.in_extents(offset),
                 };
             if hit {
                 return i as u8 + 1;

@@ -22,6 +22,12 @@ fn read(w: &World, v: usize, lba: u64) -> Vec<u8> {
     b
 }
 
+/// A directory class not yet refreshed: it matches nothing until its
+/// extents arrive.
+fn directory_class(name: &str, share: f64) -> IoClass {
+    IoClass { extents: Some(Arc::new(Vec::new())), ..IoClass::new(name, share) }
+}
+
 fn stats(w: &World, v: usize) -> CacheStats {
     w.engine.cache_report()[v].stats
 }
@@ -517,9 +523,7 @@ fn a_directory_class_selects_the_blocks_of_its_files() {
     v.write(0, &image, false).unwrap();
     let yarn = sluice_ext4::volume_directory_extents(v, "/yarn").unwrap();
     assert!(!yarn.is_empty());
-    let mut c = IoClass::new("yarn", 0.0);
-    c.extents = Some(Arc::new(Vec::new()));
-    e.set_io_classes("v0", vec![c]).unwrap();
+    e.set_io_classes("v0", vec![directory_class("yarn", 0.0)]).unwrap();
     let (first, _) = yarn[0];
     // Not yet refreshed: nothing belongs to the class.
     v.write(first, &pattern(0, first / BS, 2), false).unwrap();
@@ -721,9 +725,7 @@ fn reclaim_keeps_hot_and_pinned_blocks_and_evicts_the_rest() {
 fn reclassification_walks_the_extents_or_the_log_alike() {
     for extents in [vec![(0, 2048 * BS)], vec![(10 * BS, 11 * BS), (1500 * BS, 1600 * BS)]] {
         let w = in_place_world(&[2048]);
-        let mut c = IoClass::new("late", 1.0);
-        c.extents = Some(Arc::new(Vec::new()));
-        w.engine.set_io_classes("v0", vec![c]).unwrap();
+        w.engine.set_io_classes("v0", vec![directory_class("late", 1.0)]).unwrap();
         for lba in [10u64, 500, 1500] {
             w.volumes[0].write(lba * BS, &pattern(0, lba, 1), false).unwrap();
         }
@@ -973,8 +975,7 @@ fn a_directory_class_predicts_a_new_files_blocks_at_write_time() {
     const M: u64 = 1 << 20;
     let w = in_place_world(&[2048]);
     let (e, v) = (&w.engine, &w.volumes[0]);
-    let mut temp = IoClass::new("temp", 1.0);
-    temp.extents = Some(Arc::new(Vec::new()));
+    let mut temp = directory_class("temp", 1.0);
     (temp.pinned, temp.predict) = (true, true);
     e.set_io_classes("v0", vec![temp, IoClass::new("rest", 0.0)]).unwrap();
     // Groups of 2 MiB: group 0 holds others' files, group 1 the class's.
@@ -1016,8 +1017,7 @@ fn a_directory_class_cleans_home_what_the_metadata_names_others() {
     const M: u64 = 1 << 20;
     let w = in_place_world(&[2048]);
     let (e, v) = (&w.engine, &w.volumes[0]);
-    let mut temp = IoClass::new("temp", 1.0);
-    temp.extents = Some(Arc::new(Vec::new()));
+    let mut temp = directory_class("temp", 1.0);
     e.set_io_classes("v0", vec![temp.clone()]).unwrap();
     // Blocks 0-3 another's, 256-257 nobody's yet, 512-513 the class's.
     for lba in (0..4).chain(256..258).chain(512..514) {

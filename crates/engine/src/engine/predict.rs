@@ -96,7 +96,7 @@ pub(super) struct Predictor {
 }
 
 /// Bytes of [a, b) inside `ranges` (sorted, disjoint).
-pub(super) fn overlap(ranges: &[(u64, u64)], a: u64, b: u64) -> u64 {
+fn overlap(ranges: &[(u64, u64)], a: u64, b: u64) -> u64 {
     let mut i = ranges.partition_point(|&(_, end)| end <= a);
     let mut n = 0;
     while i < ranges.len() && ranges[i].0 < b {
@@ -106,7 +106,8 @@ pub(super) fn overlap(ranges: &[(u64, u64)], a: u64, b: u64) -> u64 {
     n
 }
 
-fn contains(ranges: &[(u64, u64)], o: u64) -> bool {
+/// Whether byte `o` is inside `ranges` (sorted, disjoint).
+pub(super) fn contains(ranges: &[(u64, u64)], o: u64) -> bool {
     let i = ranges.partition_point(|&(_, end)| end <= o);
     i < ranges.len() && ranges[i].0 <= o
 }
