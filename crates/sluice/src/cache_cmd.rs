@@ -238,6 +238,7 @@ const COUNTERS: [(&str, &str); 13] = [
     ("cleaned_bytes", "cleaned home"),
     ("discarded_dirty_bytes", "dirty discarded (trimmed first)"),
     ("retained_bytes", "retained at reclaim"),
+    ("relogged_bytes", "moved forward dirty at reclaim (pinned)"),
     ("evicted_bytes", "evicted at reclaim"),
 ];
 

@@ -175,6 +175,9 @@ pub struct CacheStats {
     /// Kept when their chunk was reclaimed (hot or pinned), moved forward
     /// in the log.
     pub retained_bytes: u64,
+    /// Dirty blocks of pinned classes moved forward in the log when their
+    /// chunk was reclaimed, instead of written home.
+    pub relogged_bytes: u64,
     /// Clean copies dropped when their chunk was reclaimed (not retained):
     /// later reads of them go home.
     pub evicted_bytes: u64,
@@ -224,6 +227,7 @@ pub(super) enum CacheCount {
     Cleaned,
     DiscardedDirty,
     Retained,
+    Relogged,
     Evicted,
 }
 
@@ -256,6 +260,7 @@ impl VolCache {
             CacheCount::Cleaned => &mut s.cleaned_bytes,
             CacheCount::DiscardedDirty => &mut s.discarded_dirty_bytes,
             CacheCount::Retained => &mut s.retained_bytes,
+            CacheCount::Relogged => &mut s.relogged_bytes,
             CacheCount::Evicted => &mut s.evicted_bytes,
         } += bytes;
     }

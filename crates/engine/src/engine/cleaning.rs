@@ -91,6 +91,17 @@ impl Inner {
             && self.log.oldest_full().is_some_and(|c| 2 * self.residency.dirty(c) as u64 >= self.blocks_per_chunk())
     }
 
+    /// Whether a reclaim may keep one record of `blocks` in the log (moved
+    /// forward or retained): the open chunk has room, or a free chunk would
+    /// still be left above the reserve. A reclaim the log's writer started
+    /// for want of room (`log_space`) frees the chunk that writer waits
+    /// for; taking it for kept blocks could leave the writer short again,
+    /// reclaim after reclaim keeping the same blocks.
+    pub(super) fn log_has_room_to_keep(&self, blocks: u64) -> bool {
+        self.log.open().is_some_and(|(_, off)| off + 1 + blocks <= self.blocks_per_chunk())
+            || self.log.free_len() > self.cfg.log_free_chunks_min + 1
+    }
+
     /// Whether one record of `blocks` can be logged without reclaiming a
     /// chunk: the open chunk has room, or a free chunk is above the reserve.
     pub(super) fn log_has_room(&self, blocks: u64) -> bool {
@@ -442,6 +453,10 @@ impl Engine {
     pub(super) fn reclaim_step(&self, inner: &mut Inner, blocks_max: u64) -> Result<CompactStep, VolumeError> {
         let Some(c) = inner.log.oldest_full() else { return Ok(CompactStep::Idle) };
         inner.log.start_compacting(c);
+        if inner.residency.moved(c).is_none() {
+            let moved = self.relog_pinned(inner, c)?;
+            inner.residency.set_moved(c, moved);
+        }
         if inner.residency.dirty(c) > 0 {
             self.clean_chunk(inner, c, blocks_max)?;
             if inner.residency.dirty(c) > 0 {
@@ -473,15 +488,98 @@ impl Engine {
         Ok(step)
     }
 
+    /// At the start of chunk `c`'s reclaim: move its dirty blocks of pinned
+    /// classes forward in the log, still dirty, rather than write them home
+    /// (temporary data the class keeps is usually deleted before it would
+    /// ever need its home). Highest priority first, at most `RETAIN_SHARE`
+    /// of a chunk — the same budget the reclaim's retention shares
+    /// (`to_retain`), so each reclaim frees at least half a chunk — and
+    /// only in room the log has to spare (a move never reclaims another
+    /// chunk; what does not fit is cleaned home as before). Each copy is
+    /// read and checked against its CRC (one failing it stays, and its
+    /// cleaning reports it); the moved copies are made durable (cache
+    /// flush) before anything frees `c`, whose copies they supersede.
+    /// Returns how many blocks moved.
+    fn relog_pinned(&self, inner: &mut Inner, c: ChunkId) -> Result<u32, VolumeError> {
+        let bpc = inner.blocks_per_chunk();
+        let base = c.0 as u64 * bpc;
+        let mut cand: Vec<(u8, usize)> = Vec::new();
+        for (i, v, _) in inner.log.chunk(c).current() {
+            let cb = base + i as u64;
+            let vc = &inner.vols[v as usize].cache;
+            let (pinned, prio) = vc.classes().rank(inner.residency.class(cb));
+            if pinned && !inner.residency.is_clean(cb) && vc.policy().mode == CacheMode::WriteBack {
+                cand.push((prio, i));
+            }
+        }
+        cand.sort_by_key(|&(prio, i)| (std::cmp::Reverse(prio), i));
+        cand.truncate(relog_budget(bpc));
+        if cand.is_empty() || !inner.log_has_room_to_keep(cand.len().min(inner.record_blocks_max()) as u64) {
+            return Ok(0);
+        }
+        cand.sort_by_key(|&(_, i)| i);
+        let (first, last) = (cand[0].1 as u64, cand[cand.len() - 1].1 as u64);
+        let data = read_at(&*self.cache, (base + first) * BS, ((last + 1 - first) * BS) as usize)?;
+        let mut moves: Vec<Retained> = Vec::with_capacity(cand.len());
+        for &(_, i) in &cand {
+            let (v, lba) = inner.log.chunk(c).owner(i);
+            let cb = base + i as u64;
+            let block = data[((i as u64 - first) * BS) as usize..][..BLOCK_BYTES].to_vec();
+            let crc = inner.vols[v as usize].l2p.entry(lba as usize)?.1;
+            if crc32c(&block) == crc {
+                moves.push(Retained { vol: v, lba, class: inner.residency.class(cb), crc, block });
+            }
+        }
+        moves.sort_by_key(|r| (r.vol, r.lba));
+        let hot: Vec<bool> = moves
+            .iter()
+            .map(|r| {
+                Ok(inner.vols[r.vol as usize]
+                    .l2p
+                    .get(r.lba as usize)?
+                    .cache_block()
+                    .is_some_and(|cb| inner.residency.is_hot(cb)))
+            })
+            .collect::<Result<_, VolumeError>>()?;
+        let max = inner.record_blocks_max();
+        let mut moved = 0;
+        while moved < moves.len() {
+            let vol = moves[moved].vol;
+            let n = moves[moved..].iter().take(max).take_while(|r| r.vol == vol).count();
+            if !inner.log_has_room_to_keep(n as u64) {
+                break;
+            }
+            let part = &moves[moved..moved + n];
+            let writes: Vec<(u64, &[u8])> = part.iter().map(|r| (r.lba, r.block.as_slice())).collect();
+            let crcs: Vec<u32> = part.iter().map(|r| r.crc).collect();
+            self.append(inner, vol, &writes, &crcs, false)?;
+            for (r, &was_hot) in part.iter().zip(&hot[moved..moved + n]) {
+                let cb = inner.vols[vol as usize].l2p.get(r.lba as usize)?.cache_block().expect("just logged");
+                inner.set_class(cb, r.class);
+                if was_hot {
+                    inner.mark_hot(cb);
+                }
+            }
+            inner.vols[vol as usize].cache.count(CacheCount::Relogged, n as u64 * BS);
+            moved += n;
+        }
+        if moved > 0 {
+            self.flush_cache(inner)?;
+        }
+        Ok(moved as u32)
+    }
+
     /// The blocks of chunk `c` (about to be freed, every block clean) that
     /// its reclaim keeps, unless their volume is pass-through: those of
     /// pinned classes, then by class priority,
     /// then those read since they were logged if their volume retains hot
-    /// blocks — at most `RETAIN_SHARE` of the chunk, so a reclaim always
-    /// frees room. Read from the log and checked now (a copy failing its
-    /// CRC is not kept: its home holds the data).
+    /// blocks — at most `RETAIN_SHARE` of the chunk less what the reclaim
+    /// moved forward (`relog_pinned`), so a reclaim always frees room. Read
+    /// from the log and checked now (a copy failing its CRC is not kept:
+    /// its home holds the data).
     fn to_retain(&self, inner: &Inner, c: ChunkId) -> Result<Vec<Retained>, VolumeError> {
         let bpc = inner.blocks_per_chunk();
+        let budget = relog_budget(bpc).saturating_sub(inner.residency.moved(c).unwrap_or(0) as usize);
         let ch = inner.log.chunk(c);
         let base = c.0 as u64 * bpc;
         let res = &inner.residency;
@@ -499,7 +597,10 @@ impl Engine {
             return Ok(Vec::new());
         }
         cand.sort_by_key(|&(rank, i)| (std::cmp::Reverse(rank), i));
-        cand.truncate((bpc as f64 * RETAIN_SHARE) as usize);
+        cand.truncate(budget);
+        if cand.is_empty() {
+            return Ok(Vec::new());
+        }
         cand.sort_by_key(|&(_, i)| i);
         let (first, last) = (cand[0].1 as u64, cand[cand.len() - 1].1 as u64);
         let data = read_at(&*self.cache, (base + first) * BS, ((last + 1 - first) * BS) as usize)?;
@@ -518,8 +619,9 @@ impl Engine {
     /// Log the blocks a reclaim kept (`to_retain`), clean and in their
     /// classes, after their chunk was freed: until then their homes (durable
     /// before the free) hold the same bytes, so a crash in between loses
-    /// nothing. Only room the log has to spare is taken — a retention never
-    /// reclaims another chunk; what does not fit is left at home.
+    /// nothing. Only room the log has to spare is taken
+    /// (`log_has_room_to_keep`) — a retention never reclaims another chunk;
+    /// what does not fit is left at home.
     fn retain(&self, inner: &mut Inner, keep: Vec<Retained>) -> Result<(), VolumeError> {
         let max = inner.record_blocks_max();
         let mut i = 0;
@@ -528,7 +630,7 @@ impl Engine {
             let n = keep[i..].iter().take(max).take_while(|r| r.vol == vol).count();
             let part = &keep[i..i + n];
             i += n;
-            if !inner.log_has_room(n as u64) {
+            if !inner.log_has_room_to_keep(n as u64) {
                 break;
             }
             let writes: Vec<(u64, &[u8])> = part.iter().map(|r| (r.lba, r.block.as_slice())).collect();
@@ -629,6 +731,12 @@ struct Retained {
 
 /// Most of a reclaimed chunk's blocks its reclaim keeps.
 const RETAIN_SHARE: f64 = 0.5;
+
+/// The blocks one reclaim of a chunk of `bpc` blocks may keep in the log,
+/// moved dirty and retained clean together (`RETAIN_SHARE` of it).
+fn relog_budget(bpc: u64) -> usize {
+    (bpc as f64 * RETAIN_SHARE) as usize
+}
 
 /// Most blocks one home write carries (1 MiB).
 const RUN_BLOCKS_MAX: usize = 256;

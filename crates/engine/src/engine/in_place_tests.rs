@@ -1044,3 +1044,85 @@ fn a_directory_class_cleans_home_what_the_metadata_names_others() {
     assert_ne!(at_home(&w, 0, 256), pattern(0, 256, 1));
     e.lock().check_invariants();
 }
+
+/// A pinned class's dirty blocks move forward in the log, still dirty, when
+/// a reclaim with room to spare reaches their chunk (the background
+/// compactor's), so temporary data deleted later never reaches the disk;
+/// the other dirty blocks are cleaned home as before.
+#[test]
+fn a_reclaim_moves_pinned_dirty_blocks_forward_and_never_writes_them_home() {
+    let w = in_place_world(&[2048]);
+    let v = &w.volumes[0];
+    let p = CachePolicy { seq_cutoff: SeqCutoff::Never, spill: false, ..CachePolicy::default() };
+    w.engine.set_cache_policy("v0", p).unwrap();
+    let mut c = IoClass::new("temp", 1.0);
+    c.range = Some((0, 16 * BS));
+    c.pinned = true;
+    w.engine.set_io_classes("v0", vec![c]).unwrap();
+    let temp: Vec<u8> = (0..16).flat_map(|l| pattern(0, l, 1)).collect();
+    v.write(0, &temp, false).unwrap();
+    let log_blocks = w.engine.lock().dirty_blocks().1;
+    // Three laps of the log in cold writes, a reclaim step after each.
+    for n in (0..3 * log_blocks).step_by(4) {
+        let lba = 100 + n % 1900;
+        let data: Vec<u8> = (lba..lba + 4).flat_map(|l| pattern(0, l, 2)).collect();
+        v.write(lba * BS, &data, false).unwrap();
+        w.engine.compact_some(u64::MAX).unwrap();
+    }
+    let mut b = vec![0u8; temp.len()];
+    v.read(0, &mut b).unwrap();
+    assert!(b == temp, "the pinned blocks read back");
+    let st = stats(&w, 0);
+    assert!(st.relogged_bytes >= 3 * 16 * BS, "moved once per lap at least: {st:?}");
+    assert!(st.cleaned_bytes > 0, "cold blocks are cleaned home: {st:?}");
+    for l in 0..16 {
+        assert!(at_home(&w, 0, l) == vec![0u8; BLOCK_BYTES], "block {l} was written home");
+    }
+    assert_eq!(w.engine.cache_report()[0].classes[1].cached_bytes, 16 * BS);
+    // Deleted: never written home.
+    v.trim(0, 16 * BS).unwrap();
+    let st = stats(&w, 0);
+    assert!(st.discarded_dirty_bytes >= 16 * BS, "{st:?}");
+    w.engine.lock().check_invariants();
+}
+
+/// With everything pinned, a reclaim moves at most half a chunk forward
+/// (and retains nothing beside it): the rest is cleaned home, so every
+/// reclaim frees room and writes that wrap the log many times go on.
+#[test]
+fn moving_pinned_blocks_forward_is_bounded_so_reclaims_free_room() {
+    let w = in_place_world(&[2048]);
+    let v = &w.volumes[0];
+    let p = CachePolicy { seq_cutoff: SeqCutoff::Never, spill: false, ..CachePolicy::default() };
+    w.engine.set_cache_policy("v0", p).unwrap();
+    let mut c = IoClass::new("all", 1.0);
+    c.pinned = true;
+    w.engine.set_io_classes("v0", vec![c]).unwrap();
+    let (log_blocks, bpc) = {
+        let inner = w.engine.lock();
+        (inner.dirty_blocks().1, inner.blocks_per_chunk())
+    };
+    let mut model = vec![0u64; 2048];
+    let mut rng = sluice_media::rng::SplitMix64(11);
+    for ver in 1..=(6 * log_blocks / 2) {
+        let lba = rng.below(2047);
+        let data: Vec<u8> = (lba..lba + 2).flat_map(|l| pattern(0, l, ver)).collect();
+        v.write(lba * BS, &data, false).unwrap();
+        model[lba as usize] = ver;
+        model[lba as usize + 1] = ver;
+        if ver % 3 == 0 {
+            w.engine.compact_some(u64::MAX).unwrap();
+        }
+    }
+    for (lba, &ver) in model.iter().enumerate() {
+        assert!(read(&w, 0, lba as u64) == want(0, lba as u64, ver), "block {lba}");
+    }
+    let (st, es) = (stats(&w, 0), w.engine.stats());
+    assert!(st.relogged_bytes > 0 && st.cleaned_bytes > 0, "{st:?}");
+    assert!(
+        (st.relogged_bytes + st.retained_bytes) / BS <= es.chunks_compacted * bpc / 2,
+        "at most half a chunk kept per reclaim: {st:?}, {} reclaims",
+        es.chunks_compacted
+    );
+    w.engine.lock().check_invariants();
+}

@@ -52,6 +52,11 @@ pub(super) struct Residency {
     /// Per chunk: when it was sealed (age-based cleaning); None after a
     /// reopen, which counts as old.
     sealed_at: Vec<Option<u64>>,
+    /// Per chunk being reclaimed: how many of its dirty blocks the reclaim
+    /// moved forward in the log (`Engine::relog_pinned`), once it has
+    /// decided; None before. What it moved counts against what the same
+    /// reclaim may retain, so each reclaim frees room (cleaning.rs).
+    moved: Vec<Option<u32>>,
     /// Blocks marked clean since the disk was last flushed, and those whose
     /// homes a flush made durable since: (volume, LBA, cache block).
     pending: Vec<(u32, u64, u64)>,
@@ -78,6 +83,7 @@ impl Residency {
             hot: vec![false; blocks],
             dirty: vec![0; chunks],
             sealed_at: vec![None; chunks],
+            moved: vec![None; chunks],
             pending: Vec::new(),
             ready: Vec::new(),
             claims: Default::default(),
@@ -109,6 +115,19 @@ impl Residency {
     }
     pub(super) fn sealed_at(&self, c: ChunkId) -> Option<u64> {
         self.sealed_at[c.index()]
+    }
+    /// How many dirty blocks the reclaim of chunk `c` moved forward, if it
+    /// has decided.
+    pub(super) fn moved(&self, c: ChunkId) -> Option<u32> {
+        self.moved[c.index()]
+    }
+
+    /// The reclaim of chunk `c` moved `n` of its dirty blocks forward (once
+    /// per reclaim: it decides before it cleans).
+    pub(super) fn set_moved(&mut self, c: ChunkId, n: u32) {
+        assert!(self.moved[c.index()].is_none(), "chunk {c}: moved twice in one reclaim");
+        assert!(n as usize <= self.blocks_per_chunk, "chunk {c}: moved {n} blocks");
+        self.moved[c.index()] = Some(n);
     }
 
     /// Cache block `cb` became current (logged, or found by recovery):
@@ -233,6 +252,7 @@ impl Residency {
             "chunk {c} freed with marks on its blocks"
         );
         self.sealed_at[c] = None;
+        self.moved[c] = None;
         // Its copies are below the log's head: no recovery replays them.
         for key in std::mem::take(&mut self.claimed_in[c]) {
             if self.claims.get(&key).is_some_and(|&cb| cb as usize / self.blocks_per_chunk == c) {
