@@ -225,7 +225,7 @@ fn status_table(s: &Value) -> String {
 }
 
 /// The counters a stats table shows, in order, with their labels.
-const COUNTERS: [(&str, &str); 13] = [
+const COUNTERS: [(&str, &str); 14] = [
     ("read_hit_bytes", "read hits"),
     ("read_miss_bytes", "read misses"),
     ("write_back_bytes", "writes cached (write-back)"),
