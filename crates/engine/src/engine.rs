@@ -188,6 +188,10 @@ struct Inner {
     /// Where a bounded compaction step stopped in the oldest full chunk
     /// (`Engine::compact_step`); not persisted, like `gc_cursor`.
     compact_cursor: Option<CompactCursor>,
+    /// While a writer waits in `log_space` for room (a reclaim it started):
+    /// the blocks of its record, which what the reclaim keeps in the log
+    /// must leave room for (cleaning.rs: `log_has_room_to_keep`); else 0.
+    writer_waits: u64,
     /// The engine's write sequence: every record and segment takes the next.
     seq: sequence::Sequence,
     stats: stats::Counters,
@@ -432,6 +436,7 @@ impl Inner {
             pending: Vec::new(),
             pendings_made: 0,
             compact_cursor: None,
+            writer_waits: 0,
             placement: BandPlacement::PerVolume,
             lifespans: Default::default(),
             seq: sequence::Sequence::at(0),

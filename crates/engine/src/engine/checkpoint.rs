@@ -243,6 +243,7 @@ pub(super) fn decode_checkpoint(
         pending: Vec::new(),
         pendings_made: 0,
         compact_cursor: None,
+        writer_waits: 0,
         seq: super::sequence::Sequence::at(seq),
         stats: super::stats::Counters::restored(EngineStats::from_words(words)),
         pool: BufPool::default(),

@@ -91,15 +91,16 @@ impl Inner {
             && self.log.oldest_full().is_some_and(|c| 2 * self.residency.dirty(c) as u64 >= self.blocks_per_chunk())
     }
 
-    /// Whether a reclaim may keep one record of `blocks` in the log (moved
-    /// forward or retained): the open chunk has room, or a free chunk would
-    /// still be left above the reserve. A reclaim the log's writer started
-    /// for want of room (`log_space`) frees the chunk that writer waits
-    /// for; taking it for kept blocks could leave the writer short again,
-    /// reclaim after reclaim keeping the same blocks.
-    pub(super) fn log_has_room_to_keep(&self, blocks: u64) -> bool {
-        self.log.open().is_some_and(|(_, off)| off + 1 + blocks <= self.blocks_per_chunk())
-            || self.log.free_len() > self.cfg.log_free_chunks_min + 1
+    /// Whether a reclaim may keep one more record of `blocks` in the log
+    /// (moved forward or retained), having kept `used` blocks (headers
+    /// included) so far: room the log has to spare, and — when a writer
+    /// waits for room (`writer_waits`: the reclaim frees the chunk it needs)
+    /// — room left in that chunk for the writer's record. Otherwise the
+    /// kept blocks could fill the freed chunk so the writer's record does
+    /// not fit, reclaim after reclaim keeping the same blocks.
+    pub(super) fn log_has_room_to_keep(&self, blocks: u64, used: u64) -> bool {
+        self.log_has_room(blocks)
+            && (self.writer_waits == 0 || used + 1 + blocks + self.writer_waits <= self.blocks_per_chunk())
     }
 
     /// Whether one record of `blocks` can be logged without reclaiming a
@@ -514,7 +515,7 @@ impl Engine {
         }
         cand.sort_by_key(|&(prio, i)| (std::cmp::Reverse(prio), i));
         cand.truncate(relog_budget(bpc));
-        if cand.is_empty() || !inner.log_has_room_to_keep(cand.len().min(inner.record_blocks_max()) as u64) {
+        if cand.is_empty() || !inner.log_has_room_to_keep(cand.len().min(inner.record_blocks_max()) as u64, 0) {
             return Ok(0);
         }
         cand.sort_by_key(|&(_, i)| i);
@@ -542,13 +543,14 @@ impl Engine {
             })
             .collect::<Result<_, VolumeError>>()?;
         let max = inner.record_blocks_max();
-        let mut moved = 0;
+        let (mut moved, mut records) = (0, 0);
         while moved < moves.len() {
             let vol = moves[moved].vol;
             let n = moves[moved..].iter().take(max).take_while(|r| r.vol == vol).count();
-            if !inner.log_has_room_to_keep(n as u64) {
+            if !inner.log_has_room_to_keep(n as u64, (moved + records) as u64) {
                 break;
             }
+            records += 1;
             let part = &moves[moved..moved + n];
             let writes: Vec<(u64, &[u8])> = part.iter().map(|r| (r.lba, r.block.as_slice())).collect();
             let crcs: Vec<u32> = part.iter().map(|r| r.crc).collect();
@@ -624,15 +626,16 @@ impl Engine {
     /// what does not fit is left at home.
     fn retain(&self, inner: &mut Inner, keep: Vec<Retained>) -> Result<(), VolumeError> {
         let max = inner.record_blocks_max();
-        let mut i = 0;
+        let (mut i, mut records) = (0, 0);
         while i < keep.len() {
             let vol = keep[i].vol;
             let n = keep[i..].iter().take(max).take_while(|r| r.vol == vol).count();
             let part = &keep[i..i + n];
-            i += n;
-            if !inner.log_has_room_to_keep(n as u64) {
+            if !inner.log_has_room_to_keep(n as u64, (i + records) as u64) {
                 break;
             }
+            i += n;
+            records += 1;
             let writes: Vec<(u64, &[u8])> = part.iter().map(|r| (r.lba, r.block.as_slice())).collect();
             let crcs: Vec<u32> = part.iter().map(|r| r.crc).collect();
             self.append(inner, vol, &writes, &crcs, false)?;

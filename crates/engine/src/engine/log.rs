@@ -298,7 +298,10 @@ impl Engine {
             if !inner.relocations_clear() || (after_assist && inner.assisting) {
                 return Ok(None);
             }
-            self.compact_oldest(inner)?;
+            inner.writer_waits = need;
+            let r = self.compact_oldest(inner);
+            inner.writer_waits = 0;
+            r?;
         }
         // A reused place: lock-free reads that looked before must read again.
         inner.reuses.fetch_add(1, std::sync::atomic::Ordering::Release);
