@@ -387,7 +387,7 @@ impl Sim {
     /// the log instead of cleaning them home.
     fn set_policies(&self, op: usize) -> Result<(), String> {
         if self.opts.in_place {
-            if self.seed % 2 == 0 {
+            if self.seed.is_multiple_of(2) {
                 return Ok(());
             }
             for (v, &blocks) in self.sizes.iter().enumerate() {
