@@ -581,7 +581,7 @@ impl Engine {
     /// After a read of `data` from `lba0` of `vol` that found `at_home` of
     /// its blocks at home, unless the read is part of a stream past the
     /// cutoff (a scan): mark the blocks it found in the log hot (a second
-    /// chance at reclaim, `Engine::retain`); and when no home of the volume
+    /// chance at reclaim, `Engine::to_retain`); and when no home of the volume
     /// was written since (`gen`), log the blocks still at home whose
     /// promotion is due, marked clean.
     pub(super) fn promote(

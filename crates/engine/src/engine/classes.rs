@@ -54,8 +54,10 @@ pub struct IoClass {
     /// Share of the log's blocks the class may hold, in [0, 1].
     pub share: f64,
     /// Pinned: the class's cached blocks are kept when their chunk is
-    /// reclaimed (moved forward in the log, clean), read or not — up to
-    /// the share of a chunk retention may keep (`Engine::retain`).
+    /// reclaimed, read or not — moved forward in the log dirty when the log
+    /// has room to spare (`Engine::relog_pinned`), else written home and
+    /// kept clean (`Engine::to_retain`) — up to the share of a chunk a
+    /// reclaim may keep.
     pub pinned: bool,
     /// Among the blocks a reclaim could keep, those of higher priority go
     /// first (pinned ones before any).

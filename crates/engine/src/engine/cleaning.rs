@@ -67,7 +67,7 @@ impl Inner {
         }
     }
 
-    /// Cache block `cb` (current) was found by a read (`Engine::retain`).
+    /// Cache block `cb` (current) was found by a read (`Engine::to_retain`).
     pub(super) fn mark_hot(&mut self, cb: u64) {
         debug_assert!(self.log.is_current(cb), "only a current block is hot");
         self.residency.mark_hot(cb);
@@ -484,7 +484,11 @@ impl Engine {
             inner.vols[v].cache.count(CacheCount::Evicted, n * BS);
         }
         let step = self.free_oldest(inner, c)?;
-        self.retain(inner, keep)?;
+        // The kept blocks are logged clean only now that `c` is freed:
+        // until then their homes (durable before the free) hold the same
+        // bytes, so a crash in between loses nothing; what finds no room
+        // is left at home.
+        self.log_kept(inner, &keep, false)?;
         self.log_claims(inner)?;
         Ok(step)
     }
@@ -518,53 +522,11 @@ impl Engine {
         if cand.is_empty() || !inner.log_has_room_to_keep(cand.len().min(inner.record_blocks_max()) as u64, 0) {
             return Ok(0);
         }
-        cand.sort_by_key(|&(_, i)| i);
-        let (first, last) = (cand[0].1 as u64, cand[cand.len() - 1].1 as u64);
-        let data = read_at(&*self.cache, (base + first) * BS, ((last + 1 - first) * BS) as usize)?;
-        let mut moves: Vec<Retained> = Vec::with_capacity(cand.len());
-        for &(_, i) in &cand {
-            let (v, lba) = inner.log.chunk(c).owner(i);
-            let cb = base + i as u64;
-            let block = data[((i as u64 - first) * BS) as usize..][..BLOCK_BYTES].to_vec();
-            let crc = inner.vols[v as usize].l2p.entry(lba as usize)?.1;
-            if crc32c(&block) == crc {
-                moves.push(Retained { vol: v, lba, class: inner.residency.class(cb), crc, block });
-            }
-        }
+        let mut idx: Vec<usize> = cand.into_iter().map(|(_, i)| i).collect();
+        idx.sort_unstable();
+        let mut moves = self.read_kept(inner, c, &idx)?;
         moves.sort_by_key(|r| (r.vol, r.lba));
-        let hot: Vec<bool> = moves
-            .iter()
-            .map(|r| {
-                Ok(inner.vols[r.vol as usize]
-                    .l2p
-                    .get(r.lba as usize)?
-                    .cache_block()
-                    .is_some_and(|cb| inner.residency.is_hot(cb)))
-            })
-            .collect::<Result<_, VolumeError>>()?;
-        let max = inner.record_blocks_max();
-        let (mut moved, mut records) = (0, 0);
-        while moved < moves.len() {
-            let vol = moves[moved].vol;
-            let n = moves[moved..].iter().take(max).take_while(|r| r.vol == vol).count();
-            if !inner.log_has_room_to_keep(n as u64, (moved + records) as u64) {
-                break;
-            }
-            records += 1;
-            let part = &moves[moved..moved + n];
-            let writes: Vec<(u64, &[u8])> = part.iter().map(|r| (r.lba, r.block.as_slice())).collect();
-            let crcs: Vec<u32> = part.iter().map(|r| r.crc).collect();
-            self.append(inner, vol, &writes, &crcs, false)?;
-            for (r, &was_hot) in part.iter().zip(&hot[moved..moved + n]) {
-                let cb = inner.vols[vol as usize].l2p.get(r.lba as usize)?.cache_block().expect("just logged");
-                inner.set_class(cb, r.class);
-                if was_hot {
-                    inner.mark_hot(cb);
-                }
-            }
-            inner.vols[vol as usize].cache.count(CacheCount::Relogged, n as u64 * BS);
-            moved += n;
-        }
+        let moved = self.log_kept(inner, &moves, true)?;
         if moved > 0 {
             self.flush_cache(inner)?;
         }
@@ -595,60 +557,70 @@ impl Engine {
                 cand.push(((pinned, prio), i));
             }
         }
-        if cand.is_empty() {
-            return Ok(Vec::new());
-        }
         cand.sort_by_key(|&(rank, i)| (std::cmp::Reverse(rank), i));
         cand.truncate(budget);
-        if cand.is_empty() {
-            return Ok(Vec::new());
-        }
-        cand.sort_by_key(|&(_, i)| i);
-        let (first, last) = (cand[0].1 as u64, cand[cand.len() - 1].1 as u64);
-        let data = read_at(&*self.cache, (base + first) * BS, ((last + 1 - first) * BS) as usize)?;
-        let mut keep = Vec::with_capacity(cand.len());
-        for &(_, i) in &cand {
-            let (v, lba) = ch.owner(i);
-            let block = data[((i as u64 - first) * BS) as usize..][..BLOCK_BYTES].to_vec();
-            let crc = inner.vols[v as usize].l2p.entry(lba as usize)?.1;
+        let mut idx: Vec<usize> = cand.into_iter().map(|(_, i)| i).collect();
+        idx.sort_unstable();
+        self.read_kept(inner, c, &idx)
+    }
+
+    /// Blocks `idx` of chunk `c` (indexes in it, sorted, current) read from
+    /// the log in one read over their span, each checked against its CRC:
+    /// those that pass, as blocks to keep (a copy failing it is left where
+    /// it is).
+    fn read_kept(&self, inner: &Inner, c: ChunkId, idx: &[usize]) -> Result<Vec<Retained>, VolumeError> {
+        let (Some(&first), Some(&last)) = (idx.first(), idx.last()) else { return Ok(Vec::new()) };
+        let base = c.0 as u64 * inner.blocks_per_chunk();
+        let data = read_at(&*self.cache, (base + first as u64) * BS, ((last + 1 - first) as u64 * BS) as usize)?;
+        let (ch, res) = (inner.log.chunk(c), &inner.residency);
+        let mut keep = Vec::with_capacity(idx.len());
+        for &i in idx {
+            let ((vol, lba), cb) = (ch.owner(i), base + i as u64);
+            let block = data[(i - first) * BLOCK_BYTES..][..BLOCK_BYTES].to_vec();
+            let crc = inner.vols[vol as usize].l2p.entry(lba as usize)?.1;
             if crc32c(&block) == crc {
-                keep.push(Retained { vol: v, lba, class: res.class(base + i as u64), crc, block });
+                keep.push(Retained { vol, lba, class: res.class(cb), hot: res.is_hot(cb), crc, block });
             }
         }
         Ok(keep)
     }
 
-    /// Log the blocks a reclaim kept (`to_retain`), clean and in their
-    /// classes, after their chunk was freed: until then their homes (durable
-    /// before the free) hold the same bytes, so a crash in between loses
-    /// nothing. Only room the log has to spare is taken
-    /// (`log_has_room_to_keep`) — a retention never reclaims another chunk;
-    /// what does not fit is left at home.
-    fn retain(&self, inner: &mut Inner, keep: Vec<Retained>) -> Result<(), VolumeError> {
+    /// Log `keep` again, a record per run of one volume's blocks, while the
+    /// log has room to keep them (`log_has_room_to_keep`): each new copy in
+    /// its class; `moved` (`relog_pinned`), dirty and hot if it was, counted
+    /// as relogged; else (retention, `to_retain`) clean and cold — a retention spends the
+    /// second chance — counted as retained. Returns how many were logged.
+    fn log_kept(&self, inner: &mut Inner, keep: &[Retained], moved: bool) -> Result<usize, VolumeError> {
         let max = inner.record_blocks_max();
         let (mut i, mut records) = (0, 0);
         while i < keep.len() {
             let vol = keep[i].vol;
             let n = keep[i..].iter().take(max).take_while(|r| r.vol == vol).count();
-            let part = &keep[i..i + n];
             if !inner.log_has_room_to_keep(n as u64, (i + records) as u64) {
                 break;
             }
-            i += n;
-            records += 1;
+            let part = &keep[i..i + n];
             let writes: Vec<(u64, &[u8])> = part.iter().map(|r| (r.lba, r.block.as_slice())).collect();
             let crcs: Vec<u32> = part.iter().map(|r| r.crc).collect();
             self.append(inner, vol, &writes, &crcs, false)?;
             for r in part {
                 let cb = inner.vols[vol as usize].l2p.get(r.lba as usize)?.cache_block().expect("just logged");
-                inner.mark_clean(cb);
+                if !moved {
+                    inner.mark_clean(cb);
+                }
                 if r.class != 0 {
                     inner.set_class(cb, r.class);
                 }
+                if moved && r.hot {
+                    inner.mark_hot(cb);
+                }
             }
-            inner.vols[vol as usize].cache.count(CacheCount::Retained, n as u64 * BS);
+            let what = if moved { CacheCount::Relogged } else { CacheCount::Retained };
+            inner.vols[vol as usize].cache.count(what, n as u64 * BS);
+            i += n;
+            records += 1;
         }
-        Ok(())
+        Ok(i)
     }
 
     /// Clean at most `blocks_max` dirty blocks of the log, oldest chunk
@@ -723,11 +695,13 @@ impl Engine {
     }
 }
 
-/// A block a reclaim keeps (`Engine::to_retain`).
+/// A block a reclaim keeps (`Engine::read_kept`): moved forward dirty or
+/// retained clean.
 struct Retained {
     vol: u32,
     lba: u64,
     class: u8,
+    hot: bool,
     crc: u32,
     block: Vec<u8>,
 }

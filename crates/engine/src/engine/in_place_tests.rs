@@ -28,6 +28,17 @@ fn directory_class(name: &str, share: f64) -> IoClass {
     IoClass { extents: Some(Arc::new(Vec::new())), ..IoClass::new(name, share) }
 }
 
+/// Volume v0 write-back with no cutoff and no spill (`retain_hot` as
+/// given), and one class `name` of share 1 over `range` (all if None).
+fn one_class(w: &World, retain_hot: bool, name: &str, range: Option<(u64, u64)>, pinned: bool) {
+    let p = CachePolicy { retain_hot, seq_cutoff: SeqCutoff::Never, spill: false, ..CachePolicy::default() };
+    w.engine.set_cache_policy("v0", p).unwrap();
+    let mut c = IoClass::new(name, 1.0);
+    c.range = range;
+    c.pinned = pinned;
+    w.engine.set_io_classes("v0", vec![c]).unwrap();
+}
+
 fn stats(w: &World, v: usize) -> CacheStats {
     w.engine.cache_report()[v].stats
 }
@@ -672,12 +683,7 @@ fn reclaim_keeps_hot_and_pinned_blocks_and_evicts_the_rest() {
     let run = |retain_hot: bool, pinned: bool| -> (CacheStats, u64) {
         let w = in_place_world(&[2048]);
         let v = &w.volumes[0];
-        let p = CachePolicy { retain_hot, seq_cutoff: SeqCutoff::Never, spill: false, ..CachePolicy::default() };
-        w.engine.set_cache_policy("v0", p).unwrap();
-        let mut c = IoClass::new("hot", 1.0);
-        c.range = Some((0, 8 * BS));
-        c.pinned = pinned;
-        w.engine.set_io_classes("v0", vec![c]).unwrap();
+        one_class(&w, retain_hot, "hot", Some((0, 8 * BS)), pinned);
         let hot: Vec<u8> = (0..8).flat_map(|l| pattern(0, l, 1)).collect();
         v.write(0, &hot, false).unwrap();
         let log_blocks = w.engine.lock().dirty_blocks().1;
@@ -1053,12 +1059,7 @@ fn a_directory_class_cleans_home_what_the_metadata_names_others() {
 fn a_reclaim_moves_pinned_dirty_blocks_forward_and_never_writes_them_home() {
     let w = in_place_world(&[2048]);
     let v = &w.volumes[0];
-    let p = CachePolicy { seq_cutoff: SeqCutoff::Never, spill: false, ..CachePolicy::default() };
-    w.engine.set_cache_policy("v0", p).unwrap();
-    let mut c = IoClass::new("temp", 1.0);
-    c.range = Some((0, 16 * BS));
-    c.pinned = true;
-    w.engine.set_io_classes("v0", vec![c]).unwrap();
+    one_class(&w, CachePolicy::default().retain_hot, "temp", Some((0, 16 * BS)), true);
     let temp: Vec<u8> = (0..16).flat_map(|l| pattern(0, l, 1)).collect();
     v.write(0, &temp, false).unwrap();
     let log_blocks = w.engine.lock().dirty_blocks().1;
@@ -1093,11 +1094,7 @@ fn a_reclaim_moves_pinned_dirty_blocks_forward_and_never_writes_them_home() {
 fn moving_pinned_blocks_forward_is_bounded_so_reclaims_free_room() {
     let w = in_place_world(&[2048]);
     let v = &w.volumes[0];
-    let p = CachePolicy { seq_cutoff: SeqCutoff::Never, spill: false, ..CachePolicy::default() };
-    w.engine.set_cache_policy("v0", p).unwrap();
-    let mut c = IoClass::new("all", 1.0);
-    c.pinned = true;
-    w.engine.set_io_classes("v0", vec![c]).unwrap();
+    one_class(&w, CachePolicy::default().retain_hot, "all", None, true);
     let (log_blocks, bpc) = {
         let inner = w.engine.lock();
         (inner.dirty_blocks().1, inner.blocks_per_chunk())

@@ -265,7 +265,7 @@ impl Engine {
 
     /// A place for `need` blocks in the log: the open chunk, or a fresh one
     /// (compacting the oldest chunks when free chunks run low).
-    /// In place, a reclaim may log the blocks it keeps (`Engine::retain`),
+    /// In place, a reclaim may log the blocks it keeps (`Engine::log_kept`),
     /// opening a chunk meanwhile: after each compaction the open chunk is
     /// looked at again.
     fn log_space(&self, inner: &mut Inner, need: u64) -> Result<(ChunkId, u64), VolumeError> {

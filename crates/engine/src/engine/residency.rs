@@ -44,7 +44,7 @@ pub(super) struct Residency {
     /// persisted: after a reopen every cached block is class 0.
     class: Vec<u8>,
     /// Per cache block: a read found it since it was logged (the second
-    /// chance of `Engine::retain`). Not persisted.
+    /// chance of `Engine::to_retain`). Not persisted.
     hot: Vec<bool>,
     /// Per chunk: current blocks not clean, what cleaning it must still
     /// write home.
