@@ -38,7 +38,7 @@ use std::sync::Mutex;
 /// Completions held before `submit` answers `QueueFull` (as `MemoryDevice`).
 const QUEUE_DEPTH_MAX: usize = 1024;
 
-/// How one kind of request (reads or writes) is made to fail.
+/// How one kind of request (reads, writes or flushes) is made to fail.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FaultRule {
     #[default]
@@ -52,11 +52,14 @@ pub enum FaultRule {
 
 /// Which requests complete with `DeviceError::Injected` (changing nothing).
 /// Only requests that pass validation count; writes include FUA writes but not
-/// discards or flushes.
+/// discards. A failed flush makes nothing durable: what was unflushed stays
+/// unflushed, so a crash after it may keep any subset (a real drive's failed
+/// cache flush promises nothing either).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultPlan {
     pub read: FaultRule,
     pub write: FaultRule,
+    pub flush: FaultRule,
     /// Seed of the `PerMillion` draws.
     pub seed: u64,
     /// 0: faults are `DeviceError::Injected`; else `DeviceError::Io` with
@@ -78,6 +81,11 @@ impl FaultPlan {
     /// Fail the `n`th next write (1 = the next one).
     pub fn nth_write(n: u64) -> FaultPlan {
         FaultPlan { write: FaultRule::Nth(n), ..FaultPlan::default() }
+    }
+
+    /// Fail the `n`th next flush (1 = the next one).
+    pub fn nth_flush(n: u64) -> FaultPlan {
+        FaultPlan { flush: FaultRule::Nth(n), ..FaultPlan::default() }
     }
 }
 
@@ -190,6 +198,7 @@ struct State {
     next_seq: u64,
     read_fault: ArmedRule,
     write_fault: ArmedRule,
+    flush_fault: ArmedRule,
     fault_rng: SplitMix64,
     fault_errno: i32,
     done: VecDeque<IoCompletion>,
@@ -206,6 +215,7 @@ impl State {
             next_seq: 0,
             read_fault: ArmedRule::new(FaultRule::Never),
             write_fault: ArmedRule::new(FaultRule::Never),
+            flush_fault: ArmedRule::new(FaultRule::Never),
             fault_rng: SplitMix64(0),
             fault_errno: 0,
             done: VecDeque::new(),
@@ -279,6 +289,9 @@ impl State {
                 }
             }
             IoOp::Flush => {
+                if self.flush_fault.fires(&mut self.fault_rng) {
+                    return Err(self.fault());
+                }
                 for op in std::mem::take(&mut self.unflushed) {
                     op.apply(&mut self.durable, &self.fua_seq, bsz, || true);
                 }
@@ -327,6 +340,7 @@ impl CrashDevice {
         let mut st = self.lock();
         st.read_fault = ArmedRule::new(plan.read);
         st.write_fault = ArmedRule::new(plan.write);
+        st.flush_fault = ArmedRule::new(plan.flush);
         st.fault_rng = SplitMix64(plan.seed);
         st.fault_errno = plan.errno;
     }
@@ -621,6 +635,20 @@ mod tests {
         assert_eq!(read_at(&d, 0, BS).map(|_| ()), Err(DeviceError::Injected));
         assert_eq!(uniform(&d, 0), 3);
         assert_eq!(d.stats().errors, 2);
+
+        // A failed flush makes nothing durable: the write before it can
+        // still be lost, the next flush keeps it.
+        d.inject(FaultPlan::nth_flush(1));
+        assert_eq!(flush(&d), Err(DeviceError::Injected));
+        assert_eq!(d.unflushed_ops(), 1);
+        assert!(
+            (0..SEEDS).any(|seed| uniform(&d.crash(seed), 1) == 0),
+            "a crash after a failed flush can lose its write"
+        );
+        assert_eq!(flush(&d), Ok(()));
+        assert_eq!(d.unflushed_ops(), 0);
+        assert!((0..SEEDS).all(|seed| uniform(&d.crash(seed), 1) == 2));
+        assert_eq!(d.stats().errors, 3);
 
         // Seeded probability: some writes fail, they change nothing, and the pattern replays.
         let outcomes = |seed: u64| {

@@ -14,7 +14,11 @@
 //! - **inside an operation**: the Nth next write of one device fails (the
 //!   engine stops changing anything, `Inner::failed`), then power is lost.
 //!   This lands crashes in the middle of compaction and GC, between a
-//!   segment's write and the flush that frees its source.
+//!   segment's write and the flush that frees its source. A sixth of them
+//!   fail the Nth next flush instead, which makes nothing durable: power
+//!   lost then keeps any subset of the writes since the last good flush,
+//!   so a change that took a write as durable before its own flush (a
+//!   mark freeing a chunk whose blocks were moved, say) is caught there.
 //!
 //! Opt-in (`SimOptions::flips`, `sluice sim --flips`), because one kind of
 //! damage stays undetectable by design (docs/format.md: the newest log
@@ -862,9 +866,13 @@ fn run_crash_seed_on(seed: u64, ops: usize, zoned: bool, opts: SimOptions) -> Re
             if sim.rng.coin() {
                 // Mostly a write that fails; sometimes a read (a user
                 // read's error is typed and harmless; compaction's or GC's
-                // stops changes like a write error).
+                // stops changes like a write error) or a flush.
                 let n = 1 + sim.rng.below(12);
-                let plan = if sim.rng.below(4) == 0 { FaultPlan::nth_read(n) } else { FaultPlan::nth_write(n) };
+                let plan = match sim.rng.below(12) {
+                    0..=2 => FaultPlan::nth_read(n),
+                    3 | 4 => FaultPlan::nth_flush(1 + n / 4),
+                    _ => FaultPlan::nth_write(n),
+                };
                 sim.arm_either(plan);
                 armed = Some(op);
             } else {
