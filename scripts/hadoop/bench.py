@@ -237,6 +237,10 @@ def config(workdir, case, o, cache_bytes, disks, trace=False):
         if trace:
             # The temp volume's I/O, for `sluice advise` (docs/advise.md).
             vols += f'trace = "{TRACE}"\ntrace_max = "4g"\n'
+        # The whole volume is temporary data, kept in the cache: a full
+        # cache spills new writes home instead of cleaning what it holds
+        # (docs/caching.md, "Pinned classes").
+        vols += '[[volume.class]]\nname = "temp"\nshare = 1.0\npinned = true\n'
 
         return [
             ("hdd", head + devices(cache_bytes, cap, disks) + engine + vols, [("data", data, "data"), ("temp", temp, "temp")])

@@ -70,6 +70,7 @@ mod flushes;
 mod gc;
 mod handle;
 mod health;
+mod home_flight;
 mod identity;
 #[cfg(test)]
 mod in_place_tests;
@@ -192,6 +193,8 @@ struct Inner {
     /// the blocks of its record, which what the reclaim keeps in the log
     /// must leave room for (cleaning.rs: `log_has_room_to_keep`); else 0.
     writer_waits: u64,
+    /// The homes a cleaning step is writing without the lock (home_flight.rs).
+    home_flight: home_flight::HomeFlight,
     /// The engine's write sequence: every record and segment takes the next.
     seq: sequence::Sequence,
     stats: stats::Counters,
@@ -296,6 +299,9 @@ pub struct Engine {
     /// Opened read-only (`OpenOptions::read_only`; also in `Inner::health`):
     /// asked without the lock by FLUSH, which then has nothing to do.
     read_only: bool,
+    /// When the home writes of a step in `Inner::home_flight` completed
+    /// (home_flight.rs): waited on with the engine lock held.
+    homes_done: home_flight::HomesDone,
 }
 
 impl Engine {
@@ -338,6 +344,7 @@ impl Engine {
             closed: Default::default(),
             read_bytes: Default::default(),
             read_only: false,
+            homes_done: Default::default(),
         })
     }
 
@@ -437,6 +444,7 @@ impl Inner {
             pendings_made: 0,
             compact_cursor: None,
             writer_waits: 0,
+            home_flight: Default::default(),
             placement: BandPlacement::PerVolume,
             lifespans: Default::default(),
             seq: sequence::Sequence::at(0),

@@ -70,10 +70,11 @@ impl DirectoryClasses {
                         said.insert(key, err);
                         let known = alloc.is_some();
                         let _ = engine.set_class_layout(name, class, extents, alloc);
-                        // Others' dirty blocks home, 512 KiB per step. A
-                        // step writes the disk under the engine's lock, so
-                        // the thread rests as long as each step took: at
-                        // most half of the lock's time goes to it.
+                        // Others' dirty blocks home, 512 KiB per step (the
+                        // disk writes without the engine's lock when a
+                        // device-queue permit allows). The thread rests as
+                        // long as each step took: at most half of the
+                        // disk's time goes to it.
                         while known && !flag.load(std::sync::atomic::Ordering::Relaxed) {
                             let t = std::time::Instant::now();
                             match engine.clean_others(name, 128) {

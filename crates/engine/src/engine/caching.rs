@@ -481,7 +481,9 @@ impl Engine {
                     // is one of a block claimed clean: residency.rs.)
                     let sampled = inner.disk_id.as_ref().is_some_and(|d| d.samples_any(inner.home(v, lba0), blocks));
                     let claimed = (lba0..lba0 + blocks).any(|l| inner.residency.has_claim(vol, l));
-                    if may_defer && !sampled && !claimed && !inner.any_cached(v, lba0, blocks)? {
+                    // (Nor over homes a cleaning step is writing: home_flight.rs.)
+                    let cleaning = inner.home_flight.overlapping(inner.home(v, lba0), blocks).is_some();
+                    if may_defer && !sampled && !claimed && !cleaning && !inner.any_cached(v, lba0, blocks)? {
                         inner.vols[v].cache.home_changed();
                         deferred.push(DeferredHome { index, at: inner.home(v, lba0) * BS });
                     } else {
@@ -596,13 +598,16 @@ impl Engine {
         let missed = at_home > 0;
         let v = vol as usize;
         let p = inner.vols[v].cache.policy();
+        // Homes a cleaning step is writing may change under the read
+        // (home_flight.rs): nothing read there is promoted.
+        let cleaning = inner.home_flight.overlapping(inner.home(v, lba0), data.len() as u64 / BS).is_some();
         // Reads are streams too: a sequential read past the cutoff (a
         // scan, a bulk file read back) is not promoted.
         let vc = &mut inner.vols[v].cache;
         let class_ok = vc.classes.admit_read(lba0 * BS, data.len() as u64);
         let stream = vc.read_streams.extend(lba0 * BS, data.len() as u64, true);
         let cut = p.seq_cutoff != SeqCutoff::Never && stream > p.seq_cutoff_bytes;
-        let moved = vc.home_gen != gen;
+        let moved = vc.home_gen != gen || cleaning;
         let blocks = data.len() as u64 / BS;
         if at_home < blocks && !cut {
             for lba in lba0..lba0 + blocks {

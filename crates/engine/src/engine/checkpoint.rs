@@ -244,6 +244,7 @@ pub(super) fn decode_checkpoint(
         pendings_made: 0,
         compact_cursor: None,
         writer_waits: 0,
+        home_flight: Default::default(),
         seq: super::sequence::Sequence::at(seq),
         stats: super::stats::Counters::restored(EngineStats::from_words(words)),
         pool: BufPool::default(),

@@ -29,6 +29,7 @@
 //! cached block guessed to be the class's that turns out another's leaves
 //! the class at that refresh (`Engine::set_class_layout`).
 
+use super::home_flight::Ahead;
 use super::predict::{Allocation, Outcome, Predictor};
 use super::{CleanStep, Engine, EngineError, Inner, Serialize, VolumeError, BS};
 
@@ -503,36 +504,45 @@ impl Engine {
             }
             inner.vols.iter().position(|v| v.name == volume).ok_or_else(|| EngineError::NoVolume(volume.into()))?
         };
-        self.change(|e, inner| {
-            let bpc = inner.blocks_per_chunk();
-            let cls = inner.vols[v].cache.classes();
-            let judges: Vec<&Predictor> = (cls.list.iter().zip(&cls.predictors))
-                .filter(|(c, _)| c.clean_others)
-                .filter_map(|(_, p)| p.as_ref())
-                .collect();
-            let mut todo: Vec<(u32, u64, u64)> = Vec::new();
-            if !judges.is_empty() {
-                for (cb, vol, lba) in inner.log.current() {
-                    if vol == v as u32
-                        && !inner.residency.is_clean(cb)
-                        && inner.residency.class(cb) == 0
-                        && judges.iter().any(|p| p.known_other(lba * BS))
-                    {
-                        todo.push((vol, lba, cb));
+        // The disk writes without the engine lock when a device-queue
+        // permit leaves room for them (home_flight.rs).
+        let permit = self.unlocked_read_permit();
+        let ahead = self
+            .change(|e, inner| {
+                let cls = inner.vols[v].cache.classes();
+                let judges: Vec<&Predictor> = (cls.list.iter().zip(&cls.predictors))
+                    .filter(|(c, _)| c.clean_others)
+                    .filter_map(|(_, p)| p.as_ref())
+                    .collect();
+                let mut todo: Vec<(u32, u64, u64)> = Vec::new();
+                if !judges.is_empty() {
+                    for (cb, vol, lba) in inner.log.current() {
+                        if vol == v as u32
+                            && !inner.residency.is_clean(cb)
+                            && inner.residency.class(cb) == 0
+                            && judges.iter().any(|p| p.known_other(lba * BS))
+                        {
+                            todo.push((vol, lba, cb));
+                        }
                     }
                 }
+                todo.sort_unstable_by_key(|t| t.1);
+                todo.truncate(blocks_max.max(1) as usize);
+                todo.sort_unstable_by_key(|t| t.2);
+                e.clean_ahead(inner, &todo, permit.is_some())
+            })
+            .map_err(EngineError::Request)?;
+        let n = match ahead {
+            Ahead::Done(n) => n,
+            Ahead::Unlocked(job, step) => {
+                let written = self.write_unlocked(&job, step);
+                drop(permit);
+                let mut inner = self.lock_raw();
+                self.finish_unlocked(&mut inner, job, step, written).map_err(EngineError::Request)?
             }
-            todo.sort_unstable_by_key(|t| t.1);
-            todo.truncate(blocks_max.max(1) as usize);
-            todo.sort_unstable_by_key(|t| t.2);
-            let mut n = 0;
-            for chunk in todo.chunk_by(|a, b| a.2 / bpc == b.2 / bpc) {
-                n += e.clean_listed(inner, chunk)?;
-            }
-            let dirty: u64 = inner.vols.iter().map(|v| v.cache.dirty_blocks()).sum();
-            Ok(CleanStep { cleaned_bytes: n * BS, dirty_bytes: dirty * BS })
-        })
-        .map_err(EngineError::Request)
+        };
+        let dirty: u64 = self.lock().vols.iter().map(|v| v.cache.dirty_blocks()).sum();
+        Ok(CleanStep { cleaned_bytes: n * BS, dirty_bytes: dirty * BS })
     }
 
     /// The I/O classes of in-place volume `name`, as set.

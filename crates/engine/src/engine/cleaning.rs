@@ -332,6 +332,10 @@ impl Engine {
     /// (disk_identity.rs), so the next open does not take the engine's own
     /// write for a change behind its back.
     fn disk_write(&self, inner: &mut Inner, block: u64, data: &[u8]) -> Result<(), VolumeError> {
+        // Overlapping writes reach the disk in order (home_flight.rs).
+        if let Some(n) = inner.home_flight.overlapping(block, (data.len() / BLOCK_BYTES) as u64) {
+            self.homes_done.wait(n);
+        }
         if let Some(id) = inner.disk_id.as_ref() {
             if id.needs_flush_before(block, data) {
                 self.flush_capacity(inner)?;
@@ -393,21 +397,41 @@ impl Engine {
     /// `clean_chunk` does. Returns how many.
     pub(super) fn clean_listed(&self, inner: &mut Inner, todo: &[(u32, u64, u64)]) -> Result<u64, VolumeError> {
         let bpc = inner.blocks_per_chunk();
-        assert!(todo.windows(2).all(|w| w[0].2 < w[1].2), "sorted by cache block");
         assert!(todo.first().zip(todo.last()).is_none_or(|(a, b)| a.2 / bpc == b.2 / bpc), "one chunk");
-        let (Some(first), Some(last)) = (todo.first(), todo.last()) else { return Ok(0) };
-        let (first, span) = (first.2, last.2 + 1 - first.2);
-        let data = read_at(&*self.cache, first * BS, (span * BS) as usize)?;
-        let mut homes: Vec<(u64, u32, u64, &[u8])> = Vec::with_capacity(todo.len());
+        let job = self.prepare_clean(inner, todo)?;
+        for run in &job.runs {
+            inner.reuse_wait(None, None);
+            self.disk_write(inner, run.at, &run.data)?;
+            job.count_run(inner, run);
+        }
         for &(v, lba, cb) in todo {
-            let block = &data[((cb - first) * BS) as usize..][..BLOCK_BYTES];
-            let crc = inner.vols[v as usize].l2p.entry(lba as usize)?.1;
-            if crc32c(block) != crc {
-                // Never written home as data: the block stays dirty and
-                // reading it fails the same way.
-                return Err(VolumeError::Corrupt { offset: lba * BS, device: "cache", device_offset: cb * BS });
+            debug_assert_eq!(inner.log.owner_of(cb), Some((v, lba)));
+            inner.mark_clean(cb);
+        }
+        Ok(todo.len() as u64)
+    }
+
+    /// The first half of cleaning `todo` (volume, LBA, cache block; current,
+    /// dirty, sorted by cache block): each chunk's blocks read from the log
+    /// in one read over their span, checked against their CRCs (a mismatch
+    /// fails the step, the block stays dirty and reading it fails the same
+    /// way), claims on them withdrawn, and the blocks sorted by home into
+    /// runs of adjacent homes. The disk is not written yet.
+    pub(super) fn prepare_clean(&self, inner: &mut Inner, todo: &[(u32, u64, u64)]) -> Result<CleanJob, VolumeError> {
+        let bpc = inner.blocks_per_chunk();
+        assert!(todo.windows(2).all(|w| w[0].2 < w[1].2), "sorted by cache block");
+        let mut homes: Vec<(u64, u32, u64, u64, Vec<u8>)> = Vec::with_capacity(todo.len());
+        for chunk in todo.chunk_by(|a, b| a.2 / bpc == b.2 / bpc) {
+            let (first, span) = (chunk[0].2, chunk[chunk.len() - 1].2 + 1 - chunk[0].2);
+            let data = read_at(&*self.cache, first * BS, (span * BS) as usize)?;
+            for &(v, lba, cb) in chunk {
+                let block = &data[((cb - first) * BS) as usize..][..BLOCK_BYTES];
+                let crc = inner.vols[v as usize].l2p.entry(lba as usize)?.1;
+                if crc32c(block) != crc {
+                    return Err(VolumeError::Corrupt { offset: lba * BS, device: "cache", device_offset: cb * BS });
+                }
+                homes.push((inner.home(v as usize, lba), v, lba, cb, block.to_vec()));
             }
-            homes.push((inner.home(v as usize, lba), v, cb, block));
         }
         homes.sort_unstable_by_key(|h| h.0);
         // Older copies claimed clean must not win a recovery once these
@@ -419,42 +443,47 @@ impl Engine {
             let lbas: Vec<u64> = claimed.iter().filter(|c| c.0 == vol).map(|c| c.1).collect();
             self.unclaim(inner, vol, &lbas)?;
         }
-        let mut i = 0;
-        let mut run = Vec::new();
-        while i < homes.len() {
-            let mut n = 1;
-            while i + n < homes.len() && homes[i + n].0 == homes[i].0 + n as u64 && n < RUN_BLOCKS_MAX {
-                n += 1;
+        let mut runs: Vec<CleanRun> = Vec::new();
+        for (at, v, lba, cb, block) in homes {
+            let epoch = inner.log.chunk(ChunkId((cb / bpc) as u32)).epoch();
+            match runs.last_mut() {
+                Some(r) if r.at + r.blocks.len() as u64 == at && r.blocks.len() < RUN_BLOCKS_MAX => {
+                    r.data.extend_from_slice(&block);
+                    r.blocks.push((v, lba, cb, epoch));
+                }
+                _ => runs.push(CleanRun { at, data: block, blocks: vec![(v, lba, cb, epoch)] }),
             }
-            run.clear();
-            for h in &homes[i..i + n] {
-                run.extend_from_slice(h.3);
-            }
-            inner.reuse_wait(None, None);
-            self.disk_write(inner, homes[i].0, &run)?;
-            inner.stats.capacity_wrote(run.len() as u64);
-            for h in &homes[i..i + n] {
-                let vc = &mut inner.vols[h.1 as usize].cache;
-                vc.count(CacheCount::Cleaned, BS);
-                vc.home_changed();
-            }
-            inner.stats.compacted(run.len() as u64);
-            i += n;
         }
-        for &(_, _, cb) in todo {
-            inner.mark_clean(cb);
-        }
-        Ok(todo.len() as u64)
+        Ok(CleanJob { runs })
     }
 
     /// In place, compaction's step: clean at most `blocks_max` dirty blocks
     /// of the oldest full chunk; once none is left, make their homes
     /// durable, drop the chunk's copies (they read from home now) and free
     /// it, after the mark that moves the log's head past it.
-    pub(super) fn reclaim_step(&self, inner: &mut Inner, blocks_max: u64) -> Result<CompactStep, VolumeError> {
+    ///
+    /// Ahead of need (`ahead`: the background compactor's step, no writer
+    /// waiting), a chunk not yet started that holds more dirty blocks of
+    /// pinned classes on spilling volumes than one reclaim may move forward
+    /// is left alone (`CompactStep::Idle`): the cache is full of the data
+    /// it was told to keep, so new writes spill home at queue depth rather
+    /// than the kept data going home one run at a time under the lock; once
+    /// trims or overwrites bring it under the budget, the chunk is
+    /// reclaimed and its rest moved forward. A writer that needs room
+    /// reclaims it anyway (`compact_oldest`), cleaning what cannot move.
+    pub(super) fn reclaim_step(
+        &self,
+        inner: &mut Inner,
+        blocks_max: u64,
+        ahead: bool,
+    ) -> Result<CompactStep, VolumeError> {
         let Some(c) = inner.log.oldest_full() else { return Ok(CompactStep::Idle) };
+        let fresh = inner.residency.moved(c).is_none();
+        if ahead && fresh && self.full_of_pinned(inner, c) {
+            return Ok(CompactStep::Idle);
+        }
         inner.log.start_compacting(c);
-        if inner.residency.moved(c).is_none() {
+        if fresh {
             let moved = self.relog_pinned(inner, c)?;
             inner.residency.set_moved(c, moved);
         }
@@ -507,16 +536,7 @@ impl Engine {
     /// Returns how many blocks moved.
     fn relog_pinned(&self, inner: &mut Inner, c: ChunkId) -> Result<u32, VolumeError> {
         let bpc = inner.blocks_per_chunk();
-        let base = c.0 as u64 * bpc;
-        let mut cand: Vec<(u8, usize)> = Vec::new();
-        for (i, v, _) in inner.log.chunk(c).current() {
-            let cb = base + i as u64;
-            let vc = &inner.vols[v as usize].cache;
-            let (pinned, prio) = vc.classes().rank(inner.residency.class(cb));
-            if pinned && !inner.residency.is_clean(cb) && vc.policy().mode == CacheMode::WriteBack {
-                cand.push((prio, i));
-            }
-        }
+        let mut cand: Vec<(u8, usize)> = pinned_dirty(inner, c).map(|(prio, i, _)| (prio, i)).collect();
         cand.sort_by_key(|&(prio, i)| (std::cmp::Reverse(prio), i));
         cand.truncate(relog_budget(bpc));
         if cand.is_empty() || !inner.log_has_room_to_keep(cand.len().min(inner.record_blocks_max()) as u64, 0) {
@@ -531,6 +551,14 @@ impl Engine {
             self.flush_cache(inner)?;
         }
         Ok(moved as u32)
+    }
+
+    /// Whether chunk `c` holds more dirty blocks of pinned classes, on
+    /// write-back volumes that spill when the log is full, than one reclaim
+    /// may move forward (`reclaim_step`).
+    fn full_of_pinned(&self, inner: &Inner, c: ChunkId) -> bool {
+        let spills = |v: u32| inner.vols[v as usize].cache.policy().spill;
+        pinned_dirty(inner, c).filter(|&(_, _, v)| spills(v)).count() > relog_budget(inner.blocks_per_chunk())
     }
 
     /// The blocks of chunk `c` (about to be freed, every block clean) that
@@ -713,6 +741,52 @@ const RETAIN_SHARE: f64 = 0.5;
 /// moved dirty and retained clean together (`RETAIN_SHARE` of it).
 fn relog_budget(bpc: u64) -> usize {
     (bpc as f64 * RETAIN_SHARE) as usize
+}
+
+/// A cleaning step's home writes (`Engine::prepare_clean`), in home order.
+pub(super) struct CleanJob {
+    pub(super) runs: Vec<CleanRun>,
+}
+
+/// Blocks with adjacent homes, written home in one write.
+pub(super) struct CleanRun {
+    /// The first home block.
+    pub(super) at: u64,
+    pub(super) data: Vec<u8>,
+    /// Each block's volume, LBA, cache block and its chunk's epoch.
+    pub(super) blocks: Vec<(u32, u64, u64, u64)>,
+}
+
+impl CleanJob {
+    /// The home ranges `[first, end)` the job writes (sorted, disjoint).
+    pub(super) fn ranges(&self) -> Vec<(u64, u64)> {
+        self.runs.iter().map(|r| (r.at, r.at + r.blocks.len() as u64)).collect()
+    }
+
+    /// Run `run` was written home: count it.
+    pub(super) fn count_run(&self, inner: &mut Inner, run: &CleanRun) {
+        inner.stats.capacity_wrote(run.data.len() as u64);
+        for &(v, ..) in &run.blocks {
+            let vc = &mut inner.vols[v as usize].cache;
+            vc.count(CacheCount::Cleaned, BS);
+            vc.home_changed();
+        }
+        inner.stats.compacted(run.data.len() as u64);
+    }
+}
+
+/// Chunk `c`'s dirty blocks of pinned classes on write-back volumes, as
+/// (class priority, index in the chunk, volume): what a reclaim may move
+/// forward (`Engine::relog_pinned`).
+fn pinned_dirty(inner: &Inner, c: ChunkId) -> impl Iterator<Item = (u8, usize, u32)> + '_ {
+    let base = c.0 as u64 * inner.blocks_per_chunk();
+    inner.log.chunk(c).current().filter_map(move |(i, v, _)| {
+        let cb = base + i as u64;
+        let vc = &inner.vols[v as usize].cache;
+        let (pinned, prio) = vc.classes().rank(inner.residency.class(cb));
+        let keep = pinned && !inner.residency.is_clean(cb) && vc.policy().mode == CacheMode::WriteBack;
+        keep.then_some((prio, i, v))
+    })
 }
 
 /// Most blocks one home write carries (1 MiB).

@@ -143,7 +143,7 @@ impl Engine {
         // (writers.rs: `relocations_clear`).
         debug_assert!(inner.relocations_clear(), "a compaction step beside a record in flight it would outrank");
         if inner.in_place() {
-            return self.reclaim_step(inner, blocks_max);
+            return self.reclaim_step(inner, blocks_max, defer);
         }
         let Some(CompactCursor { chunk: c, mut pos }) = inner.compact_next() else { return Ok(CompactStep::Idle) };
         // `defer`: the step's segment writes are left in flight with their

@@ -1087,6 +1087,152 @@ fn a_reclaim_moves_pinned_dirty_blocks_forward_and_never_writes_them_home() {
     w.engine.lock().check_invariants();
 }
 
+/// A cleaning step whose disk writes run without the lock
+/// (home_flight.rs): requests go on meanwhile, and when the step ends only
+/// blocks still holding the copy it wrote are marked clean - one
+/// overwritten meanwhile stays dirty with its new bytes, one trimmed stays
+/// gone - and every block reads back what it should, from the log or home.
+#[test]
+fn a_cleaning_step_without_the_lock_marks_clean_only_what_it_wrote() {
+    let w = in_place_world(&[256]);
+    let (e, v) = (&w.engine, &w.volumes[0]);
+    let p = CachePolicy { seq_cutoff: SeqCutoff::Never, ..CachePolicy::default() };
+    e.set_cache_policy("v0", p).unwrap();
+    let data: Vec<u8> = (0..8).flat_map(|l| pattern(0, l, 1)).collect();
+    v.write(0, &data, false).unwrap();
+    let todo: Vec<(u32, u64, u64)> = {
+        let inner = e.lock();
+        let mut t: Vec<_> =
+            (0..8).map(|l| (0, l, inner.vols[0].l2p.get(l as usize).unwrap().cache_block().unwrap())).collect();
+        t.sort_unstable_by_key(|t| t.2);
+        t
+    };
+    let (job, n) = match e.clean_ahead(&mut e.lock(), &todo, true).unwrap() {
+        home_flight::Ahead::Unlocked(job, n) => (job, n),
+        home_flight::Ahead::Done(_) => panic!("a real-time engine with a permit cleans without the lock"),
+    };
+    {
+        let inner = e.lock();
+        assert!(inner.home_flight.overlapping(inner.home(0, 3), 1).is_some());
+    }
+    // Meanwhile (the lock is free): block 1 rewritten, block 2 trimmed.
+    v.write(BS, &pattern(0, 1, 2), false).unwrap();
+    v.trim(2 * BS, BS).unwrap();
+    let written = e.write_unlocked(&job, n);
+    let cleaned = e.finish_unlocked(&mut e.lock(), job, n, written).unwrap();
+    assert_eq!(cleaned, 6, "every block but the rewritten and the trimmed one");
+    assert!(!e.lock().home_flight.busy());
+    let st = stats(&w, 0);
+    assert_eq!(st.cleaned_bytes, 8 * BS, "all eight went home: {st:?}");
+    assert!(read(&w, 0, 1) == pattern(0, 1, 2), "the rewrite wins");
+    assert!(at_home(&w, 0, 1) == pattern(0, 1, 1), "its home has the older bytes");
+    for l in [0u64, 3, 4, 5, 6, 7] {
+        assert!(read(&w, 0, l) == pattern(0, l, 1) && at_home(&w, 0, l) == pattern(0, l, 1), "block {l}");
+    }
+    // Dirty: only the rewritten block (the trimmed one is gone).
+    assert_eq!(e.lock().dirty_blocks().0, 1);
+    e.lock().check_invariants();
+    // A detach still cleans the rest home: the disk alone is the volume.
+    e.clean(true).unwrap();
+    assert!(at_home(&w, 0, 1) == pattern(0, 1, 2));
+}
+
+/// Ahead of need, a log full of a pinned class's dirty data is left as it
+/// is and new writes spill home (the cache keeps what it was told to keep,
+/// and nothing of it goes home); once trims free the oldest chunk, the
+/// background step reclaims it again; and a writer that cannot spill still
+/// gets room, its reclaim cleaning what cannot move.
+#[test]
+fn a_log_full_of_pinned_data_spills_new_writes_instead_of_cleaning_it() {
+    let w = in_place_world(&[4096]);
+    let v = &w.volumes[0];
+    let p = CachePolicy { seq_cutoff: SeqCutoff::Never, spill: true, ..CachePolicy::default() };
+    w.engine.set_cache_policy("v0", p).unwrap();
+    let mut c = IoClass::new("all", 1.0);
+    c.pinned = true;
+    w.engine.set_io_classes("v0", vec![c]).unwrap();
+    let log_blocks = w.engine.lock().dirty_blocks().1;
+    assert!(3 * log_blocks < 4000, "the volume outgrows the log");
+    // The log's size in new blocks, 4 at a time, a background step after
+    // each: what the reserve and the superblock leave is cached, the rest
+    // spills (less than a log's worth: with no compactor running, spilling
+    // more makes spilled writes clean, caching.rs).
+    let written = log_blocks / 4 * 4;
+    for lba in (0..written).step_by(4) {
+        let data: Vec<u8> = (lba..lba + 4).flat_map(|l| pattern(0, l, 1)).collect();
+        v.write(lba * BS, &data, false).unwrap();
+        w.engine.compact_some(u64::MAX).unwrap();
+    }
+    let st = stats(&w, 0);
+    assert_eq!(st.cleaned_bytes, 0, "no pinned block went home: {st:?}");
+    assert!(st.spill_bytes >= written * BS / 4, "new writes spilled: {st:?}");
+    assert!(!w.engine.compact_some(u64::MAX).unwrap(), "the full log is left alone ahead of need");
+    for lba in 0..16 {
+        assert!(at_home(&w, 0, lba) == vec![0u8; BLOCK_BYTES], "the oldest block {lba} stays cached only");
+    }
+    for lba in 0..written {
+        assert!(read(&w, 0, lba) == pattern(0, lba, 1), "block {lba}");
+    }
+    // The oldest data deleted: its chunks are reclaimed ahead of need again.
+    let bpc = w.engine.lock().blocks_per_chunk();
+    v.trim(0, 2 * bpc * BS).unwrap();
+    assert!(w.engine.compact_some(u64::MAX).unwrap(), "a chunk of deleted data is reclaimed");
+    // A writer that may not spill waits for a reclaim, which cleans.
+    w.engine.set_cache_policy("v0", CachePolicy { spill: false, ..p }).unwrap();
+    for lba in (written..written + log_blocks).step_by(4) {
+        let data: Vec<u8> = (lba..lba + 4).flat_map(|l| pattern(0, l, 2)).collect();
+        v.write(lba * BS, &data, false).unwrap();
+    }
+    assert!(stats(&w, 0).cleaned_bytes > 0, "{:?}", stats(&w, 0));
+    for lba in 2 * bpc..written {
+        assert!(read(&w, 0, lba) == pattern(0, lba, 1), "block {lba}");
+    }
+    for lba in written..written + log_blocks {
+        assert!(read(&w, 0, lba) == pattern(0, lba, 2), "block {lba}");
+    }
+    w.engine.lock().check_invariants();
+}
+
+/// A reclaim that moves pinned dirty blocks forward makes their new copies
+/// durable before the mark that frees their old chunk: whichever of its
+/// cache flushes fails, power lost then loses no flushed block. (Without
+/// the flush after the move, a failed mark flush could leave the mark
+/// durable and the moved copies not: the blocks would read as zeros.)
+#[test]
+fn a_failed_flush_in_a_reclaim_that_moves_pinned_blocks_loses_nothing() {
+    for k in 1..=3 {
+        let (c, p) = in_place_device_bytes(&[2048]);
+        let (cache, capacity) = (Arc::new(CrashDevice::new(c, 4096)), Arc::new(CrashDevice::new(p, 4096)));
+        let w = in_place_world_on(cache.clone(), capacity.clone(), &[2048]);
+        let v = &w.volumes[0];
+        one_class(&w, true, "temp", Some((0, 16 * BS)), true);
+        let temp: Vec<u8> = (0..16).flat_map(|l| pattern(0, l, 1)).collect();
+        v.write(0, &temp, false).unwrap();
+        // Cold writes until the temp blocks' chunk is full (the oldest).
+        let mut lba = 100;
+        while w.engine.lock().log.oldest_full().is_none() {
+            let data: Vec<u8> = (lba..lba + 4).flat_map(|l| pattern(0, l, 2)).collect();
+            v.write(lba * BS, &data, false).unwrap();
+            lba += 4;
+        }
+        v.flush().unwrap();
+        cache.inject(sluice_media::FaultPlan::nth_flush(k));
+        let moved = w.engine.compact_some(u64::MAX).map(|_| stats(&w, 0).relogged_bytes);
+        assert!(moved.as_ref().map_or(true, |&m| m == 16 * BS), "k {k}: {moved:?}");
+        for seed in 0..16 {
+            let (c2, p2) = (Arc::new(cache.crash(seed)), Arc::new(capacity.crash(seed)));
+            let e = Engine::open(c2, p2).unwrap();
+            let vol = e.volume("v0").unwrap();
+            let mut b = vec![0u8; BLOCK_BYTES];
+            for l in (0..16).chain(100..lba) {
+                vol.read(l * BS, &mut b).unwrap();
+                let ver = if l < 16 { 1 } else { 2 };
+                assert!(b == pattern(0, l, ver), "flush {k} failed, seed {seed}: block {l} lost");
+            }
+        }
+    }
+}
+
 /// With everything pinned, a reclaim moves at most half a chunk forward
 /// (and retains nothing beside it): the rest is cleaned home, so every
 /// reclaim frees room and writes that wrap the log many times go on.

@@ -310,8 +310,12 @@ impl Engine {
 
     /// Flush the capacity device; every segment written so far is durable.
     pub(super) fn flush_capacity(&self, inner: &mut Inner) -> Result<(), VolumeError> {
-        // The flushed watermark covers every segment written so far.
+        // The flushed watermark covers every segment written so far, and
+        // every home write begun (home_flight.rs).
         self.drain_capacity(inner)?;
+        if let Some(n) = inner.home_flight.in_flight() {
+            self.homes_done.wait(n);
+        }
         let seq = inner.seq.last();
         flush(&*self.capacity)?;
         inner.cap.flushed(seq);

@@ -402,6 +402,12 @@ impl Engine {
         }
         let r = self.compact_step(&mut inner, step_blocks, &mut pre, true);
         let step = inner.stop_on_device_error(r)?;
+        if step == CompactStep::Idle && inner.in_place() {
+            // In place, the oldest chunk is full of pinned data that writes
+            // spill around (`reclaim_step`): nothing to do until trims free
+            // it or a writer needs the room.
+            return Ok(Work::Idle);
+        }
         self.bg.gc_reclaims_in_a_row.store(0, Ordering::Relaxed);
         self.bg.free_chunks.store(inner.log.free_len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;

@@ -1,0 +1,237 @@
+//! Home writes of a cleaning step done without the engine lock
+//! (`Engine::clean_unlocked`): the disk writes that take most of a
+//! cleaning step's time no longer hold every request behind them.
+//!
+//! Owns which homes such a step is writing (`HomeFlight`, in `Inner`, under
+//! the engine lock) and when its writes completed (`HomesDone`, in
+//! `Engine`, behind a lock of its own that the step's writer signals
+//! without the engine lock).
+//!
+//! Invariants:
+//! - at most one step is in flight (a second caller cleans under the lock);
+//! - while one is, every other write of the disk that overlaps its homes
+//!   waits until its writes completed (`Engine::disk_write`), as does every
+//!   capacity flush; a write past the log over them is not deferred
+//!   (caching.rs), and a read that found them at home promotes nothing: the
+//!   disk receives overlapping writes in the engine's order, and no clean
+//!   copy is taken of a home about to change;
+//! - a block of the step is marked clean only after its write completed,
+//!   and only if its cache block still holds the same current copy (chunk
+//!   epoch, owner, map): one overwritten, trimmed or reclaimed meanwhile is
+//!   left as it is (its home got the older bytes, which its dirty copy or
+//!   a later write supersedes, as when cleaning raced nothing).
+//!
+//! Crash safety is cleaning's: nothing is marked clean before its home is
+//! written, and nothing is claimed clean before a disk flush after that.
+
+use super::cleaning::CleanJob;
+use super::{write_at, Engine, Inner, VolumeError, BS};
+use std::sync::{Condvar, Mutex, PoisonError};
+
+/// How `Engine::clean_ahead` went: done under the lock, or prepared for
+/// writing without it.
+pub(super) enum Ahead {
+    /// Blocks cleaned under the lock.
+    Done(u64),
+    /// Home writes to do without the lock, as step `n`.
+    Unlocked(CleanJob, u64),
+}
+
+impl Engine {
+    /// Under the lock: clean `todo` (volume, LBA, cache block; current,
+    /// dirty, sorted by cache block) — with the disk writes left for the
+    /// caller to do without the lock (`Ahead::Unlocked`, then
+    /// `write_unlocked` and `finish_unlocked`) when `unlocked` (the caller
+    /// holds a device-queue permit), the engine runs in real time, no other
+    /// step is in flight and the disk is not an attached one whose sampled
+    /// blocks must be recorded write by write; otherwise all of it now.
+    pub(super) fn clean_ahead(
+        &self,
+        inner: &mut Inner,
+        todo: &[(u32, u64, u64)],
+        unlocked: bool,
+    ) -> Result<Ahead, VolumeError> {
+        if todo.is_empty() {
+            return Ok(Ahead::Done(0));
+        }
+        if !unlocked || inner.serial() || inner.disk_id.is_some() || inner.home_flight.busy() {
+            let bpc = inner.blocks_per_chunk();
+            let mut n = 0;
+            for chunk in todo.chunk_by(|a, b| a.2 / bpc == b.2 / bpc) {
+                n += self.clean_listed(inner, chunk)?;
+            }
+            return Ok(Ahead::Done(n));
+        }
+        let job = self.prepare_clean(inner, todo)?;
+        let n = inner.home_flight.begin(job.ranges());
+        Ok(Ahead::Unlocked(job, n))
+    }
+
+    /// Without the lock: write step `n`'s runs home, in home order, one at
+    /// a time; then signal that its writes are over. Returns how many runs
+    /// were written, and the error that stopped the rest.
+    pub(super) fn write_unlocked(&self, job: &CleanJob, n: u64) -> (usize, Result<(), VolumeError>) {
+        let mut written = 0;
+        let mut r = Ok(());
+        for run in &job.runs {
+            if let Err(e) = write_at(&*self.capacity, run.at * BS, &run.data) {
+                r = Err(VolumeError::from(e));
+                break;
+            }
+            written += 1;
+        }
+        self.homes_done.finished(n);
+        (written, r)
+    }
+
+    /// Under the lock again, after `write_unlocked`: step `n` ends; its
+    /// written runs are counted, and each of their blocks whose cache block
+    /// still holds the same current copy, dirty, is marked clean (unless
+    /// the engine stopped meanwhile). Returns the blocks marked clean.
+    pub(super) fn finish_unlocked(
+        &self,
+        inner: &mut Inner,
+        job: CleanJob,
+        n: u64,
+        (written, r): (usize, Result<(), VolumeError>),
+    ) -> Result<u64, VolumeError> {
+        inner.home_flight.end(n);
+        let bpc = inner.blocks_per_chunk();
+        // A read that looked at these homes before now promotes nothing.
+        for run in &job.runs {
+            for &(v, ..) in &run.blocks {
+                inner.vols[v as usize].cache.home_changed();
+            }
+        }
+        if written > 0 {
+            inner.cap.wrote();
+        }
+        if inner.taking_changes().is_err() {
+            return r.map(|()| 0);
+        }
+        let mut cleaned = 0;
+        for run in &job.runs[..written] {
+            job.count_run(inner, run);
+            for &(v, lba, cb, epoch) in &run.blocks {
+                let c = super::ChunkId((cb / bpc) as u32);
+                let same = inner.log.chunk(c).epoch() == epoch
+                    && inner.log.owner_of(cb) == Some((v, lba))
+                    && inner.vols[v as usize].l2p.get(lba as usize)?.cache_block() == Some(cb);
+                if same && !inner.residency.is_clean(cb) {
+                    inner.mark_clean(cb);
+                    cleaned += 1;
+                }
+            }
+        }
+        inner.stop_on_device_error(r).map(|()| cleaned)
+    }
+}
+
+/// The step in flight, if any: its number and the homes it writes, as
+/// sorted, disjoint `[first, end)` block ranges of the capacity device.
+#[derive(Debug, Default)]
+pub(super) struct HomeFlight {
+    step: Option<(u64, Vec<(u64, u64)>)>,
+    started: u64,
+}
+
+impl HomeFlight {
+    /// A step writing `ranges` (sorted, disjoint) begins; returns its number.
+    pub(super) fn begin(&mut self, ranges: Vec<(u64, u64)>) -> u64 {
+        assert!(self.step.is_none(), "one home-write step in flight at a time");
+        assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "sorted, disjoint ranges");
+        self.started += 1;
+        self.step = Some((self.started, ranges));
+        self.started
+    }
+
+    /// Whether a step is in flight.
+    pub(super) fn busy(&self) -> bool {
+        self.step.is_some()
+    }
+
+    /// The step in flight if it writes any of `blocks` blocks from `first`.
+    pub(super) fn overlapping(&self, first: u64, blocks: u64) -> Option<u64> {
+        let (n, ranges) = self.step.as_ref()?;
+        let end = first + blocks;
+        let i = ranges.partition_point(|r| r.1 <= first);
+        (i < ranges.len() && ranges[i].0 < end).then_some(*n)
+    }
+
+    /// The step in flight, whatever it writes.
+    pub(super) fn in_flight(&self) -> Option<u64> {
+        self.step.as_ref().map(|s| s.0)
+    }
+
+    /// Step `n` is over (its writes completed or failed).
+    pub(super) fn end(&mut self, n: u64) {
+        assert_eq!(self.step.as_ref().map(|s| s.0), Some(n), "the step in flight ends");
+        self.step = None;
+    }
+}
+
+/// The last step whose writes completed, signalled without the engine lock.
+#[derive(Debug, Default)]
+pub(super) struct HomesDone {
+    done: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl HomesDone {
+    /// Step `n`'s writes completed (or failed).
+    pub(super) fn finished(&self, n: u64) {
+        let mut d = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        assert!(*d < n, "steps finish in order");
+        *d = n;
+        self.cv.notify_all();
+    }
+
+    /// Wait until step `n`'s writes completed.
+    pub(super) fn wait(&self, n: u64) {
+        let mut d = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        while *d < n {
+            d = self.cv.wait(d).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_overlaps_exactly_the_homes_it_writes() {
+        let mut f = HomeFlight::default();
+        assert_eq!(f.overlapping(0, 100), None);
+        let n = f.begin(vec![(10, 20), (30, 31)]);
+        assert!(f.busy());
+        assert_eq!(f.overlapping(0, 10), None);
+        assert_eq!(f.overlapping(0, 11), Some(n));
+        assert_eq!(f.overlapping(19, 1), Some(n));
+        assert_eq!(f.overlapping(20, 10), None);
+        assert_eq!(f.overlapping(25, 6), Some(n));
+        assert_eq!(f.overlapping(31, 5), None);
+        f.end(n);
+        assert_eq!(f.overlapping(10, 1), None);
+        assert_eq!(f.begin(vec![(0, 1)]), n + 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "one home-write step in flight at a time")]
+    fn two_steps_never_fly_at_once() {
+        let mut f = HomeFlight::default();
+        f.begin(vec![(0, 1)]);
+        f.begin(vec![(2, 3)]);
+    }
+
+    #[test]
+    fn a_waiter_wakes_when_its_step_finishes() {
+        let d = std::sync::Arc::new(HomesDone::default());
+        let d2 = d.clone();
+        let t = std::thread::spawn(move || d2.wait(2));
+        d.finished(1);
+        d.finished(2);
+        t.join().unwrap();
+        d.wait(1);
+    }
+}
