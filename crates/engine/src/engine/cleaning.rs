@@ -382,13 +382,7 @@ impl Engine {
     /// sorted by home and written as runs of adjacent blocks; then marked
     /// clean. Returns the blocks cleaned.
     pub(super) fn clean_chunk(&self, inner: &mut Inner, c: ChunkId, blocks_max: u64) -> Result<u64, VolumeError> {
-        let bpc = inner.blocks_per_chunk();
-        let base = c.0 as u64 * bpc;
-        let todo: Vec<(u32, u64, u64)> = (inner.log.chunk(c).current())
-            .map(|(i, v, lba)| (v, lba, base + i as u64))
-            .filter(|&(_, _, cb)| !inner.residency.is_clean(cb))
-            .take(blocks_max.max(1) as usize)
-            .collect();
+        let todo = Self::dirty_of(inner, c, blocks_max);
         self.clean_listed(inner, &todo)
     }
 
@@ -477,16 +471,7 @@ impl Engine {
         blocks_max: u64,
         ahead: bool,
     ) -> Result<CompactStep, VolumeError> {
-        let Some(c) = inner.log.oldest_full() else { return Ok(CompactStep::Idle) };
-        let fresh = inner.residency.moved(c).is_none();
-        if ahead && fresh && self.full_of_pinned(inner, c) {
-            return Ok(CompactStep::Idle);
-        }
-        inner.log.start_compacting(c);
-        if fresh {
-            let moved = self.relog_pinned(inner, c)?;
-            inner.residency.set_moved(c, moved);
-        }
+        let Some(c) = self.reclaim_begin(inner, ahead)? else { return Ok(CompactStep::Idle) };
         if inner.residency.dirty(c) > 0 {
             self.clean_chunk(inner, c, blocks_max)?;
             if inner.residency.dirty(c) > 0 {
@@ -520,6 +505,34 @@ impl Engine {
         self.log_kept(inner, &keep, false)?;
         self.log_claims(inner)?;
         Ok(step)
+    }
+
+    /// The chunk a reclaim works on — the oldest full one, started, its
+    /// pinned dirty blocks moved forward on its first step — or None: no
+    /// full chunk, or (`ahead`) one left alone as `reclaim_step` says.
+    pub(super) fn reclaim_begin(&self, inner: &mut Inner, ahead: bool) -> Result<Option<ChunkId>, VolumeError> {
+        let Some(c) = inner.log.oldest_full() else { return Ok(None) };
+        let fresh = inner.residency.moved(c).is_none();
+        if ahead && fresh && self.full_of_pinned(inner, c) {
+            return Ok(None);
+        }
+        inner.log.start_compacting(c);
+        if fresh {
+            let moved = self.relog_pinned(inner, c)?;
+            inner.residency.set_moved(c, moved);
+        }
+        Ok(Some(c))
+    }
+
+    /// The dirty blocks of chunk `c` a cleaning step of at most
+    /// `blocks_max` takes (volume, LBA, cache block; by cache block).
+    pub(super) fn dirty_of(inner: &Inner, c: ChunkId, blocks_max: u64) -> Vec<(u32, u64, u64)> {
+        let base = c.0 as u64 * inner.blocks_per_chunk();
+        (inner.log.chunk(c).current())
+            .map(|(i, v, lba)| (v, lba, base + i as u64))
+            .filter(|&(_, _, cb)| !inner.residency.is_clean(cb))
+            .take(blocks_max.max(1) as usize)
+            .collect()
     }
 
     /// At the start of chunk `c`'s reclaim: move its dirty blocks of pinned

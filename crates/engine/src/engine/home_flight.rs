@@ -1,6 +1,8 @@
-//! Home writes of a cleaning step done without the engine lock
-//! (`Engine::clean_unlocked`): the disk writes that take most of a
-//! cleaning step's time no longer hold every request behind them.
+//! Home writes of a cleaning step done without the engine lock (`Engine::
+//! clean_ahead`: `clean_others`, and the background compactor's cleaning
+//! of a reclaim's chunk or of chunks ACP/ALRU picks): the disk writes that
+//! take most of a cleaning step's time no longer hold every request behind
+//! them. A reclaim a writer waits for still cleans under the lock.
 //!
 //! Owns which homes such a step is writing (`HomeFlight`, in `Inner`, under
 //! the engine lock) and when its writes completed (`HomesDone`, in
@@ -65,6 +67,33 @@ impl Engine {
         let job = self.prepare_clean(inner, todo)?;
         let n = inner.home_flight.begin(job.ranges());
         Ok(Ahead::Unlocked(job, n))
+    }
+
+    /// The background compactor's cleaning of at most `blocks_max` dirty
+    /// blocks of chunk `c` (ahead of need, or a reclaim's), holding the
+    /// lock `inner`: with the disk writes done without it when
+    /// `clean_ahead` allows. Returns the blocks cleaned and the lock, held
+    /// again.
+    pub(super) fn clean_chunk_ahead<'a>(
+        &'a self,
+        mut inner: std::sync::MutexGuard<'a, Inner>,
+        c: super::ChunkId,
+        blocks_max: u64,
+    ) -> (Result<u64, VolumeError>, std::sync::MutexGuard<'a, Inner>) {
+        let todo = Engine::dirty_of(&inner, c, blocks_max);
+        let permit = self.unlocked_read_permit();
+        match self.clean_ahead(&mut inner, &todo, permit.is_some()) {
+            Err(e) => (Err(e), inner),
+            Ok(Ahead::Done(n)) => (Ok(n), inner),
+            Ok(Ahead::Unlocked(job, step)) => {
+                drop(inner);
+                let written = self.write_unlocked(&job, step);
+                drop(permit);
+                let mut inner = self.lock_raw();
+                let r = self.finish_unlocked(&mut inner, job, step, written);
+                (r, inner)
+            }
+        }
     }
 
     /// Without the lock: write step `n`'s runs home, in home order, one at

@@ -1137,6 +1137,77 @@ fn a_cleaning_step_without_the_lock_marks_clean_only_what_it_wrote() {
     assert!(at_home(&w, 0, 1) == pattern(0, 1, 2));
 }
 
+/// Writers, readers and trims racing the background compactor whose
+/// cleaning writes the disk without the lock (ACP: it cleans all the
+/// time; a small log: reclaims and spills too): every read sees the last
+/// write of its block, and after a detach the disk alone holds every
+/// block's last version.
+#[test]
+fn requests_racing_cleaning_without_the_lock_see_their_writes() {
+    let w = in_place_world(&[3072]);
+    let p = CachePolicy { seq_cutoff: SeqCutoff::Never, ..CachePolicy::default() };
+    w.engine.set_cache_policy("v0", p).unwrap();
+    w.engine
+        .set_cleaning(Cleaning { mode: CleaningMode::Acp, age: std::time::Duration::ZERO, ..Cleaning::default() })
+        .unwrap();
+    let c = w.engine.start_compactor(CompactorConfig::default()).unwrap();
+    let wr = &w;
+    let models: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..3u64)
+            .map(|t| {
+                let v = &wr.volumes[0];
+                s.spawn(move || {
+                    let (base, n) = (t * 1024, 1024u64);
+                    let mut model = vec![0u64; n as usize];
+                    let mut rng = sluice_media::rng::SplitMix64(t + 1);
+                    for ver in 1..=2500u64 {
+                        let lba = rng.below(n - 4);
+                        let len = 1 + rng.below(4);
+                        match rng.below(10) {
+                            0 => {
+                                v.trim((base + lba) * BS, len * BS).unwrap();
+                                (lba..lba + len).for_each(|l| model[l as usize] = u64::MAX);
+                            }
+                            1..=3 => {
+                                let l = rng.below(n);
+                                let ver = model[l as usize];
+                                if ver != u64::MAX {
+                                    let got = read(wr, 0, base + l);
+                                    assert!(
+                                        got == want(0, base + l, ver),
+                                        "thread {t}: block {} not version {ver}",
+                                        base + l
+                                    );
+                                }
+                            }
+                            _ => {
+                                let data: Vec<u8> = (lba..lba + len).flat_map(|l| pattern(0, base + l, ver)).collect();
+                                v.write((base + lba) * BS, &data, false).unwrap();
+                                (lba..lba + len).for_each(|l| model[l as usize] = ver);
+                            }
+                        }
+                    }
+                    model
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    drop(c);
+    assert!(stats(&w, 0).cleaned_bytes > 0, "{:?}", stats(&w, 0));
+    w.engine.clean(true).unwrap();
+    for (t, model) in models.iter().enumerate() {
+        for (l, &ver) in model.iter().enumerate() {
+            let lba = t as u64 * 1024 + l as u64;
+            if ver != u64::MAX {
+                assert!(read(&w, 0, lba) == want(0, lba, ver), "block {lba}");
+                assert!(at_home(&w, 0, lba) == want(0, lba, ver), "home of block {lba}");
+            }
+        }
+    }
+    w.engine.lock().check_invariants();
+}
+
 /// Ahead of need, a log full of a pinned class's dirty data is left as it
 /// is and new writes spill home (the cache keeps what it was told to keep,
 /// and nothing of it goes home); once trims free the oldest chunk, the

@@ -365,6 +365,11 @@ impl Engine {
             EngineError::Failed(e)
         };
         self.settle(&mut inner).map_err(|e| stop(&mut inner, e))?;
+        // No home write of a cleaning step lands after the engine closed
+        // (home_flight.rs; the step marks nothing clean once it is).
+        if let Some(n) = inner.home_flight.in_flight() {
+            self.homes_done.wait(n);
+        }
         // Flush, then record that flush in one more (empty) record, flushed
         // too: the watermark otherwise travels only in later records, and a
         // shutdown cut short here would leave the newest records' damage

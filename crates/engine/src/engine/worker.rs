@@ -384,7 +384,7 @@ impl Engine {
                 let allowed = (rate * CLEANING_PAUSE_MAX.as_secs_f64()) as u64 / BS;
                 blocks = blocks.min(allowed.max(1));
             }
-            let r = self.clean_chunk(&mut inner, due.chunk, blocks);
+            let (r, mut inner) = self.clean_chunk_ahead(inner, due.chunk, blocks);
             let cleaned = inner.stop_on_device_error(r)?;
             if cleaned > 0 {
                 // What it cleaned: its homes durable, and claimed, so a
@@ -400,14 +400,27 @@ impl Engine {
             drop(inner);
             return Ok(Work::Cleaned { pause });
         }
+        if inner.in_place() {
+            // A reclaim's cleaning: its disk writes without the lock when
+            // they can (home_flight.rs); the chunk is freed by a later step.
+            let r = self.reclaim_begin(&mut inner, true);
+            match inner.stop_on_device_error(r)? {
+                None => return Ok(Work::Idle),
+                Some(c) if inner.residency.dirty(c) > 0 => {
+                    let (r, mut inner) = self.clean_chunk_ahead(inner, c, step_blocks);
+                    inner.stop_on_device_error(r)?;
+                    drop(inner);
+                    // Billed to the chunk's reclaim, as any of its steps.
+                    let ns = self.clock.now_ns().saturating_sub(t);
+                    self.bg.compaction_ns.fetch_add(ns, Ordering::Relaxed);
+                    self.bg.ns_unbilled.fetch_add(ns, Ordering::Relaxed);
+                    return Ok(Work::Compacted);
+                }
+                Some(_) => {}
+            }
+        }
         let r = self.compact_step(&mut inner, step_blocks, &mut pre, true);
         let step = inner.stop_on_device_error(r)?;
-        if step == CompactStep::Idle && inner.in_place() {
-            // In place, the oldest chunk is full of pinned data that writes
-            // spill around (`reclaim_step`): nothing to do until trims free
-            // it or a writer needs the room.
-            return Ok(Work::Idle);
-        }
         self.bg.gc_reclaims_in_a_row.store(0, Ordering::Relaxed);
         self.bg.free_chunks.store(inner.log.free_len(), Ordering::Relaxed);
         let freed = inner.cfg.chunk_bytes;
