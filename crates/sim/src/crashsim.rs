@@ -561,7 +561,11 @@ impl Sim {
 
     /// Arm `plan` on one of the two devices, drawn from the seed.
     fn arm_either(&mut self, plan: FaultPlan) {
-        if self.rng.coin() {
+        let cache = self.rng.coin();
+        if std::env::var("SIMTRACE").is_ok() {
+            eprintln!("arm {plan:?} on the {} device", if cache { "cache" } else { "capacity" });
+        }
+        if cache {
             self.cache.inject(plan)
         } else {
             self.capacity.inject(plan)

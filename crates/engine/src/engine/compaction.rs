@@ -307,6 +307,11 @@ impl Engine {
     /// recovery to tell damage from a torn write, marks.rs, and to start
     /// past the chunk), durable with the chunk's flush.
     pub(super) fn free_oldest(&self, inner: &mut Inner, c: ChunkId) -> Result<CompactStep, VolumeError> {
+        // The records that superseded the chunk's dropped entries are
+        // durable before the mark that drops the chunk is written: a power
+        // loss during one flush of both may keep the mark and not them
+        // (the sim's failed flushes found it, seed 224).
+        self.flush_cache_if_written(inner)?;
         self.write_mark(inner, Some(c), None)?;
         self.flush_cache(inner)?;
         inner.log.free_oldest(c);

@@ -328,6 +328,10 @@ impl Engine {
         if inner.cap.is_dirty() {
             self.flush_capacity(inner)?;
         }
+        // ... the log's records among them before the mark that reclaims
+        // the victim (as `free_oldest`: one flush of both could keep the
+        // mark alone).
+        self.flush_cache_if_written(inner)?;
         self.write_mark(inner, None, Some(v))?;
         self.flush_cache(inner)?;
         // (Until the discard is durable, the reclaim mark stands.)

@@ -846,6 +846,15 @@ impl Engine {
         Ok(())
     }
 
+    /// `flush_cache` if a record was written to the log since the last
+    /// flush (up to the first record still being written).
+    pub(super) fn flush_cache_if_written(&self, inner: &mut Inner) -> Result<(), VolumeError> {
+        if inner.written_upto().1 == inner.log.flushed_lsn() {
+            return Ok(());
+        }
+        self.flush_cache(inner)
+    }
+
     /// `flush_cache` for a client's FUA request, which is answered after
     /// it: the records it made durable are claimed (watermark.rs).
     pub(super) fn flush_cache_for_client(&self, inner: &mut Inner) -> Result<(), VolumeError> {
