@@ -529,19 +529,16 @@ impl Engine {
                 todo.sort_unstable_by_key(|t| t.1);
                 todo.truncate(blocks_max.max(1) as usize);
                 todo.sort_unstable_by_key(|t| t.2);
-                e.clean_ahead(inner, &todo, permit.is_some())
+                Ok((e.clean_ahead(inner, &todo, permit.is_some())?, inner.dirty_blocks().0))
             })
             .map_err(EngineError::Request)?;
-        let n = match ahead {
-            Ahead::Done(n) => n,
-            Ahead::Unlocked(job, step) => {
-                let written = self.write_unlocked(&job, step);
-                drop(permit);
-                let mut inner = self.lock_raw();
-                self.finish_unlocked(&mut inner, job, step, written).map_err(EngineError::Request)?
+        let (n, dirty) = match ahead {
+            (Ahead::Done(n), dirty) => (n, dirty),
+            (Ahead::Unlocked(job, step), _) => {
+                let (r, inner) = self.complete_unlocked(job, step, permit);
+                (r.map_err(EngineError::Request)?, inner.dirty_blocks().0)
             }
         };
-        let dirty: u64 = self.lock().vols.iter().map(|v| v.cache.dirty_blocks()).sum();
         Ok(CleanStep { cleaned_bytes: n * BS, dirty_bytes: dirty * BS })
     }
 

@@ -81,6 +81,17 @@ impl Inner {
         }
     }
 
+    /// The dirty blocks of chunk `c` a cleaning step of at most
+    /// `blocks_max` takes (volume, LBA, cache block; by cache block).
+    pub(super) fn dirty_of(&self, c: ChunkId, blocks_max: u64) -> Vec<(u32, u64, u64)> {
+        let base = c.0 as u64 * self.blocks_per_chunk();
+        (self.log.chunk(c).current())
+            .map(|(i, v, lba)| (v, lba, base + i as u64))
+            .filter(|&(_, _, cb)| !self.residency.is_clean(cb))
+            .take(blocks_max.max(1) as usize)
+            .collect()
+    }
+
     /// Whether the next `blocks` logged would have to wait for cleaning
     /// worth avoiding: the open chunk has no room, free chunks are at the
     /// reserve, and at least half the oldest chunk is dirty (a few dirty
@@ -382,7 +393,7 @@ impl Engine {
     /// sorted by home and written as runs of adjacent blocks; then marked
     /// clean. Returns the blocks cleaned.
     pub(super) fn clean_chunk(&self, inner: &mut Inner, c: ChunkId, blocks_max: u64) -> Result<u64, VolumeError> {
-        let todo = Self::dirty_of(inner, c, blocks_max);
+        let todo = inner.dirty_of(c, blocks_max);
         self.clean_listed(inner, &todo)
     }
 
@@ -396,7 +407,7 @@ impl Engine {
         for run in &job.runs {
             inner.reuse_wait(None, None);
             self.disk_write(inner, run.at, &run.data)?;
-            job.count_run(inner, run);
+            run.count(inner);
         }
         for &(v, lba, cb) in todo {
             debug_assert_eq!(inner.log.owner_of(cb), Some((v, lba)));
@@ -522,17 +533,6 @@ impl Engine {
             inner.residency.set_moved(c, moved);
         }
         Ok(Some(c))
-    }
-
-    /// The dirty blocks of chunk `c` a cleaning step of at most
-    /// `blocks_max` takes (volume, LBA, cache block; by cache block).
-    pub(super) fn dirty_of(inner: &Inner, c: ChunkId, blocks_max: u64) -> Vec<(u32, u64, u64)> {
-        let base = c.0 as u64 * inner.blocks_per_chunk();
-        (inner.log.chunk(c).current())
-            .map(|(i, v, lba)| (v, lba, base + i as u64))
-            .filter(|&(_, _, cb)| !inner.residency.is_clean(cb))
-            .take(blocks_max.max(1) as usize)
-            .collect()
     }
 
     /// At the start of chunk `c`'s reclaim: move its dirty blocks of pinned
@@ -775,16 +775,18 @@ impl CleanJob {
     pub(super) fn ranges(&self) -> Vec<(u64, u64)> {
         self.runs.iter().map(|r| (r.at, r.at + r.blocks.len() as u64)).collect()
     }
+}
 
-    /// Run `run` was written home: count it.
-    pub(super) fn count_run(&self, inner: &mut Inner, run: &CleanRun) {
-        inner.stats.capacity_wrote(run.data.len() as u64);
-        for &(v, ..) in &run.blocks {
+impl CleanRun {
+    /// The run was written home: count it.
+    pub(super) fn count(&self, inner: &mut Inner) {
+        inner.stats.capacity_wrote(self.data.len() as u64);
+        for &(v, ..) in &self.blocks {
             let vc = &mut inner.vols[v as usize].cache;
             vc.count(CacheCount::Cleaned, BS);
             vc.home_changed();
         }
-        inner.stats.compacted(run.data.len() as u64);
+        inner.stats.compacted(self.data.len() as u64);
     }
 }
 

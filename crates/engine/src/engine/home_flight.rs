@@ -56,7 +56,7 @@ impl Engine {
         if todo.is_empty() {
             return Ok(Ahead::Done(0));
         }
-        if !unlocked || inner.serial() || inner.disk_id.is_some() || inner.home_flight.busy() {
+        if !unlocked || inner.serial() || inner.disk_id.is_some() || inner.home_flight.in_flight().is_some() {
             let bpc = inner.blocks_per_chunk();
             let mut n = 0;
             for chunk in todo.chunk_by(|a, b| a.2 / bpc == b.2 / bpc) {
@@ -80,20 +80,33 @@ impl Engine {
         c: super::ChunkId,
         blocks_max: u64,
     ) -> (Result<u64, VolumeError>, std::sync::MutexGuard<'a, Inner>) {
-        let todo = Engine::dirty_of(&inner, c, blocks_max);
+        let todo = inner.dirty_of(c, blocks_max);
         let permit = self.unlocked_read_permit();
         match self.clean_ahead(&mut inner, &todo, permit.is_some()) {
             Err(e) => (Err(e), inner),
             Ok(Ahead::Done(n)) => (Ok(n), inner),
             Ok(Ahead::Unlocked(job, step)) => {
                 drop(inner);
-                let written = self.write_unlocked(&job, step);
-                drop(permit);
-                let mut inner = self.lock_raw();
-                let r = self.finish_unlocked(&mut inner, job, step, written);
-                (r, inner)
+                self.complete_unlocked(job, step, permit)
             }
         }
+    }
+
+    /// Step `n` (`Ahead::Unlocked`), the engine lock not held: its runs
+    /// written (`write_unlocked`), the device-queue permit given back, then
+    /// under the lock, taken again, ended (`finish_unlocked`). Returns the
+    /// blocks marked clean and the lock.
+    pub(super) fn complete_unlocked(
+        &self,
+        job: CleanJob,
+        n: u64,
+        permit: Option<super::read::ReadPermit<'_>>,
+    ) -> (Result<u64, VolumeError>, std::sync::MutexGuard<'_, Inner>) {
+        let written = self.write_unlocked(&job, n);
+        drop(permit);
+        let mut inner = self.lock_raw();
+        let r = self.finish_unlocked(&mut inner, job, n, written);
+        (r, inner)
     }
 
     /// Without the lock: write step `n`'s runs home, in home order, one at
@@ -140,7 +153,7 @@ impl Engine {
         }
         let mut cleaned = 0;
         for run in &job.runs[..written] {
-            job.count_run(inner, run);
+            run.count(inner);
             for &(v, lba, cb, epoch) in &run.blocks {
                 let c = super::ChunkId((cb / bpc) as u32);
                 let same = inner.log.chunk(c).epoch() == epoch
@@ -172,11 +185,6 @@ impl HomeFlight {
         self.started += 1;
         self.step = Some((self.started, ranges));
         self.started
-    }
-
-    /// Whether a step is in flight.
-    pub(super) fn busy(&self) -> bool {
-        self.step.is_some()
     }
 
     /// The step in flight if it writes any of `blocks` blocks from `first`.
@@ -233,7 +241,7 @@ mod tests {
         let mut f = HomeFlight::default();
         assert_eq!(f.overlapping(0, 100), None);
         let n = f.begin(vec![(10, 20), (30, 31)]);
-        assert!(f.busy());
+        assert_eq!(f.in_flight(), Some(n));
         assert_eq!(f.overlapping(0, 10), None);
         assert_eq!(f.overlapping(0, 11), Some(n));
         assert_eq!(f.overlapping(19, 1), Some(n));

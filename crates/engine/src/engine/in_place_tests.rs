@@ -1121,7 +1121,7 @@ fn a_cleaning_step_without_the_lock_marks_clean_only_what_it_wrote() {
     let written = e.write_unlocked(&job, n);
     let cleaned = e.finish_unlocked(&mut e.lock(), job, n, written).unwrap();
     assert_eq!(cleaned, 6, "every block but the rewritten and the trimmed one");
-    assert!(!e.lock().home_flight.busy());
+    assert_eq!(e.lock().home_flight.in_flight(), None);
     let st = stats(&w, 0);
     assert_eq!(st.cleaned_bytes, 8 * BS, "all eight went home: {st:?}");
     assert!(read(&w, 0, 1) == pattern(0, 1, 2), "the rewrite wins");
