@@ -84,6 +84,7 @@ mod placement;
 mod pool;
 mod predict;
 mod read;
+mod reclaim;
 mod recovery;
 mod relocation_gate;
 mod residency;
