@@ -3,7 +3,8 @@
 # scripts/subblock-trace.py (4 connections that never negotiate block sizes:
 # 512-byte-granular writes of 512 B-8 KiB, some FUA, checked reads, zeroes,
 # trims, flushes) against `sluice serve` on its default file config and
-# `nbdkit file` on a file in the same directory, alternated REPEATS times;
+# `nbdkit file` on a file in the same directory, REPEATS runs each (all of
+# sluice's, then all of nbdkit's; a failed data check stops the script);
 # then one connection's 1 KiB and 4 KiB writes and reads at queue depth 1.
 # Goal: sluice within 1.5x nbdkit file's time on the trace.
 # Usage: [REPEATS=3] [OPS=5000] [DIR=target/bench/subblock] scripts/bench-subblock.sh
@@ -37,7 +38,9 @@ run() { # NAME URI START...
     local pid=$!
     wait_nbd "$uri"
     for r in $(seq "$REPEATS"); do
-        echo "$name trace $r: $($py scripts/subblock-trace.py "$uri" "$r" "$OPS" 4)"
+        local out
+        out=$($py scripts/subblock-trace.py "$uri" "$r" "$OPS" 4)
+        echo "$name trace $r: $out"
     done
     echo "$name qd1 1k write/read MiB/s: $(qd1 "$uri" 1024)"
     echo "$name qd1 4k write/read MiB/s: $(qd1 "$uri" 4096)"

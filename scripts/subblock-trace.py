@@ -4,8 +4,9 @@ negotiate block sizes (so any offset and length is allowed) each own a
 region of the export and send it a seeded mix of 512-byte-granular writes
 (512 B to 8 KiB, some with FUA), reads checked against a model, zeroes,
 trims and flushes; at the end every region is read back whole and checked.
-Each write carries its region, its generation and a checksum of itself, so
-a mismatch says which write the bytes came from.
+Each write's bytes repeat its connection, length and generation, ending in
+a CRC32 of the rest, so a hex dump of a mismatching range shows which write
+the bytes came from (the failure names the first bad byte and its region).
 
 Usage: subblock-trace.py URI [SEED] [OPS_PER_CONN] [CONNS] [REGION_MIB]
 Prints `OK <seconds> s <ops> ops` or `FAILED: ...` (exit 1). A trimmed
