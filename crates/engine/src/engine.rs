@@ -71,6 +71,9 @@ mod gc;
 mod handle;
 mod health;
 mod home_flight;
+mod home_sums;
+#[cfg(test)]
+mod home_sums_tests;
 mod identity;
 #[cfg(test)]
 mod in_place_tests;
@@ -133,7 +136,8 @@ use checkpoint::{
 };
 use config::{band_count, on_media_config};
 pub use config::{EngineConfig, EngineError, Layout, OpenOptions, VolumeSpec};
-use l2p::region::{chunk_count, l2p_width, new_maps};
+pub use home_sums::HomeSumCounts;
+use l2p::region::{chunk_count, home_sums_of, l2p_width, new_maps};
 use lifecycle::read_checkpoint;
 use runtime::ReuseGate;
 pub use runtime::{Runtime, Schedule};
@@ -196,6 +200,9 @@ struct Inner {
     writer_waits: u64,
     /// The homes a cleaning step is writing without the lock (home_flight.rs).
     home_flight: home_flight::HomeFlight,
+    /// In place: the CRC of every home the engine wrote, and the home
+    /// writes under way (home_sums.rs). Empty without a table.
+    home_sums: home_sums::HomeSums,
     /// The engine's write sequence: every record and segment takes the next.
     seq: sequence::Sequence,
     stats: stats::Counters,
@@ -446,6 +453,7 @@ impl Inner {
             compact_cursor: None,
             writer_waits: 0,
             home_flight: Default::default(),
+            home_sums: Default::default(),
             placement: BandPlacement::PerVolume,
             lifespans: Default::default(),
             seq: sequence::Sequence::at(0),

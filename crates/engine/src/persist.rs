@@ -23,7 +23,16 @@ use sluice_media::device::{flush, write_at};
 use sluice_media::{BlockDevice, DeviceError};
 
 pub const SUPERBLOCK_MAGIC: u32 = 0x534c_5342; // "SLSB"
-pub const SUPERBLOCK_VERSION: u16 = 8;
+/// The highest version this Sluice reads.
+pub const SUPERBLOCK_VERSION: u16 = 9;
+/// The version an in-place engine without home checksums writes (version
+/// 8: Clean records and the attached layout).
+pub const SUPERBLOCK_VERSION_IN_PLACE: u16 = 8;
+/// The version an in-place engine with home checksums writes (version 9:
+/// the home-sum table on the cache device, `Superblock::home_sums`). A
+/// version 8 Sluice refuses it: it would write homes without zeroing their
+/// sums, and the next open would take its writes for damage.
+pub const SUPERBLOCK_VERSION_HOME_SUMS: u16 = 9;
 /// The version an engine not attached writes: version 8 only added the
 /// attached layout, so such an engine stays readable by a version 7 Sluice.
 pub const SUPERBLOCK_VERSION_DETACHED: u16 = 7;
@@ -68,6 +77,10 @@ pub struct Superblock {
     /// `LAYOUT_IN_PLACE` (each block at its own LBA, written by cleaning).
     /// (Version 6; versions 4 and 5 kept this byte zero: bands.)
     pub layout: u8,
+    /// In place: the cache device holds a CRC32C of every home the engine
+    /// wrote (engine/home_sums.rs), in a region before the map region.
+    /// (Version 9, byte 121 bit 0; earlier versions kept it zero.)
+    pub home_sums: bool,
     pub volumes: Vec<(String, u64)>,
     /// The format version, as read (a new engine's: `SUPERBLOCK_VERSION`),
     /// and as `encode` writes it. Only a clean shutdown writes a clean
@@ -141,7 +154,9 @@ impl Superblock {
         put(&self.uuid);
         put(&self.l2p_dram_bytes.to_le_bytes());
         put(&[self.layout]);
-        put(&[0u8; 7]); // reserved
+        assert!(!self.home_sums || self.version >= SUPERBLOCK_VERSION_HOME_SUMS, "home sums need version 9");
+        put(&[self.home_sums as u8]);
+        put(&[0u8; 6]); // reserved
         debug_assert_eq!(w, SB_FIXED_BYTES);
         for (i, (name, size)) in self.volumes.iter().enumerate() {
             let o = SB_FIXED_BYTES + i * SB_VOLUME_BYTES;
@@ -206,6 +221,7 @@ impl Superblock {
                 LAYOUT_ATTACHED if version >= 8 => LAYOUT_ATTACHED,
                 _ => return Err(SuperblockError::Malformed),
             },
+            home_sums: version >= SUPERBLOCK_VERSION_HOME_SUMS && b[121] & 1 == 1,
             volumes,
             version,
         })
@@ -343,6 +359,7 @@ mod tests {
             gc_free_bands_min: 2,
             l2p_dram_bytes: 0,
             layout: LAYOUT_BANDS,
+            home_sums: false,
             cache_bytes: 1 << 33,
             capacity_bytes: 1 << 40,
             checkpoint_offset: 12345 << 12,
@@ -366,7 +383,15 @@ mod tests {
         let paged = Superblock { l2p_dram_bytes: 1 << 30, ..sb() };
         assert_eq!(Superblock::decode(&paged.encode()), Ok(paged));
         let in_place = Superblock { layout: LAYOUT_IN_PLACE, ..sb() };
-        assert_eq!(Superblock::decode(&in_place.encode()), Ok(in_place));
+        assert_eq!(Superblock::decode(&in_place.encode()), Ok(in_place.clone()));
+        let sums = Superblock { home_sums: true, ..in_place.clone() };
+        assert_eq!(Superblock::decode(&sums.encode()), Ok(sums.clone()));
+        // Before version 9 the byte is not read.
+        let mut v8 = sums.encode();
+        v8[4..6].copy_from_slice(&8u16.to_le_bytes());
+        let c = crc32c(&v8[..BLOCK_BYTES - 4]);
+        v8[BLOCK_BYTES - 4..].copy_from_slice(&c.to_le_bytes());
+        assert_eq!(Superblock::decode(&v8), Ok(Superblock { version: 8, ..in_place }));
         let mut unknown = sb().encode();
         unknown[120] = 7;
         let c = crc32c(&unknown[..BLOCK_BYTES - 4]);

@@ -77,6 +77,7 @@ pub fn small_config() -> EngineConfig {
         l2p_dram_bytes: 0,
         layout: Default::default(),
         attached: false,
+        home_sums: true,
     }
 }
 

@@ -214,6 +214,7 @@ fn swarm_world(rng: &mut Rng) -> (Arc<CrashDevice>, Arc<CrashDevice>, World, Vec
         l2p_dram_bytes: 0,
         layout: Default::default(),
         attached: false,
+        home_sums: true,
     };
     let cache_bytes = (5 + rng.below(8)) * cfg.chunk_bytes;
     let total: u64 = sizes.iter().sum();

@@ -65,6 +65,10 @@ enum Cmd {
     /// every dirty block home and shut down cleanly, so that the capacity
     /// device alone holds every volume (each from the byte it prints).
     Clean(operate::CleanArgs),
+    /// In-place engines, with the server stopped: read every home that has
+    /// no checksum yet (an attached disk's existing data) and record one, so
+    /// that damage to it is found on read and by `check` (docs/caching.md).
+    Scrub(operate::ScrubArgs),
     /// A running server's in-place cache, through its control socket, as
     /// casadm: status, stats, set-mode, set-class, clean, detach, attach
     /// (docs/operate.md).
@@ -121,6 +125,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Format(a) => a.run(),
         Cmd::Check(a) => a.run(),
         Cmd::Clean(a) => a.run(),
+        Cmd::Scrub(a) => a.run(),
         Cmd::Stats(a) => a.run(),
         Cmd::Cache(a) => a.run(),
         Cmd::Bench { what } => what.run(),

@@ -99,6 +99,22 @@ impl CleanArgs {
     }
 }
 
+/// `sluice scrub`'s arguments (the command's help is on `Cmd::Scrub`).
+#[derive(clap::Args)]
+pub struct ScrubArgs {
+    /// TOML config (docs/serve.md), as for `serve`.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+impl ScrubArgs {
+    pub fn run(self) -> Result<(), CliError> {
+        let ScrubArgs { config, .. } = self;
+        print!("{}", serve::scrub(&serve::Config::load(config.as_deref())?)?);
+        Ok(())
+    }
+}
+
 /// `sluice stats`'s arguments (the command's help is on `Cmd::Stats`).
 #[derive(clap::Args)]
 pub struct StatsArgs {

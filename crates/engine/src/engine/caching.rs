@@ -485,6 +485,8 @@ impl Engine {
                     let cleaning = inner.home_flight.overlapping(inner.home(v, lba0), blocks).is_some();
                     if may_defer && !sampled && !claimed && !cleaning && !inner.any_cached(v, lba0, blocks)? {
                         inner.vols[v].cache.home_changed();
+                        // Its sums zeroed before the write is issued (home_sums.rs).
+                        inner.home_sums.begin_write(inner.home(v, lba0), blocks)?;
                         deferred.push(DeferredHome { index, at: inner.home(v, lba0) * BS });
                     } else {
                         self.write_past_log(inner, vol, lba0, blocks, Some(data))?;
@@ -516,17 +518,23 @@ impl Engine {
     }
 
     /// After the deferred home writes of a request (`write_in_place`) were
-    /// done without the lock (`result`: the bytes they wrote, or their
-    /// error): bump volume `vol`'s home generation again (a read that looked
-    /// while they were in flight promotes nothing), count them, and with
-    /// `fua` make the disk durable.
+    /// done without the lock (`homes`: each one's first byte on the disk and
+    /// data, the first `done` of them written; `result`: the bytes they
+    /// wrote, or their error): their home sums told (home_sums.rs), volume
+    /// `vol`'s home generation bumped again (a read that looked while they
+    /// were in flight promotes nothing), counted, and with `fua` the disk
+    /// made durable.
     pub(super) fn finish_home_writes(
         &self,
         inner: &mut Inner,
         vol: usize,
+        (homes, done): (&[(u64, &[u8])], usize),
         result: Result<u64, VolumeError>,
         fua: bool,
     ) -> Result<(), VolumeError> {
+        for (i, &(at, data)) in homes.iter().enumerate() {
+            inner.home_sums.end_write(at / BS, (data.len() / BLOCK_BYTES) as u64, (i < done).then_some(data));
+        }
         inner.vols[vol].cache.home_changed();
         let bytes = result?;
         inner.cap.wrote();

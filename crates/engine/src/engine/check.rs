@@ -25,6 +25,9 @@ pub struct CheckReport {
     pub volumes: Vec<(String, u64)>,
     /// Blocks holding data, every one read and checked.
     pub blocks_checked: u64,
+    /// In place: the homes with a sum (each read and checked) and those
+    /// without (home_sums.rs; `sluice scrub` records theirs). None with bands.
+    pub homes: Option<super::HomeSumCounts>,
     pub damage: Vec<Damage>,
 }
 
@@ -38,6 +41,9 @@ impl CheckReport {
             self.volumes.len(),
             self.blocks_checked
         );
+        if let Some(h) = &self.homes {
+            o += &format!("{} homes verified, {} unverified, ", h.verified, h.unverified);
+        }
         if self.damage.is_empty() {
             o += "no damage found\n";
         } else {
@@ -140,14 +146,67 @@ impl Engine {
                 }
             }
         }
+        let homes = match media.in_place() {
+            true => Some(check_homes(&sb, &cache, &capacity, &mut damage)?),
+            false => None,
+        };
+        if let Some(h) = &homes {
+            checked += h.verified;
+        }
         Ok(CheckReport {
             uuid: crate::persist::uuid_text(&sb.uuid),
             clean: sb.clean,
             volumes: sb.volumes.clone(),
             blocks_checked: checked,
+            homes,
             damage,
         })
     }
+}
+
+/// In place: every home with a sum read and checked against it (a
+/// mismatch is a damaged block on the capacity device), and the homes
+/// counted. Reads the table's pages; writes nothing.
+fn check_homes(
+    sb: &crate::persist::Superblock,
+    cache: &Arc<dyn BlockDevice>,
+    capacity: &Arc<dyn BlockDevice>,
+    damage: &mut Vec<Damage>,
+) -> Result<super::HomeSumCounts, EngineError> {
+    let mut sums = super::home_sums_of(sb, cache);
+    if !sums.enabled() {
+        let unverified = super::l2p::region::home_blocks(sb);
+        return Ok(super::HomeSumCounts { unverified, ..Default::default() });
+    }
+    let counts = sums.counts()?;
+    let mut first = 0u64;
+    for (name, size) in &sb.volumes {
+        let blocks = size / BS;
+        let mut lba = 0;
+        while lba < blocks {
+            let n = (blocks - lba).min(CHECK_RUN_BLOCKS as u64);
+            let mut want = Vec::with_capacity(n as usize);
+            for k in 0..n {
+                want.push(sums.sum(first + lba + k)?);
+            }
+            if want.iter().any(|&w| w != 0) {
+                let data = read_at(&**capacity, (first + lba) * BS, n as usize * BLOCK_BYTES)?;
+                for (k, &w) in want.iter().enumerate() {
+                    if w != 0 && crc32c(&data[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES]) != w {
+                        damage.push(Damage::Block {
+                            volume: name.clone(),
+                            lba: lba + k as u64,
+                            device: "capacity",
+                            offset: (first + lba + k as u64) * BS,
+                        });
+                    }
+                }
+            }
+            lba += n;
+        }
+        first += blocks;
+    }
+    Ok(counts)
 }
 
 /// The LBAs where two lists of mapped entries (LBA-ordered) differ: mapped

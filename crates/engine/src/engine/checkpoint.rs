@@ -27,8 +27,9 @@ pub(super) fn checkpoint_bytes_max(cfg: &EngineConfig, chunks: u64, bands: u64, 
 /// was created, by that version's `checkpoint_bytes_max`.
 pub(super) fn checkpoint_room(capacity: &dyn BlockDevice, geo: &CapGeometry, sb: &Superblock) -> u64 {
     if sb.layout == crate::persist::LAYOUT_ATTACHED {
-        // On the cache device, whole chunks before the map region.
-        return super::l2p::region::map_region(sb).0.saturating_sub(sb.checkpoint_offset);
+        // On the cache device, whole chunks before the home-sum table
+        // and the map region.
+        return super::l2p::region::home_sums_region(sb).0.saturating_sub(sb.checkpoint_offset);
     }
     let span = super::identity::label_offset(capacity).saturating_sub(sb.checkpoint_offset);
     match geo.zoned {
@@ -245,6 +246,7 @@ pub(super) fn decode_checkpoint(
         compact_cursor: None,
         writer_waits: 0,
         home_flight: Default::default(),
+        home_sums: Default::default(),
         seq: super::sequence::Sequence::at(seq),
         stats: super::stats::Counters::restored(EngineStats::from_words(words)),
         pool: BufPool::default(),

@@ -343,7 +343,13 @@ impl Engine {
                 id.save(&*self.cache)?;
             }
         }
-        write_at(&*self.capacity, block * BS, data)?;
+        // Its sums zeroed first, on the cache device too if it had any;
+        // recorded again after the next capacity flush (home_sums.rs).
+        let n = (data.len() / BLOCK_BYTES) as u64;
+        inner.home_sums.begin_write(block, n)?;
+        let r = write_at(&*self.capacity, block * BS, data);
+        inner.home_sums.end_write(block, n, r.is_ok().then_some(data));
+        r?;
         inner.cap.wrote();
         Ok(())
     }

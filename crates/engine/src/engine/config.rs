@@ -33,6 +33,12 @@ pub struct EngineConfig {
     /// checkpoint region: both live on the cache device, with the disk's
     /// identity, disk_identity.rs). Chosen at create.
     pub attached: bool,
+    /// In place only: keep a CRC32C of every home the engine writes, in a
+    /// table on the cache device (4 bytes per volume block; home_sums.rs),
+    /// and check it on every read from a home. Chosen at create
+    /// (superblock version 9); engines created without it never verify
+    /// their homes.
+    pub home_sums: bool,
 }
 
 /// How the capacity device holds the volumes' blocks.
@@ -80,6 +86,7 @@ impl Default for EngineConfig {
             l2p_dram_bytes: 0,
             layout: Layout::Bands,
             attached: false,
+            home_sums: true,
         }
     }
 }
@@ -231,6 +238,7 @@ pub(super) fn on_media_config(
         l2p_dram_bytes: sb.l2p_dram_bytes,
         layout: if sb.layout == crate::persist::LAYOUT_BANDS { Layout::Bands } else { Layout::InPlace },
         attached: sb.layout == crate::persist::LAYOUT_ATTACHED,
+        home_sums: sb.home_sums,
     };
     Ok((cfg, geo))
 }

@@ -271,21 +271,27 @@ impl EngineVolume {
         }
         // Home writes past the log, without the lock (`write_in_place`)
         // when a permit leaves the device queue room, else under it.
-        let write = || -> Result<u64, VolumeError> {
+        let homes: Vec<(u64, &[u8])> = deferred.iter().map(|d| (d.at, blocks[d.index].1)).collect();
+        // (How many were written, and the bytes or the first error.)
+        let write = || -> (usize, Result<u64, VolumeError>) {
             let mut n = 0;
-            for d in &deferred {
-                let data = blocks[d.index].1;
-                write_at(&*self.engine.capacity, d.at, data)?;
+            for (i, &(at, data)) in homes.iter().enumerate() {
+                if let Err(e) = write_at(&*self.engine.capacity, at, data) {
+                    return (i, Err(e.into()));
+                }
                 n += data.len() as u64;
             }
-            Ok(n)
+            (homes.len(), Ok(n))
         };
         match self.engine.unlocked_read_permit() {
             Some(_permit) => {
-                let result = write();
-                self.change(|e, inner| e.finish_home_writes(inner, self.id as usize, result, fua))
+                let (done, result) = write();
+                self.change(|e, inner| e.finish_home_writes(inner, self.id as usize, (&homes, done), result, fua))
             }
-            None => self.change(|e, inner| e.finish_home_writes(inner, self.id as usize, write(), fua)),
+            None => self.change(|e, inner| {
+                let (done, result) = write();
+                e.finish_home_writes(inner, self.id as usize, (&homes, done), result, fua)
+            }),
         }
     }
 

@@ -65,6 +65,15 @@ impl Engine {
             return Ok(Ahead::Done(n));
         }
         let job = self.prepare_clean(inner, todo)?;
+        // Its homes' sums zeroed before any is written (home_sums.rs).
+        for (i, run) in job.runs.iter().enumerate() {
+            if let Err(e) = inner.home_sums.begin_write(run.at, run.blocks.len() as u64) {
+                for r in &job.runs[..i] {
+                    inner.home_sums.end_write(r.at, r.blocks.len() as u64, None);
+                }
+                return Err(e.into());
+            }
+        }
         let n = inner.home_flight.begin(job.ranges());
         Ok(Ahead::Unlocked(job, n))
     }
@@ -138,6 +147,9 @@ impl Engine {
         (written, r): (usize, Result<(), VolumeError>),
     ) -> Result<u64, VolumeError> {
         inner.home_flight.end(n);
+        for (i, run) in job.runs.iter().enumerate() {
+            inner.home_sums.end_write(run.at, run.blocks.len() as u64, (i < written).then_some(&run.data[..]));
+        }
         let bpc = inner.blocks_per_chunk();
         // A read that looked at these homes before now promotes nothing.
         for run in &job.runs {

@@ -339,6 +339,8 @@ fn in_place_crash_seed(seed: u64) {
     let (c2, p2) = (Arc::new(cache.crash(crash)), Arc::new(capacity.crash(crash)));
     let e = Engine::open(c2.clone(), p2.clone()).unwrap_or_else(|err| panic!("seed {seed}: reopen: {err}"));
     e.lock().check_invariants();
+    // (Clean copies match their homes; every home with a sum matches it.)
+    e.check_clean_copies().unwrap_or_else(|err| panic!("seed {seed}: {err}"));
     let check = |e: &Arc<Engine>, when: &str| {
         for (v, m) in ok.iter().enumerate() {
             let vol = e.volume(&format!("v{v}")).unwrap();
@@ -787,9 +789,14 @@ fn a_clean_restart_keeps_cleaned_blocks_clean() {
 /// capacity device's label.
 #[test]
 fn a_region_sized_before_version_7_gets_a_version_6_checkpoint() {
-    // Many small chunks: the clean bits take more than a block.
-    let cfg =
-        crate::EngineConfig { layout: crate::Layout::InPlace, chunk_bytes: 8 * BS, ..crate::testkit::small_config() };
+    // Many small chunks: the clean bits take more than a block. (As an
+    // older Sluice made it: without home checksums, version 8.)
+    let cfg = crate::EngineConfig {
+        layout: crate::Layout::InPlace,
+        chunk_bytes: 8 * BS,
+        home_sums: false,
+        ..crate::testkit::small_config()
+    };
     let (cache, capacity): (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) = (
         Arc::new(sluice_media::MemoryDevice::new(800 * cfg.chunk_bytes, 4096)),
         Arc::new(sluice_media::MemoryDevice::new(4 << 20, 4096)),
@@ -807,7 +814,7 @@ fn a_region_sized_before_version_7_gets_a_version_6_checkpoint() {
         assert!(v7 > v6, "the clean bits take a block more: {v6} {v7}");
         assert_eq!(
             super::lifecycle::checkpoint_for_room(&inner, v7).1,
-            crate::persist::SUPERBLOCK_VERSION,
+            crate::persist::SUPERBLOCK_VERSION_IN_PLACE,
             "in place: 8"
         );
         assert_eq!(super::lifecycle::checkpoint_for_room(&inner, v7 - BS).1, 6);
@@ -819,7 +826,7 @@ fn a_region_sized_before_version_7_gets_a_version_6_checkpoint() {
     let e = Engine::open(cache, capacity).unwrap();
     // (Version 8 from this open on: in place, its log may hold Clean
     // records. The checkpoint it read was version 6's: all dirty, below.)
-    assert_eq!(e.lock().sb.version, crate::persist::SUPERBLOCK_VERSION);
+    assert_eq!(e.lock().sb.version, crate::persist::SUPERBLOCK_VERSION_IN_PLACE);
     let r = e.cache_report()[0].clone();
     assert!(r.cached_bytes > 0 && r.dirty_bytes == r.cached_bytes, "a version 6 checkpoint: all dirty: {r:?}");
     let mut b = vec![0u8; BLOCK_BYTES];

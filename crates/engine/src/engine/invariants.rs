@@ -14,14 +14,26 @@ impl Engine {
     }
 
     /// In place: every cached block counted clean holds what its home
-    /// holds (read from both devices; for simulations and tests). Returns
-    /// the clean blocks checked, or the first that differs.
+    /// holds, and every home with a sum (home_sums.rs) holds bytes with
+    /// that CRC (read from both devices; for simulations and tests).
+    /// Returns the clean blocks and sums checked, or the first that differs.
     pub fn check_clean_copies(&self) -> Result<u64, String> {
-        let inner = self.lock();
+        let mut inner = self.lock();
         if !inner.in_place() {
             return Ok(0);
         }
         let mut n = 0;
+        for b in 0..inner.home_sums.blocks() {
+            let sum = inner.home_sums.sum(b).map_err(|e| e.to_string())?;
+            if sum == 0 {
+                continue;
+            }
+            let home = read_at(&*self.capacity, b * BS, BLOCK_BYTES).map_err(|e| e.to_string())?;
+            if crc32c(&home) != sum {
+                return Err(format!("home block {b}: its sum is {sum:#x}, its bytes' CRC {:#x}", crc32c(&home)));
+            }
+            n += 1;
+        }
         for (cb, v, lba) in inner.log.current() {
             if !inner.residency.is_clean(cb) {
                 continue;

@@ -7,10 +7,10 @@
 use super::disk_identity::DiskIdentity;
 use super::{
     checkpoint_bytes_max, checkpoint_page_bytes, checkpoint_room, crc32c, decode_checkpoint, encode_checkpoint, flush,
-    label_present, marks, new_maps, on_media_config, recovery, superblock_present, write_at, write_label, zoned, Arc,
-    BandId, BandState, BlockDevice, CapGeometry, CapacityLabel, Damage, Engine, EngineConfig, EngineError, Inner, L2p,
-    Layout, OpenOptions, RegionReader, Runtime, SharedDevice, Superblock, VolumeError, VolumeSpec, Width, BLOCK_BYTES,
-    BS, CAPACITY_BYTES_MAX, RECORD_BLOCKS_MAX,
+    home_sums_of, label_present, marks, new_maps, on_media_config, recovery, superblock_present, write_at, write_label,
+    zoned, Arc, BandId, BandState, BlockDevice, CapGeometry, CapacityLabel, Damage, Engine, EngineConfig, EngineError,
+    Inner, L2p, Layout, OpenOptions, RegionReader, Runtime, SharedDevice, Superblock, VolumeError, VolumeSpec, Width,
+    BLOCK_BYTES, BS, CAPACITY_BYTES_MAX, RECORD_BLOCKS_MAX,
 };
 
 impl Engine {
@@ -64,7 +64,13 @@ impl Engine {
         } else {
             0
         };
-        let mut chunk_count = cache.info().capacity_bytes.saturating_sub(region) / cfg.chunk_bytes;
+        // In place, the home-sum table's whole chunks before it (home_sums.rs).
+        let home_sums = cfg.layout == Layout::InPlace && cfg.home_sums;
+        let sums_region = match home_sums {
+            true => super::home_sums::HomeSums::region_bytes(vols_blocks).div_ceil(cfg.chunk_bytes) * cfg.chunk_bytes,
+            false => 0,
+        };
+        let mut chunk_count = cache.info().capacity_bytes.saturating_sub(region + sums_region) / cfg.chunk_bytes;
         // Chunk 0 holds the superblock; the log needs its reserve plus two.
         if chunk_count < cfg.log_free_chunks_min as u64 + 3 {
             return Err(EngineError::Config("cache device too small for the log"));
@@ -152,7 +158,8 @@ impl Engine {
             l2p_dram_bytes: if paged { cfg.l2p_dram_bytes } else { 0 },
             layout: if cfg.attached { crate::persist::LAYOUT_ATTACHED } else { cfg.layout.on_media() },
             volumes: volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect(),
-            version: full_version(cfg.layout == Layout::InPlace),
+            home_sums,
+            version: full_version(cfg.layout == Layout::InPlace, home_sums),
         };
         let label = CapacityLabel {
             uuid,
@@ -161,7 +168,9 @@ impl Engine {
             band_bytes: cfg.band_bytes,
         };
         let maps = new_maps(&sb, &cache);
+        let sums = home_sums_of(&sb, &cache);
         let mut inner = Inner::empty(cfg, geo, sb, chunk_count, band_count, maps);
+        inner.home_sums = sums;
         inner.run_on(runtime);
         if inner.cfg.attached {
             // The disk's identity, then the superblock: nothing is written
@@ -280,6 +289,9 @@ impl Engine {
             }
         }
         inner.disk_id = disk_id;
+        // The home-sum table needs nothing from recovery: whatever a crash
+        // left of it holds only true sums (home_sums.rs).
+        inner.home_sums = home_sums_of(&inner.sb, &cache);
         if opts.read_only {
             // Nothing is written, ever: the superblock stays clean, and no
             // cached copy of a changed disk is dropped (refused instead).
@@ -297,7 +309,7 @@ impl Engine {
         // now on: the log is about to get Clean records, which a version 7
         // Sluice would take for damage after a crash.
         if inner.in_place() {
-            inner.sb.version = inner.sb.version.max(crate::persist::SUPERBLOCK_VERSION);
+            inner.sb.version = inner.sb.version.max(full_version(true, inner.sb.home_sums));
         }
         inner.sb.clean = false;
         inner.sb.generation += 1;
@@ -313,6 +325,11 @@ impl Engine {
         }
         if !disk_changed.is_empty() {
             let dropped = engine.drop_cached_copies().map_err(EngineError::Recovery)?;
+            // The disk changed behind the engine's back: no home's sum is
+            // known any more.
+            let mut inner = engine.lock();
+            inner.home_sums.forget_all().map_err(|e| EngineError::Recovery(e.into()))?;
+            drop(inner);
             Arc::get_mut(&mut engine).expect("not shared yet").disk_changed = Some((disk_changed, dropped));
         }
         if !engine.salvaged.is_empty() {
@@ -384,6 +401,14 @@ impl Engine {
         let pages = (inner.vols.iter_mut().try_for_each(|v| v.l2p.write_pages()))
             .and_then(|()| flush(&*self.cache).map_err(VolumeError::from));
         pages.map_err(|e| stop(&mut inner, e))?;
+        // In place: the homes durable, so every home sum waiting for a
+        // capacity flush is true, and the table's pages written (the
+        // checkpoint needs none of it: the table stands on its own).
+        if inner.home_sums.enabled() {
+            let sums =
+                self.flush_capacity(&mut inner).and_then(|()| inner.home_sums.sync_dirty().map_err(VolumeError::from));
+            sums.map_err(|e| stop(&mut inner, e))?;
+        }
         // After the last log record (which may have compacted and collected).
         self.close_extra_streams(&mut inner).map_err(|e| stop(&mut inner, e))?;
         // An engine created by a version before 7 sized its region for
@@ -425,7 +450,7 @@ impl Engine {
 pub(super) fn checkpoint_for_room(inner: &Inner, room: u64) -> (Vec<u8>, u16) {
     let (mut body, v6) = encode_checkpoint(inner);
     if (body.len() as u64).div_ceil(BS) * BS <= room {
-        return (body, full_version(inner.in_place()));
+        return (body, full_version(inner.in_place(), inner.sb.home_sums));
     }
     body.truncate(v6);
     (body, 6)
@@ -434,10 +459,11 @@ pub(super) fn checkpoint_for_room(inner: &Inner, room: u64) -> (Vec<u8>, u16) {
 /// The superblock version an engine writes with a full checkpoint: 8 in
 /// place (its log may hold Clean records, and it may be attached: both
 /// version 8's), else 7 (readable by a version 7 Sluice).
-fn full_version(in_place: bool) -> u16 {
-    match in_place {
-        true => crate::persist::SUPERBLOCK_VERSION,
-        false => crate::persist::SUPERBLOCK_VERSION_DETACHED,
+fn full_version(in_place: bool, home_sums: bool) -> u16 {
+    match (in_place, home_sums) {
+        (true, true) => crate::persist::SUPERBLOCK_VERSION_HOME_SUMS,
+        (true, false) => crate::persist::SUPERBLOCK_VERSION_IN_PLACE,
+        (false, _) => crate::persist::SUPERBLOCK_VERSION_DETACHED,
     }
 }
 

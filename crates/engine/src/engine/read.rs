@@ -9,6 +9,7 @@
 //! to back are one device read; every block is checked against its CRC, and
 //! a mismatch is an error naming the block, never data.
 
+use super::home_sums::HomeSums;
 use super::{
     crc32c, l2p, sync_io, BlockDevice, Engine, Inner, IoBuf, IoOp, IoRequest, L2p, Loc, VolumeError, BLOCK_BYTES, BS,
 };
@@ -102,7 +103,7 @@ impl Engine {
     /// how many blocks were read from their homes (in place).
     pub(super) fn read_volume(
         &self,
-        inner: std::sync::MutexGuard<'_, Inner>,
+        mut inner: std::sync::MutexGuard<'_, Inner>,
         permit: Option<ReadPermit<'_>>,
         vol: usize,
         lbas: std::ops::Range<usize>,
@@ -112,7 +113,8 @@ impl Engine {
         let home = inner.in_place().then(|| inner.home(vol, lbas.start as u64));
         let Some(_permit) = permit else {
             // No room for another request outside the lock: read under it.
-            return self.read_mapped(&inner.vols[vol].l2p, lbas, offset, buf, home);
+            let i = &mut *inner;
+            return self.read_mapped(&i.vols[vol].l2p, &mut i.home_sums, lbas, offset, buf, home);
         };
         // Under the lock: where the blocks are, their CRCs, and the
         // generation of each place. Then the device reads without the
@@ -121,7 +123,9 @@ impl Engine {
         // The snapshot goes into the thread's own vectors, kept between
         // reads: no allocation per read.
         let mut snap = SNAPSHOT.with(|s| s.take());
-        if let Err(e) = snap.load(&inner.vols[vol].l2p, lbas.clone()) {
+        let i = &mut *inner;
+        if let Err(e) = snap.load(&i.vols[vol].l2p, lbas.clone()).and_then(|()| snap.home_sums(&mut i.home_sums, home))
+        {
             SNAPSHOT.with(|s| s.replace(snap));
             return Err(e);
         }
@@ -138,11 +142,17 @@ impl Engine {
         // The plain lock, records in flight or not: data read before a
         // shutdown is still good, and a place a reservation reused shows
         // in its generation.
-        let inner = self.lock_raw();
+        // A home that did not match its sum may have been written
+        // meanwhile (its sum is then 0 under the lock: home_sums.rs): read
+        // again under the lock, where a nonzero sum means no write of it is
+        // under way, so a mismatch there is damage.
+        let mut inner = self.lock_raw();
         let reused = snap.locs.iter().zip(&snap.gens).any(|(&l, &g)| inner.generation(l) != g);
         SNAPSHOT.with(|s| s.replace(snap));
-        if reused {
-            return self.read_mapped(&inner.vols[vol].l2p, lbas, offset, buf, home);
+        let home_mismatch = matches!(unlocked, Err(VolumeError::Corrupt { device: "capacity", .. })) && home.is_some();
+        if reused || home_mismatch {
+            let i = &mut *inner;
+            return self.read_mapped(&i.vols[vol].l2p, &mut i.home_sums, lbas, offset, buf, home);
         }
         unlocked
     }
@@ -152,13 +162,17 @@ impl Engine {
     fn read_mapped(
         &self,
         l2p: &L2p,
+        sums: &mut HomeSums,
         range: std::ops::Range<usize>,
         offset: u64,
         out: &mut [u8],
         home: Option<u64>,
     ) -> Result<u64, VolumeError> {
         let mut snap = SNAPSHOT.with(|s| s.take());
-        let r = snap.load(l2p, range).and_then(|()| self.read_blocks(&snap.locs, &snap.crcs, offset, out, home));
+        let r = snap
+            .load(l2p, range)
+            .and_then(|()| snap.home_sums(sums, home))
+            .and_then(|()| self.read_blocks(&snap.locs, &snap.crcs, offset, out, home));
         SNAPSHOT.with(|s| s.replace(snap));
         r
     }
@@ -173,9 +187,9 @@ impl Engine {
     /// bad bytes stay in `out` only for the caller to discard.
     ///
     /// `home`: in place, the capacity block of the first block's home, where
-    /// an unmapped block is read from (unchecked: a plain disk carries no
-    /// CRCs); otherwise unmapped blocks read as zeros. Returns the blocks
-    /// read from home.
+    /// an unmapped block is read from, checked against its home sum in
+    /// `crcs` unless that is 0 (unverified: home_sums.rs); otherwise
+    /// unmapped blocks read as zeros. Returns the blocks read from home.
     pub(super) fn read_blocks(
         &self,
         locs: &[Loc],
@@ -207,11 +221,9 @@ impl Engine {
             read_into(&**dev, first * BS, &mut out[i * BLOCK_BYTES..(i + n) * BLOCK_BYTES])?;
             if !checked {
                 at_home += n as u64;
-                i += n;
-                continue;
             }
             for k in i..i + n {
-                if crc32c(&out[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES]) != crcs[k] {
+                if (checked || crcs[k] != 0) && crc32c(&out[k * BLOCK_BYTES..(k + 1) * BLOCK_BYTES]) != crcs[k] {
                     return Err(VolumeError::Corrupt {
                         offset: offset + k as u64 * BS,
                         device: if in_cache { "cache" } else { "capacity" },
@@ -240,6 +252,18 @@ impl ReadSnapshot {
         self.locs.clear();
         self.crcs.clear();
         l2p.load(range, &mut self.locs, &mut self.crcs)
+    }
+
+    /// In place (`home`: the first block's home): the sum of each unmapped
+    /// block's home in place of its CRC, 0 where unverified.
+    pub(super) fn home_sums(&mut self, sums: &mut HomeSums, home: Option<u64>) -> Result<(), VolumeError> {
+        let Some(h) = home else { return Ok(()) };
+        for (i, l) in self.locs.iter().enumerate() {
+            if l.cache_block().is_none() && l.capacity_block().is_none() {
+                self.crcs[i] = sums.sum(h + i as u64)?;
+            }
+        }
+        Ok(())
     }
 
     /// `load` from a map shared with lock-free reads, without the lock.

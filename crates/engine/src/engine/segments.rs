@@ -323,6 +323,9 @@ impl Engine {
             id.flushed();
         }
         inner.residency.disk_flushed();
+        // Every home write that ended before this flush is durable: its sum
+        // is true now (home_sums.rs).
+        inner.home_sums.disk_flushed()?;
         Ok(())
     }
 }

@@ -537,6 +537,7 @@ fn a_paged_map_serves_recovers_and_reopens_within_its_budget() {
         l2p_dram_bytes: 4 * 8192,
         layout: Default::default(),
         attached: false,
+        home_sums: true,
     };
     let cache: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(12 * cfg.chunk_bytes, 4096));
     let capacity: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(blocks * 4096 * 3 / 2, 4096));

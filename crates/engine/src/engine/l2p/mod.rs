@@ -575,6 +575,7 @@ mod tests {
             l2p_dram_bytes: 0,
             layout: Default::default(),
             attached: false,
+            home_sums: true,
         };
         let cache = Arc::new(CrashDevice::new(8 * cfg.chunk_bytes, 4096));
         let capacity = Arc::new(CrashDevice::new(capacity_bytes, 4096));
