@@ -350,14 +350,7 @@ fn a_block_damaged_at_rest_fails_its_read_is_counted_and_checked() {
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("Input/output error"), "the damaged block is an error, never data: {said}");
-    let body = {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(&metrics).unwrap();
-        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut t = String::new();
-        c.read_to_string(&mut t).unwrap();
-        t
-    };
+    let body = scrape(&metrics);
     assert!(body.contains("sluice_volume_checksum_errors_total{volume=\"default\"} 1"), "{body}");
     let child = server.into_child();
     // SAFETY: signalling our own child.
@@ -386,6 +379,66 @@ fn a_block_damaged_at_rest_fails_its_read_is_counted_and_checked() {
         qemu_io(port, &[&format!("read -P 0x3c 0 {at}")]);
     }
     qemu_io(port, &[&format!("read -P 0x3c {} {}", at + 4096, (80 << 20) - at - 4096)]);
+    stop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The text of one GET /metrics on `addr`.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut t = String::new();
+    c.read_to_string(&mut t).unwrap();
+    t
+}
+
+/// In place, a byte flipped in a home Sluice wrote (issue 37 item 2): the
+/// read is an I/O error, never the damaged bytes; `sluice check` names it
+/// and counts the verified homes; `--salvage` zeroes it and check is clean.
+#[test]
+fn a_damaged_home_in_place_is_an_error_a_finding_and_salvaged() {
+    need("qemu-io");
+    let (dir, config) = common::config_of(
+        "faults-home",
+        "[cache]\nsize = \"64m\"\n[capacity]\nsize = \"512m\"\n\
+         [engine]\nlayout = \"in-place\"\nchunk_size = \"4m\"\n\
+         [[volume]]\nname = \"default\"\nsize = \"256m\"\nmode = \"pt\"\n",
+    );
+    let (server, port) = start(&config);
+    qemu_io(port, &["write -P 0x5a 0 16M", "flush"]);
+    stop(server);
+    // Pass-through: every block went home, at its own LBA from byte 0.
+    let capacity = data_file(&dir, "capacity.img");
+    let mut img = std::fs::read(&capacity).unwrap();
+    assert!(img[100 * 4096..101 * 4096].iter().all(|&x| x == 0x5a), "block 100's home holds it");
+    img[100 * 4096 + 9] ^= 0x01;
+    std::fs::write(&capacity, &img).unwrap();
+    let out = check(&config, &[]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("LBA 100: data damaged (capacity device, byte 409600)"), "{text}");
+    assert!(text.contains("4096 homes verified"), "{text}");
+    let (server, port, metrics) = common::start_with_metrics(&config);
+    let out = Command::new("qemu-io")
+        .args(["-f", "raw", &format!("nbd://127.0.0.1:{port}/default"), "-c", "read -P 0x5a 0 16M"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("Input/output error"), "the damaged home is an error, never data: {said}");
+    qemu_io(port, &["read -P 0x5a 0 400k", "read -P 0x5a 404k 1M"]);
+    let body = scrape(&metrics);
+    assert!(body.contains("sluice_volume_checksum_errors_total{volume=\"default\"} 1"), "{body}");
+    let logged = stop(server);
+    assert!(logged.contains("checksum mismatch reading LBA 100"), "logged: {logged}");
+    let out = check(&config, &["--salvage"]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{said}{}", stderr(&out));
+    assert!(said.contains("volume \"default\" LBA 100"), "{said}");
+    let out = check(&config, &[]);
+    assert!(out.status.success(), "check after salvage: {}", String::from_utf8_lossy(&out.stdout));
+    let (server, port) = start(&config);
+    qemu_io(port, &["read -P 0 400k 4k", "read -P 0x5a 0 400k", "read -P 0x5a 404k 15956k"]);
     stop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -96,9 +96,25 @@ fn cleaned_homes_carry_sums() {
     w.engine.shutdown().unwrap();
     drop(w);
     flip(&*capacity, 40); // (v0's homes start at block 0)
-    let r = Engine::check(cache, capacity).unwrap();
+    let r = Engine::check(cache.clone(), capacity.clone()).unwrap();
     assert_eq!(r.homes.unwrap().verified, 64);
     assert!(matches!(&r.damage[..], [Damage::Block { lba: 40, .. }]), "{r:?}");
+    // Salvage acts on it: the home is zeroed (not merely the cached copy
+    // dropped, which would leave the block reading its damaged home), and
+    // check is clean afterwards.
+    let e = Engine::open(cache.clone(), capacity.clone()).unwrap();
+    assert_eq!(e.salvage_found(&r.damage).unwrap(), r.damage);
+    let v = e.volume("v0").unwrap();
+    let mut b = vec![0u8; BLOCK_BYTES];
+    v.read(40 * BS, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0), "a salvaged block reads as zeros");
+    v.read(41 * BS, &mut b).unwrap();
+    assert_eq!(b, pattern(0, 41, 1));
+    e.shutdown().unwrap();
+    drop((v, e));
+    let r = Engine::check(cache, capacity).unwrap();
+    assert!(r.damage.is_empty(), "{r:?}");
+    assert_eq!(r.homes.unwrap().verified, 64, "the zeroed home carries a sum");
 }
 
 /// Crashes anywhere in a run of rewrites (pass-through and write-back),

@@ -60,14 +60,26 @@ impl Engine {
     }
 
     /// Trim every block whose newest copy `damage` names damaged (a log
-    /// block or a block at rest): it reads as zeros from now on.
+    /// block or a block at rest): it reads as zeros from now on. In place
+    /// an unmapped block reads from its home, which may be the damaged
+    /// copy (a home that failed its sum) or an older version of the block:
+    /// zeros are written there instead (past the log: the cached copy
+    /// dropped, the home's sum recorded anew), and the disk flushed.
     fn trim_damaged_blocks(&self, inner: &mut Inner, damage: &[Damage]) -> Result<(), VolumeError> {
+        let mut homes = false;
         for d in damage {
             if let Damage::LogBlock { volume, lba, .. } | Damage::Block { volume, lba, .. } = d {
                 if let Some(v) = inner.vols.iter().position(|v| v.name == *volume) {
-                    self.trim_logged(inner, v as u32, *lba..*lba + 1, false)?;
+                    match inner.in_place() {
+                        true => self.write_past_log(inner, v as u32, *lba, 1, None)?,
+                        false => self.trim_logged(inner, v as u32, *lba..*lba + 1, false)?,
+                    }
+                    homes |= inner.in_place();
                 }
             }
+        }
+        if homes {
+            self.flush_capacity(inner)?;
         }
         Ok(())
     }

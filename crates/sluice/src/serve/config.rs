@@ -188,6 +188,10 @@ pub struct EngineSection {
     /// and one volume (`size = "disk"`) is the whole disk. Set when the
     /// engine is created (docs/caching.md, "Attaching to a disk with data").
     pub attach: bool,
+    /// In-place engines: keep a CRC of every home Sluice writes on the
+    /// cache device and check it on every read from home (default true;
+    /// docs/caching.md, "Home checksums"). Set when the engine is created.
+    pub home_sums: bool,
 }
 
 /// `[server]`: bounds of the NBD server (per listener).
@@ -422,6 +426,7 @@ impl Default for EngineSection {
             cleaning_idle: "1s".into(),
             cleaning_response: "10s".into(),
             attach: false,
+            home_sums: true,
         }
     }
 }

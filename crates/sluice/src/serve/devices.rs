@@ -75,6 +75,7 @@ impl Config {
                 s => size_of("engine.l2p_dram", s)?,
             },
             layout: self.layout()?,
+            home_sums: self.engine.home_sums,
             ..Default::default()
         };
         Ok(EngineConfig { attached: self.attach()?, ..ecfg })
