@@ -7,15 +7,15 @@
 # ioengine=nbd reads it: 4 KiB at random, QD32, 1 and 2 jobs, and 128 KiB
 # sequentially. Each row runs with `[engine] home_sums = true` and `false`
 # (a fresh engine each), alternated over REPEATS; prints each run and the
-# mean ratio on/off; writes target/bench/home-sums.json.
-# Environment: RUNTIME (s per job, default 8), REPEATS (default 3), PORT
+# ratio of the medians on/off (with each side's range); writes target/bench/home-sums.json.
+# Environment: RUNTIME (s per job, default 8), REPEATS (default 5), PORT
 # (default 10815), SLUICE (binary under test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
 bench_init home-sums
 RUNTIME=${RUNTIME:-8}
-REPEATS=${REPEATS:-3}
+REPEATS=${REPEATS:-5}
 PORT=${PORT:-10815}
 uri="nbd://127.0.0.1:$PORT/default"
 
@@ -69,11 +69,12 @@ for r in $(seq "$REPEATS"); do
 done
 echo "[$(IFS=,; echo "${rows[*]}")]" >"$OUT/home-sums.json"
 python3 - "$OUT/home-sums.json" <<'PY'
-import json, sys
+import json, statistics, sys
 rows = json.load(open(sys.argv[1]))
 for k in ("randread_4k_1job", "randread_4k_2jobs", "read_128k"):
     on = [r[k] for r in rows if r["home_sums"]]
     off = [r[k] for r in rows if not r["home_sums"]]
-    m_on, m_off = sum(on) / len(on), sum(off) / len(off)
-    print(f"{k}: home_sums on {m_on:,.0f} IOPS, off {m_off:,.0f}: on/off {m_on / m_off:.3f}")
+    m_on, m_off = statistics.median(on), statistics.median(off)
+    print(f"{k}: home_sums on {m_on:,.0f} IOPS (median; {min(on):,}-{max(on):,}), "
+          f"off {m_off:,.0f} ({min(off):,}-{max(off):,}): on/off {m_on / m_off:.3f}")
 PY

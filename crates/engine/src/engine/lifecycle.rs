@@ -478,12 +478,11 @@ pub(super) fn read_checkpoint<'a>(
     sb: &Superblock,
 ) -> Result<RegionReader<'a>, EngineError> {
     let mut r = RegionReader::new(capacity, geo, sb.checkpoint_offset, sb.checkpoint_bytes as usize);
-    let mut crc = 0u32;
+    let mut crc = crate::layout::Crc32cParts::default();
     while r.at() < r.len() {
-        let part = r.window()?;
-        crc = crc32c::crc32c_append(crc, part);
+        crc.update(r.window()?);
     }
-    if crc != sb.checkpoint_crc {
+    if crc.value() != sb.checkpoint_crc {
         return Err(EngineError::CheckpointChecksum);
     }
     Ok(RegionReader::new(capacity, geo, sb.checkpoint_offset, sb.checkpoint_bytes as usize))
