@@ -26,9 +26,13 @@
 //! Crash safety is cleaning's: nothing is marked clean before its home is
 //! written, and nothing is claimed clean before a disk flush after that.
 
-use super::cleaning::CleanJob;
-use super::{write_at, Engine, Inner, VolumeError, BS};
+use super::cleaning::{write_queued, CleanJob};
+use super::{Engine, Inner, VolumeError, BS};
 use std::sync::{Condvar, Mutex, PoisonError};
+
+/// Most home writes of an unlocked step in flight at once: device-queue
+/// permits it takes beside the caller's, as unlocked reads do, when free.
+const UNLOCKED_DEPTH: usize = 8;
 
 /// How `Engine::clean_ahead` went: done under the lock, or prepared for
 /// writing without it.
@@ -118,37 +122,37 @@ impl Engine {
         (r, inner)
     }
 
-    /// Without the lock: write step `n`'s runs home, in home order, one at
-    /// a time; then signal that its writes are over. Returns how many runs
-    /// were written, and the error that stopped the rest.
-    pub(super) fn write_unlocked(&self, job: &CleanJob, n: u64) -> (usize, Result<(), VolumeError>) {
-        let mut written = 0;
-        let mut r = Ok(());
-        for run in &job.runs {
-            if let Err(e) = write_at(&*self.capacity, run.at * BS, &run.data) {
-                r = Err(VolumeError::from(e));
-                break;
-            }
-            written += 1;
-        }
+    /// Without the lock: write step `n`'s runs home, as many in flight as
+    /// device-queue permits allow (the caller's, and up to
+    /// `UNLOCKED_DEPTH - 1` more taken now, given back after), so an HDD's
+    /// NCQ orders them; then signal that its writes are over. Returns each
+    /// run's result, in order.
+    pub(super) fn write_unlocked(&self, job: &CleanJob, n: u64) -> Vec<Result<(), VolumeError>> {
+        let more: Vec<_> = (1..UNLOCKED_DEPTH).map_while(|_| self.unlocked_read_permit()).collect();
+        let writes: Vec<(u64, &[u8])> = job.runs.iter().map(|r| (r.at * BS, &r.data[..])).collect();
+        let results = write_queued(&*self.capacity, &writes, 1 + more.len());
+        drop(more);
         self.homes_done.finished(n);
-        (written, r)
+        results.into_iter().map(|r| r.map_err(VolumeError::from)).collect()
     }
 
     /// Under the lock again, after `write_unlocked`: step `n` ends; its
     /// written runs are counted, and each of their blocks whose cache block
     /// still holds the same current copy, dirty, is marked clean (unless
-    /// the engine stopped meanwhile). Returns the blocks marked clean.
+    /// the engine stopped meanwhile). A run that failed leaves its blocks
+    /// dirty, and the first error stops the engine. Returns the blocks
+    /// marked clean.
     pub(super) fn finish_unlocked(
         &self,
         inner: &mut Inner,
         job: CleanJob,
         n: u64,
-        (written, r): (usize, Result<(), VolumeError>),
+        results: Vec<Result<(), VolumeError>>,
     ) -> Result<u64, VolumeError> {
         inner.home_flight.end(n);
-        for (i, run) in job.runs.iter().enumerate() {
-            inner.home_sums.end_write(run.at, run.blocks.len() as u64, (i < written).then_some(&run.data[..]));
+        assert_eq!(results.len(), job.runs.len(), "a result per run");
+        for (run, r) in job.runs.iter().zip(&results) {
+            inner.home_sums.end_write(run.at, run.blocks.len() as u64, r.is_ok().then_some(&run.data[..]));
         }
         let bpc = inner.blocks_per_chunk();
         // A read that looked at these homes before now promotes nothing.
@@ -157,14 +161,15 @@ impl Engine {
                 inner.vols[v as usize].cache.home_changed();
             }
         }
-        if written > 0 {
+        if results.iter().any(|r| r.is_ok()) {
             inner.cap.wrote();
         }
+        let first_err = results.iter().find_map(|r| r.as_ref().err().cloned()).map_or(Ok(()), Err);
         if inner.taking_changes().is_err() {
-            return r.map(|()| 0);
+            return first_err.map(|()| 0);
         }
         let mut cleaned = 0;
-        for run in &job.runs[..written] {
+        for (run, _) in job.runs.iter().zip(&results).filter(|(_, r)| r.is_ok()) {
             run.count(inner);
             for &(v, lba, cb, epoch) in &run.blocks {
                 let c = super::ChunkId((cb / bpc) as u32);
@@ -177,7 +182,7 @@ impl Engine {
                 }
             }
         }
-        inner.stop_on_device_error(r).map(|()| cleaned)
+        inner.stop_on_device_error(first_err).map(|()| cleaned)
     }
 }
 
