@@ -429,7 +429,11 @@ impl Engine {
             }
         }
         let writes: Vec<(u64, &[u8])> = runs.iter().map(|r| (r.at * BS, &r.data[..])).collect();
-        let results = write_queued(&*self.capacity, &writes, super::CAP_QUEUE_DEPTH);
+        // The lock holder's share of the disk's queue: what unlocked reads
+        // and the log's own requests leave (engine.rs), at most
+        // `CAP_QUEUE_DEPTH`.
+        let share = self.capacity.info().queue_depth_max.saturating_sub(self.unlocked_reads_max + 3);
+        let results = write_queued(&*self.capacity, &writes, share.clamp(1, super::CAP_QUEUE_DEPTH));
         let mut first_err = None;
         for (run, r) in runs.iter().zip(results) {
             inner.home_sums.end_write(run.at, run.blocks.len() as u64, r.is_ok().then_some(&run.data[..]));
