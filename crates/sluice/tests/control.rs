@@ -24,6 +24,25 @@ fn config(name: &str) -> (PathBuf, PathBuf) {
     )
 }
 
+/// `start`, then wait until the control socket accepts: the server binds
+/// it after the lines `start` reads (listeners, metrics), so a command
+/// sent at once may find no socket yet.
+fn start_served(config: &Path) -> (Served, u16) {
+    let (served, port) = start(config);
+    wait_for_control(config);
+    (served, port)
+}
+
+fn wait_for_control(config: &Path) {
+    let socket = config.parent().expect("a config in a directory").join("data").join("sluice.ctl");
+    // Generous: the socket comes right after the metrics line.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(std::time::Instant::now() < deadline, "no control socket at {} after 120 s", socket.display());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// `sluice cache ARGS --config CONFIG`: (success, stdout, stderr).
 fn cache(config: &Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -85,6 +104,7 @@ fn every_cache_command_works_on_a_running_server_and_bad_ones_change_nothing() {
     need("qemu-io");
     let (dir, config) = config("all");
     let (mut served, port, metrics) = start_with_metrics(&config);
+    wait_for_control(&config);
     let mut log = Log::take(&mut served);
     write_scattered(port, 7);
 
@@ -232,12 +252,12 @@ fn every_cache_command_works_on_a_running_server_and_bad_ones_change_nothing() {
 fn a_clean_cache_restarts_warm_and_writes_nothing_home() {
     need("qemu-io");
     let (_dir, config) = config("warm");
-    let (served, port) = start(&config);
+    let (served, port) = start_served(&config);
     write_scattered(port, 5);
     let done = cache_json(&config, &["clean"]);
     assert_eq!(done["cleaned_bytes"].as_u64(), Some(WRITES * BLOCK));
     stop(served);
-    let (served, port) = start(&config);
+    let (served, port) = start_served(&config);
     let status = cache_json(&config, &["status"]);
     let v = volume(&status, "default");
     assert_eq!((v["cached_bytes"].as_u64(), v["dirty_bytes"].as_u64()), (Some(WRITES * BLOCK), Some(0)), "{status}");
