@@ -4,7 +4,7 @@
 
 use super::chunks::fits;
 use super::damage::Damage;
-use super::resolver::{Resolver, TOMBSTONE_CRC};
+use super::resolver::{Queued, Resolver, TOMBSTONE_CRC};
 use crate::engine::bands::{BandId, Bands, GC_STREAMS};
 use crate::engine::l2p::Loc;
 use crate::engine::marks::{Mark, RECLAIMED};
@@ -312,15 +312,23 @@ pub(super) fn offer_segments(
             let mut data_i = 0usize;
             for e in &h.entries {
                 if e.tombstone {
-                    res.offer(h.volume, e.lba, h.seq, Loc::capacity(first), TOMBSTONE_CRC, 0)
-                        .map_err(super::map_error)?;
+                    res.queue(Queued {
+                        vol: h.volume,
+                        lba: e.lba,
+                        seq: h.seq,
+                        loc: Loc::capacity(first),
+                        crc: TOMBSTONE_CRC,
+                        flags: 0,
+                    })
+                    .map_err(super::map_error)?;
                     continue;
                 }
                 let intact =
                     body.as_ref().is_none_or(|b| crc32c(&b[data_i * BLOCK_BYTES..(data_i + 1) * BLOCK_BYTES]) == e.crc);
                 if intact {
                     let at = Loc::capacity(first + 1 + data_i as u64);
-                    res.offer(h.volume, e.lba, h.seq, at, e.crc, 0).map_err(super::map_error)?;
+                    res.queue(Queued { vol: h.volume, lba: e.lba, seq: h.seq, loc: at, crc: e.crc, flags: 0 })
+                        .map_err(super::map_error)?;
                 } else {
                     torn.push((h.volume, e.lba, h.seq));
                 }

@@ -255,8 +255,9 @@ pub(super) struct LogScan {
 /// reaps its own reads), walk it and CRC-check it, so reading and checking
 /// the whole cache spread over every core; then, under the resolver's lock,
 /// its intact entries at or above `guess` (the log's head as far as known)
-/// are offered at once and only the rest is kept for step 3, which needs
-/// every chunk's watermark.
+/// are offered at once (queued, and applied page by page in step 5 with
+/// the segments': `Resolver::queue`) and only the rest is kept for step 3,
+/// which needs every chunk's watermark.
 pub(super) fn scan_chunks(
     cache: &dyn BlockDevice,
     chunk_count: u64,
@@ -305,7 +306,7 @@ pub(super) fn scan_chunks(
                         if o.intact {
                             let flags = if o.past_gap { PAST_GAP } else { 0 };
                             *lowest = (*lowest).min(o.lsn);
-                            offered = offered.and_then(|()| res.offer(o.vol, o.lba, o.seq, o.loc, o.crc, flags));
+                            offered = offered.and_then(|()| res.queue(o.queued(flags)));
                         } else {
                             deferred.push(o);
                         }

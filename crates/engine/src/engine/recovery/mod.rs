@@ -65,6 +65,7 @@ mod resolver;
 #[cfg(test)]
 mod tests;
 
+use super::l2p::PAGE_ENTRIES;
 use super::marks::{read_mark, Mark};
 use super::{
     band_count, chunk_count, crc32c, new_maps, read_at, Arc, BandId, BlockDevice, CapGeometry, CapWrites, ChunkId,
@@ -194,6 +195,7 @@ fn scan_with(
         band_seq: std::mem::take(&mut found.seq),
         flags: std::collections::HashMap::new(),
         seq_max: 0,
+        queued: Vec::new(),
     };
     let torn = offer_segments(&reader, &mut res, &mut inner.bands, &durable_end, found.watermark)?;
 
@@ -246,27 +248,54 @@ fn scan_with(
         let was_accepted = accepted.iter().any(|&(a, b)| a <= o.lsn && o.lsn <= b);
         let past_gap = if o.past_gap { PAST_GAP } else { 0 };
         if o.lsn <= flushed && !was_accepted {
-            res.offer(o.vol, o.lba, o.seq, o.loc, o.crc, DAMAGED | past_gap).map_err(map_error)?;
+            res.queue(o.queued(DAMAGED | past_gap)).map_err(map_error)?;
         } else if !was_accepted {
             new_gaps.push((o.lsn, o.lsn));
         }
     }
 
-    // A torn segment copy that lost keeps a sequence above the winner's:
-    // written again (below), or a later recovery would trust it.
-    let superseded_torn: Vec<(u32, u64)> = torn
-        .iter()
-        .filter(|&&(v, lba, seq)| res.vols[v as usize].l2p.get(lba as usize).is_ok_and(|l| res.seq_at(l).0 < seq))
-        .map(|&(v, lba, _)| (v, lba))
-        .collect();
-    // Step 5: winning tombstones unmapped (their bands hold something
-    // current: the tombstone), the P2Ls and valid counts from the rest.
+    // Step 5, page by page: the page's queued offers applied (step 4, in
+    // map order: a paged map faults each page in once for both steps), its
+    // torn segment copies judged, then winning tombstones unmapped (their
+    // bands hold something current: the tombstone), the P2Ls and valid
+    // counts from the rest.
+    let queued = res.take_queued();
+    let mut torn_sorted = torn.clone();
+    torn_sorted.sort_unstable();
+    let mut superseded_torn: Vec<(u32, u64)> = Vec::new();
     let mut past_gap: Vec<(u32, u64)> = Vec::new();
     let mut live: Vec<bool> = vec![false; band_count as usize];
+    let (mut qi, mut ti) = (0usize, 0usize);
     for vi in 0..res.vols.len() {
-        // Window by window, only the entries mapped (a paged map: only the
-        // pages that may hold any).
-        for window in res.vols[vi].l2p.windows() {
+        let v = vi as u32;
+        let q_end = qi + queued[qi..].partition_point(|o| o.vol == v);
+        let t_end = ti + torn_sorted[ti..].partition_point(|t| t.0 == v);
+        let page = |lba: u64| lba as usize / PAGE_ENTRIES * PAGE_ENTRIES;
+        // The windows that may hold an entry (a paged map: only the pages
+        // that may hold any), and those the queued offers and torn copies
+        // fall in.
+        let mut starts: Vec<usize> = res.vols[vi].l2p.windows().map(|w| w.start).collect();
+        starts.extend(queued[qi..q_end].iter().map(|o| page(o.lba)));
+        starts.extend(torn_sorted[ti..t_end].iter().map(|t| page(t.1)));
+        starts.sort_unstable();
+        starts.dedup();
+        let len = res.vols[vi].l2p.len();
+        for start in starts {
+            let window = start..(start + PAGE_ENTRIES).min(len);
+            while qi < q_end && (queued[qi].lba as usize) < window.end {
+                res.apply(&queued[qi]).map_err(map_error)?;
+                qi += 1;
+            }
+            // A torn segment copy that lost keeps a sequence above the
+            // winner's: written again (below), or a later recovery would
+            // trust it.
+            while ti < t_end && (torn_sorted[ti].1 as usize) < window.end {
+                let (_, lba, seq) = torn_sorted[ti];
+                if res.vols[vi].l2p.get(lba as usize).is_ok_and(|l| res.seq_at(l).0 < seq) {
+                    superseded_torn.push((v, lba));
+                }
+                ti += 1;
+            }
             for (lba, loc, crc) in res.vols[vi].l2p.mapped(window).map_err(map_error)? {
                 let owner = (vi as u32, lba as u64);
                 let flags = res.flags_of(owner.0, owner.1);
@@ -306,6 +335,7 @@ fn scan_with(
             }
         }
     }
+    assert_eq!((qi, ti), (queued.len(), torn_sorted.len()), "every queued offer and torn copy had its window");
     let seq_max = res.seq_max;
     inner.vols = std::mem::take(&mut res.vols);
     drop(res);

@@ -16,8 +16,10 @@ pub(super) const DAMAGED: u8 = 1;
 pub(super) const PAST_GAP: u8 = 2;
 
 /// Step 4 done in place, so that recovery needs no more memory per block
-/// than the engine it rebuilds: each offer goes straight into the L2P it
-/// is building, and wins if its sequence is higher than that of the copy
+/// than the engine it rebuilds (beside a bounded queue of offers, applied
+/// in map order so a paged map reads each page once per batch): each offer
+/// goes into the L2P it is building, and wins if its sequence is higher
+/// than that of the copy
 /// the entry points at now. That sequence is found from the place itself:
 /// every record of a chunk and every segment of a band is listed with its
 /// header's block and sequence (a few bytes per record, not per block), and
@@ -36,7 +38,23 @@ pub(super) struct Resolver {
     pub(super) band_seq: Vec<Vec<u64>>,
     pub(super) flags: std::collections::HashMap<(u32, u64), u8>,
     pub(super) seq_max: u64,
+    /// Offers not applied yet (`queue`), applied sorted by (volume, LBA).
+    pub(super) queued: Vec<Queued>,
 }
+
+/// An offer waiting in `Resolver::queued`.
+#[derive(Clone, Copy)]
+pub(super) struct Queued {
+    pub(super) vol: u32,
+    pub(super) flags: u8,
+    pub(super) crc: u32,
+    pub(super) lba: u64,
+    pub(super) seq: u64,
+    pub(super) loc: Loc,
+}
+
+/// Most offers queued before they are applied: at ~40 bytes each, 80 MiB.
+const QUEUED_MAX: usize = 1 << 21;
 
 impl Resolver {
     /// The sequence of the record or segment holding `loc`, and whether
@@ -79,12 +97,50 @@ impl Resolver {
         Ok(())
     }
 
+    /// `offer`, later: queued, for step 5 to apply page by page
+    /// (`take_queued`, `apply`), or in (volume, LBA) order now if
+    /// `QUEUED_MAX` are waiting. The winner of an LBA does not depend on
+    /// the order of its offers (the highest sequence wins; sorts are
+    /// stable, so equal ones keep their order), but a paged map's faults
+    /// do: offers in log order touch its pages at random and step 5 then
+    /// walks them all again; applied page by page just before step 5 walks
+    /// that page, each page is faulted in once. Every offer whose place lies
+    /// in a chunk must be queued after that chunk's records are listed
+    /// (`chunk_pos`), as for `offer`.
+    pub(super) fn queue(&mut self, o: Queued) -> Result<(), VolumeError> {
+        self.queued.push(o);
+        if self.queued.len() >= QUEUED_MAX {
+            let q = self.take_queued();
+            return q.iter().try_for_each(|o| self.apply(o));
+        }
+        Ok(())
+    }
+
+    /// The queued offers, sorted by (volume, LBA); none left queued.
+    pub(super) fn take_queued(&mut self) -> Vec<Queued> {
+        let mut q = std::mem::take(&mut self.queued);
+        q.sort_by_key(|o| (o.vol, o.lba));
+        q
+    }
+
+    /// `offer` a queued offer.
+    pub(super) fn apply(&mut self, o: &Queued) -> Result<(), VolumeError> {
+        self.offer(o.vol, o.lba, o.seq, o.loc, o.crc, o.flags)
+    }
+
     /// The flags of (vol, LBA)'s current copy.
     pub(super) fn flags_of(&self, vol: u32, lba: u64) -> u8 {
         if self.flags.is_empty() {
             return 0;
         }
         self.flags.get(&(vol, lba)).copied().unwrap_or(0)
+    }
+}
+
+impl Offer {
+    /// The offer, with `flags`, queued for the resolver.
+    pub(super) fn queued(&self, flags: u8) -> Queued {
+        Queued { vol: self.vol, flags, crc: self.crc, lba: self.lba, seq: self.seq, loc: self.loc }
     }
 }
 
