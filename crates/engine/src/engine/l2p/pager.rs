@@ -28,6 +28,12 @@ use std::sync::Arc;
 /// Entries per map page.
 pub(in crate::engine) const PAGE_ENTRIES: usize = 1024;
 
+/// Most dirty pages written back together (`Pager::write_back_batch`):
+/// within the queue depth the engine's lock holder may use.
+const WRITE_BACK_BATCH: usize = 8;
+/// How far past the CLOCK hand a write-back looks for more dirty pages.
+const WRITE_BACK_LOOKAHEAD: usize = 64;
+
 /// `Frame::page` of a frame holding no page (a fault into it failed).
 const NO_PAGE: u64 = u64::MAX;
 
@@ -110,7 +116,9 @@ impl Pager {
             self.frames.len() - 1
         } else {
             let f = self.victim();
-            self.write_back(f)?;
+            if self.frames[f].dirty {
+                self.write_back_batch(f)?;
+            }
             let old = std::mem::replace(&mut self.frames[f].page, NO_PAGE);
             if old != NO_PAGE {
                 self.resident.remove(&old);
@@ -150,6 +158,51 @@ impl Pager {
                 return f;
             }
         }
+    }
+
+    /// Write back dirty frame `f` with the next dirty frames the CLOCK hand
+    /// would evict soon (unused since it passed, among the next
+    /// `WRITE_BACK_LOOKAHEAD`), up to `WRITE_BACK_BATCH` in flight at once:
+    /// a map whose dirty pages stream through its frames (recovery, random
+    /// writes over a huge volume) pays one device round trip per batch, not
+    /// per page. Writing a page early is harmless: the region's copy counts
+    /// only once it is written (`on_media`, `crcs`). On an error the frames
+    /// whose writes failed stay dirty.
+    fn write_back_batch(&mut self, f: usize) -> Result<(), VolumeError> {
+        let n = self.frames.len();
+        let mut batch = vec![f];
+        for k in 0..WRITE_BACK_LOOKAHEAD.min(n) {
+            if batch.len() >= WRITE_BACK_BATCH {
+                break;
+            }
+            let g = (self.hand + k) % n;
+            let fr = &self.frames[g];
+            if g != f && fr.dirty && !fr.used && fr.page != NO_PAGE {
+                batch.push(g);
+            }
+        }
+        let offsets: Vec<u64> =
+            batch.iter().map(|&g| self.store.base + self.frames[g].page * self.frames[g].bytes.len() as u64).collect();
+        let writes: Vec<(u64, &[u8])> =
+            batch.iter().zip(&offsets).map(|(&g, &at)| (at, &self.frames[g].bytes[..])).collect();
+        let results = crate::engine::cleaning::write_queued(&*self.store.dev, &writes, WRITE_BACK_BATCH);
+        let mut first_err = None;
+        for (&g, r) in batch.iter().zip(results) {
+            match r {
+                Ok(()) => {
+                    let frame = &mut self.frames[g];
+                    frame.dirty = false;
+                    let page = frame.page;
+                    self.crcs[page as usize] = crc32c(&frame.bytes);
+                    self.on_media[(page / 64) as usize] |= 1 << (page % 64);
+                    self.writebacks += 1;
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// Write frame `f`'s page to the region if it is dirty.
