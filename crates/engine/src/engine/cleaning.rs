@@ -396,14 +396,14 @@ impl Engine {
         let bpc = inner.blocks_per_chunk();
         assert!(todo.first().zip(todo.last()).is_none_or(|(a, b)| a.2 / bpc == b.2 / bpc), "one chunk");
         let job = self.prepare_clean(inner, todo)?;
-        if inner.disk_id.is_some() || job.runs.len() == 1 {
+        if inner.disk_id.is_some() {
             // An attached disk records its sampled blocks write by write.
             for run in &job.runs {
                 self.disk_write(inner, run.at, &run.data)?;
                 run.count(inner);
             }
         } else {
-            self.write_runs_home(inner, &job.runs)?;
+            self.write_runs_home(inner, &job)?;
         }
         for &(v, lba, cb) in todo {
             debug_assert_eq!(inner.log.owner_of(cb), Some((v, lba)));
@@ -417,26 +417,19 @@ impl Engine {
     /// reorders its queue (an HDD's NCQ) serves them in the order its heads
     /// reach them. Each is counted once written; the first error is
     /// returned after every write completed (the blocks stay dirty).
-    fn write_runs_home(&self, inner: &mut Inner, runs: &[CleanRun]) -> Result<(), VolumeError> {
-        for (i, run) in runs.iter().enumerate() {
+    fn write_runs_home(&self, inner: &mut Inner, job: &CleanJob) -> Result<(), VolumeError> {
+        for run in &job.runs {
             self.wait_overlapping(inner, run.at, run.data.len());
-            // Its sums zeroed before it is written (home_sums.rs).
-            if let Err(e) = inner.home_sums.begin_write(run.at, run.blocks.len() as u64) {
-                for r in &runs[..i] {
-                    inner.home_sums.end_write(r.at, r.blocks.len() as u64, None);
-                }
-                return Err(e.into());
-            }
         }
-        let writes: Vec<(u64, &[u8])> = runs.iter().map(|r| (r.at * BS, &r.data[..])).collect();
+        job.begin_sums(inner)?;
         // The lock holder's share of the disk's queue: what unlocked reads
         // and the log's own requests leave (engine.rs), at most
         // `CAP_QUEUE_DEPTH`.
         let share = self.capacity.info().queue_depth_max.saturating_sub(self.unlocked_reads_max + 3);
-        let results = write_queued(&*self.capacity, &writes, share.clamp(1, super::CAP_QUEUE_DEPTH));
+        let results = write_queued(&*self.capacity, &job.writes(), share.clamp(1, super::CAP_QUEUE_DEPTH));
+        job.end_sums(inner, &results);
         let mut first_err = None;
-        for (run, r) in runs.iter().zip(results) {
-            inner.home_sums.end_write(run.at, run.blocks.len() as u64, r.is_ok().then_some(&run.data[..]));
+        for (run, r) in job.runs.iter().zip(results) {
             match r {
                 Ok(()) => {
                     inner.cap.wrote();
@@ -595,6 +588,35 @@ impl CleanJob {
     /// The home ranges `[first, end)` the job writes (sorted, disjoint).
     pub(super) fn ranges(&self) -> Vec<(u64, u64)> {
         self.runs.iter().map(|r| (r.at, r.at + r.blocks.len() as u64)).collect()
+    }
+
+    /// Its runs as device writes (byte offset, data), for `write_queued`.
+    pub(super) fn writes(&self) -> Vec<(u64, &[u8])> {
+        self.runs.iter().map(|r| (r.at * BS, &r.data[..])).collect()
+    }
+
+    /// Before any run is written: every run's home sums zeroed
+    /// (home_sums.rs). On an error none is under way and nothing may be
+    /// written.
+    pub(super) fn begin_sums(&self, inner: &mut Inner) -> Result<(), DeviceError> {
+        for (i, run) in self.runs.iter().enumerate() {
+            if let Err(e) = inner.home_sums.begin_write(run.at, run.blocks.len() as u64) {
+                for r in &self.runs[..i] {
+                    inner.home_sums.end_write(r.at, r.blocks.len() as u64, None);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// After the writes (`results`, one per run): each run's sums told
+    /// whether it was written.
+    pub(super) fn end_sums<E>(&self, inner: &mut Inner, results: &[Result<(), E>]) {
+        assert_eq!(results.len(), self.runs.len(), "a result per run");
+        for (run, r) in self.runs.iter().zip(results) {
+            inner.home_sums.end_write(run.at, run.blocks.len() as u64, r.is_ok().then_some(&run.data[..]));
+        }
     }
 }
 

@@ -27,7 +27,7 @@
 //! written, and nothing is claimed clean before a disk flush after that.
 
 use super::cleaning::{write_queued, CleanJob};
-use super::{Engine, Inner, VolumeError, BS};
+use super::{Engine, Inner, VolumeError};
 use std::sync::{Condvar, Mutex, PoisonError};
 
 /// Most home writes of an unlocked step in flight at once: device-queue
@@ -69,15 +69,7 @@ impl Engine {
             return Ok(Ahead::Done(n));
         }
         let job = self.prepare_clean(inner, todo)?;
-        // Its homes' sums zeroed before any is written (home_sums.rs).
-        for (i, run) in job.runs.iter().enumerate() {
-            if let Err(e) = inner.home_sums.begin_write(run.at, run.blocks.len() as u64) {
-                for r in &job.runs[..i] {
-                    inner.home_sums.end_write(r.at, r.blocks.len() as u64, None);
-                }
-                return Err(e.into());
-            }
-        }
+        job.begin_sums(inner)?;
         let n = inner.home_flight.begin(job.ranges());
         Ok(Ahead::Unlocked(job, n))
     }
@@ -129,8 +121,7 @@ impl Engine {
     /// run's result, in order.
     pub(super) fn write_unlocked(&self, job: &CleanJob, n: u64) -> Vec<Result<(), VolumeError>> {
         let more: Vec<_> = (1..UNLOCKED_DEPTH).map_while(|_| self.unlocked_read_permit()).collect();
-        let writes: Vec<(u64, &[u8])> = job.runs.iter().map(|r| (r.at * BS, &r.data[..])).collect();
-        let results = write_queued(&*self.capacity, &writes, 1 + more.len());
+        let results = write_queued(&*self.capacity, &job.writes(), 1 + more.len());
         drop(more);
         self.homes_done.finished(n);
         results.into_iter().map(|r| r.map_err(VolumeError::from)).collect()
@@ -150,10 +141,7 @@ impl Engine {
         results: Vec<Result<(), VolumeError>>,
     ) -> Result<u64, VolumeError> {
         inner.home_flight.end(n);
-        assert_eq!(results.len(), job.runs.len(), "a result per run");
-        for (run, r) in job.runs.iter().zip(&results) {
-            inner.home_sums.end_write(run.at, run.blocks.len() as u64, r.is_ok().then_some(&run.data[..]));
-        }
+        job.end_sums(inner, &results);
         let bpc = inner.blocks_per_chunk();
         // A read that looked at these homes before now promotes nothing.
         for run in &job.runs {

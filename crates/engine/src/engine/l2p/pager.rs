@@ -129,7 +129,7 @@ impl Pager {
         // failed read leaves it empty, never named by a page it does not
         // hold (evicting it later would unmap that page's real frame).
         self.faults += 1;
-        let offset = self.store.base + page * len as u64;
+        let offset = self.offset(page);
         if self.written(page) {
             let data = read_at(&*self.store.dev, offset, len)?;
             if crc32c(&data) != self.crcs[page as usize] {
@@ -181,22 +181,13 @@ impl Pager {
                 batch.push(g);
             }
         }
-        let offsets: Vec<u64> =
-            batch.iter().map(|&g| self.store.base + self.frames[g].page * self.frames[g].bytes.len() as u64).collect();
         let writes: Vec<(u64, &[u8])> =
-            batch.iter().zip(&offsets).map(|(&g, &at)| (at, &self.frames[g].bytes[..])).collect();
+            batch.iter().map(|&g| (self.offset(self.frames[g].page), &self.frames[g].bytes[..])).collect();
         let results = crate::engine::cleaning::write_queued(&*self.store.dev, &writes, WRITE_BACK_BATCH);
         let mut first_err = None;
         for (&g, r) in batch.iter().zip(results) {
             match r {
-                Ok(()) => {
-                    let frame = &mut self.frames[g];
-                    frame.dirty = false;
-                    let page = frame.page;
-                    self.crcs[page as usize] = crc32c(&frame.bytes);
-                    self.on_media[(page / 64) as usize] |= 1 << (page % 64);
-                    self.writebacks += 1;
-                }
+                Ok(()) => self.written_back(g),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -205,19 +196,28 @@ impl Pager {
         first_err.map_or(Ok(()), |e| Err(e.into()))
     }
 
-    /// Write frame `f`'s page to the region if it is dirty.
-    fn write_back(&mut self, f: usize) -> Result<(), VolumeError> {
+    /// Frame `f`'s page is now the region's copy: clean, its CRC recorded.
+    fn written_back(&mut self, f: usize) {
         let frame = &mut self.frames[f];
-        if !frame.dirty {
-            return Ok(());
-        }
-        let offset = self.store.base + frame.page * frame.bytes.len() as u64;
-        write_at(&*self.store.dev, offset, &frame.bytes)?;
         frame.dirty = false;
         let page = frame.page;
         self.crcs[page as usize] = crc32c(&frame.bytes);
         self.on_media[(page / 64) as usize] |= 1 << (page % 64);
         self.writebacks += 1;
+    }
+
+    /// Byte offset of `page` in the region.
+    fn offset(&self, page: u64) -> u64 {
+        self.store.base + page * self.bytes_per_page() as u64
+    }
+
+    /// Write frame `f`'s page to the region if it is dirty.
+    fn write_back(&mut self, f: usize) -> Result<(), VolumeError> {
+        if !self.frames[f].dirty {
+            return Ok(());
+        }
+        write_at(&*self.store.dev, self.offset(self.frames[f].page), &self.frames[f].bytes)?;
+        self.written_back(f);
         Ok(())
     }
 

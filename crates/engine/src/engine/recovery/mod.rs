@@ -197,7 +197,7 @@ fn scan_with(
         seq_max: 0,
         queued: Vec::new(),
     };
-    let torn = offer_segments(&reader, &mut res, &mut inner.bands, &durable_end, found.watermark)?;
+    let mut torn = offer_segments(&reader, &mut res, &mut inner.bands, &durable_end, found.watermark)?;
 
     // Step 2: the log, chunk by chunk, its intact entries offered at once
     // (the head is the capacity mark's; should the records show a later
@@ -260,8 +260,7 @@ fn scan_with(
     // bands hold something current: the tombstone), the P2Ls and valid
     // counts from the rest.
     let queued = res.take_queued();
-    let mut torn_sorted = torn.clone();
-    torn_sorted.sort_unstable();
+    torn.sort_unstable();
     let mut superseded_torn: Vec<(u32, u64)> = Vec::new();
     let mut past_gap: Vec<(u32, u64)> = Vec::new();
     let mut live: Vec<bool> = vec![false; band_count as usize];
@@ -269,14 +268,14 @@ fn scan_with(
     for vi in 0..res.vols.len() {
         let v = vi as u32;
         let q_end = qi + queued[qi..].partition_point(|o| o.vol == v);
-        let t_end = ti + torn_sorted[ti..].partition_point(|t| t.0 == v);
+        let t_end = ti + torn[ti..].partition_point(|t| t.0 == v);
         let page = |lba: u64| lba as usize / PAGE_ENTRIES * PAGE_ENTRIES;
         // The windows that may hold an entry (a paged map: only the pages
         // that may hold any), and those the queued offers and torn copies
         // fall in.
         let mut starts: Vec<usize> = res.vols[vi].l2p.windows().map(|w| w.start).collect();
         starts.extend(queued[qi..q_end].iter().map(|o| page(o.lba)));
-        starts.extend(torn_sorted[ti..t_end].iter().map(|t| page(t.1)));
+        starts.extend(torn[ti..t_end].iter().map(|t| page(t.1)));
         starts.sort_unstable();
         starts.dedup();
         let len = res.vols[vi].l2p.len();
@@ -289,8 +288,8 @@ fn scan_with(
             // A torn segment copy that lost keeps a sequence above the
             // winner's: written again (below), or a later recovery would
             // trust it.
-            while ti < t_end && (torn_sorted[ti].1 as usize) < window.end {
-                let (_, lba, seq) = torn_sorted[ti];
+            while ti < t_end && (torn[ti].1 as usize) < window.end {
+                let (_, lba, seq) = torn[ti];
                 if res.vols[vi].l2p.get(lba as usize).is_ok_and(|l| res.seq_at(l).0 < seq) {
                     superseded_torn.push((v, lba));
                 }
@@ -335,7 +334,7 @@ fn scan_with(
             }
         }
     }
-    assert_eq!((qi, ti), (queued.len(), torn_sorted.len()), "every queued offer and torn copy had its window");
+    assert_eq!((qi, ti), (queued.len(), torn.len()), "every queued offer and torn copy had its window");
     let seq_max = res.seq_max;
     inner.vols = std::mem::take(&mut res.vols);
     drop(res);
