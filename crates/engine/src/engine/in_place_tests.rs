@@ -1311,26 +1311,54 @@ fn a_failed_flush_in_a_reclaim_that_moves_pinned_blocks_loses_nothing() {
     }
 }
 
-/// With everything pinned, a reclaim moves at most half a chunk forward
-/// (and retains nothing beside it): the rest is cleaned home, so every
-/// reclaim frees room and writes that wrap the log many times go on.
+/// A log whose dirty blocks of a pinned class fill more than
+/// `MOVE_DIRTY_SHARE` of it: the head's reclaim moves at most half a chunk
+/// forward (`Inner::move_budget`) and cleans the rest home, so it frees
+/// room; then random overwrites that wrap the log many times, with
+/// reclaims forced after every third write, go on and lose nothing.
 #[test]
 fn moving_pinned_blocks_forward_is_bounded_so_reclaims_free_room() {
-    let w = in_place_world(&[2048]);
+    // A longer log than the other tests' (24 chunks, 2 kept free), so that
+    // dirty blocks can fill most of it before the writes must reclaim.
+    let (_, p) = in_place_device_bytes(&[2048]);
+    let cache = Arc::new(MemoryDevice::new(24 * crate::testkit::small_config().chunk_bytes, 4096));
+    let w = in_place_world_on(cache, Arc::new(MemoryDevice::new(p, 4096)), &[2048]);
     let v = &w.volumes[0];
-    one_class(&w, CachePolicy::default().retain_hot, "all", None, true);
+    one_class(&w, false, "all", None, true);
     let (log_blocks, bpc) = {
         let inner = w.engine.lock();
         (inner.dirty_blocks().1, inner.blocks_per_chunk())
     };
+    // Distinct blocks, all dirty, until the log's chunks are mostly full.
     let mut model = vec![0u64; 2048];
-    let mut rng = sluice_media::rng::SplitMix64(11);
-    for ver in 1..=(6 * log_blocks / 2) {
-        let lba = rng.below(2047);
-        let data: Vec<u8> = (lba..lba + 2).flat_map(|l| pattern(0, l, ver)).collect();
+    let mut lba = 0;
+    while w.engine.lock().log.free_len() > 6 {
+        assert!(lba + 8 <= 2048, "the log never filled");
+        let data: Vec<u8> = (lba..lba + 8).flat_map(|l| pattern(0, l, 1)).collect();
         v.write(lba * BS, &data, false).unwrap();
-        model[lba as usize] = ver;
-        model[lba as usize + 1] = ver;
+        model[lba as usize..lba as usize + 8].fill(1);
+        lba += 8;
+    }
+    {
+        let inner = w.engine.lock();
+        let share = inner.residency.dirty_total() as f64 / inner.log.data_blocks() as f64;
+        assert!(share > 0.9, "dirty share {share}");
+    }
+    let free_before = w.engine.lock().log.free_len();
+    w.engine.compact_some(1).unwrap();
+    let moved = stats(&w, 0).relogged_bytes / BS;
+    assert!(moved > 0 && moved <= bpc / 2, "moved {moved} of a chunk of {bpc} from a mostly dirty log");
+    while w.engine.lock().log.free_len() <= free_before {
+        assert!(w.engine.compact_some(u64::MAX).unwrap(), "the reclaim stopped before it freed its chunk");
+    }
+    assert!(stats(&w, 0).cleaned_bytes > 0);
+
+    let mut rng = sluice_media::rng::SplitMix64(11);
+    for ver in 2..=(6 * log_blocks / 8) {
+        let lba = rng.below(2048 - 8);
+        let data: Vec<u8> = (lba..lba + 8).flat_map(|l| pattern(0, l, ver)).collect();
+        v.write(lba * BS, &data, false).unwrap();
+        model[lba as usize..lba as usize + 8].fill(ver);
         if ver % 3 == 0 {
             w.engine.compact_some(u64::MAX).unwrap();
         }
@@ -1338,12 +1366,52 @@ fn moving_pinned_blocks_forward_is_bounded_so_reclaims_free_room() {
     for (lba, &ver) in model.iter().enumerate() {
         assert!(read(&w, 0, lba as u64) == want(0, lba as u64, ver), "block {lba}");
     }
-    let (st, es) = (stats(&w, 0), w.engine.stats());
-    assert!(st.relogged_bytes > 0 && st.cleaned_bytes > 0, "{st:?}");
-    assert!(
-        (st.relogged_bytes + st.retained_bytes) / BS <= es.chunks_compacted * bpc / 2,
-        "at most half a chunk kept per reclaim: {st:?}, {} reclaims",
-        es.chunks_compacted
-    );
+    let st = stats(&w, 0);
+    assert!(st.relogged_bytes > moved * BS && st.cleaned_bytes > 0, "{st:?}");
+    w.engine.lock().check_invariants();
+}
+
+/// Twitter's case on one volume: a chunk of a pinned class's dirty data at
+/// the log's head and clean data behind it. The head's reclaim moves every
+/// pinned block forward — more than half a chunk, since the log is mostly
+/// clean — instead of leaving the log full (new writes would spill) or
+/// writing the temporary data home; the clean chunks behind it then free
+/// without a write to the disk.
+#[test]
+fn a_pinned_chunk_at_the_head_moves_forward_whole_while_the_log_is_mostly_clean() {
+    let w = in_place_world(&[2048, 2048]);
+    one_class(&w, true, "temp", Some((0, 1024 * BS)), true);
+    let through = CachePolicy { seq_cutoff: SeqCutoff::Never, ..policy(CacheMode::WriteThrough) };
+    w.engine.set_cache_policy("v1", through).unwrap();
+    let bpc = w.engine.lock().blocks_per_chunk();
+    let temp_blocks = bpc * 3 / 4;
+    assert!(temp_blocks <= 1024);
+    let temp: Vec<u8> = (0..temp_blocks).flat_map(|l| pattern(0, l, 1)).collect();
+    w.volumes[0].write(0, &temp, false).unwrap();
+    // Clean data (written through) until the log is near its reserve.
+    let mut lba = 0;
+    let near_reserve = |w: &World| {
+        let inner = w.engine.lock();
+        inner.log.free_len() <= inner.cfg.log_free_chunks_min + 2
+    };
+    while !near_reserve(&w) {
+        let data: Vec<u8> = (lba..lba + 4).flat_map(|l| pattern(1, l, 1)).collect();
+        w.volumes[1].write(lba * BS, &data, false).unwrap();
+        lba = (lba + 4) % 2044;
+    }
+    let head = w.engine.lock().log.oldest_full().unwrap();
+    let home_writes = w.engine.devices().1.stats().host_write_bytes;
+    assert!(w.engine.compact_some(u64::MAX).unwrap(), "the pinned chunk is reclaimed");
+    let st = stats(&w, 0);
+    assert_eq!(st.relogged_bytes, temp_blocks * BS, "every pinned block moved forward: {st:?}");
+    assert_eq!(st.cleaned_bytes, 0, "{st:?}");
+    assert_ne!(w.engine.lock().log.oldest_full(), Some(head), "the head passed it");
+    // The clean chunks behind it freed too, writing nothing home.
+    assert!(stats(&w, 1).evicted_bytes > 0, "{:?}", stats(&w, 1));
+    assert_eq!(w.engine.devices().1.stats().host_write_bytes, home_writes, "nothing was written home");
+    for l in 0..temp_blocks {
+        assert!(read(&w, 0, l) == pattern(0, l, 1), "block {l}");
+        assert!(at_home(&w, 0, l) == vec![0u8; BLOCK_BYTES], "block {l} was written home");
+    }
     w.engine.lock().check_invariants();
 }

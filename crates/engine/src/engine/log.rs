@@ -366,6 +366,9 @@ pub(super) struct Log {
     /// Records reserved and not yet published (writers.rs), by LSN.
     /// Always empty under a drained lock (`Engine::lock`).
     inflight: std::collections::BTreeMap<u64, InFlight>,
+    /// Data blocks the chunks not free hold, current or not: the sum of
+    /// their `Chunk::placed`.
+    placed: u64,
 }
 
 /// What a cache block held when it was dropped (`Log::drop_block`).
@@ -495,6 +498,8 @@ impl Log {
         ch.p2l[i] = (vol, lba);
         ch.lifetime[i] = lifetime;
         ch.valid += 1;
+        ch.placed += 1;
+        self.placed += 1;
     }
     /// Sealed → Compacting, once: a step of compaction or cleaning started
     /// on `c`, the oldest full chunk.
@@ -547,6 +552,7 @@ impl Log {
         let ch = &mut self.chunks[c];
         assert!(ch.valid == 0, "chunk {c} is free but holds current blocks");
         ch.to(ChunkState::Free, ChunkState::Open);
+        assert_eq!(ch.placed, 0, "chunk {c} is free but counts data blocks");
         ch.epoch = epoch;
         ch.first_lsn = first_lsn;
         ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));
@@ -573,6 +579,8 @@ impl Log {
         let ch = &mut self.chunks[c];
         assert!(ch.valid == 0, "chunk {c} freed holding current blocks");
         ch.to(ChunkState::Compacting, ChunkState::Free);
+        self.placed -= ch.placed as u64;
+        ch.placed = 0;
         self.full.pop_front();
         self.free.push_back(c);
     }
@@ -598,7 +606,8 @@ impl Log {
         open: Option<(ChunkId, u64)>,
         (seq, lsn): (u64, u64),
     ) -> Log {
-        Log { chunks, free, full, open, lsn, flushed_lsn: lsn, flushed_seq: seq, inflight: Default::default() }
+        let placed = chunks.iter().map(|ch| ch.placed as u64).sum();
+        Log { chunks, free, full, open, lsn, flushed_lsn: lsn, flushed_seq: seq, inflight: Default::default(), placed }
     }
 
     /// The checkpoint's open chunk, then (later in it) the full and free lists.
@@ -638,6 +647,13 @@ impl Log {
         for (c, &n) in seen.iter().enumerate().skip(1) {
             assert_eq!(n, 1, "chunk {c} is on {n} lists");
         }
+        assert_eq!(self.placed, self.chunks.iter().map(|ch| ch.placed as u64).sum::<u64>(), "data blocks counted");
+    }
+
+    /// Data blocks the log holds, current or not: what its reclaims could
+    /// free without writing a header or padding again (reclaim.rs).
+    pub(super) fn data_blocks(&self) -> u64 {
+        self.placed
     }
 
     /// Cache block `cb` holds no current block any more: out of its
@@ -662,6 +678,7 @@ impl Log {
             epoch: 0,
             p2l: vec![(u32::MAX, 0); blocks_per_chunk],
             valid: 0,
+            placed: 0,
             first_lsn: 0,
             lifetime: vec![0; blocks_per_chunk],
             headers: None,
@@ -675,6 +692,7 @@ impl Log {
             flushed_lsn: 0,
             flushed_seq: 0,
             inflight: Default::default(),
+            placed: 0,
         }
     }
 }
@@ -732,6 +750,7 @@ impl Chunk {
             lifetime: vec![0; p2l.len()],
             p2l,
             valid,
+            placed: valid,
             first_lsn,
             headers: None,
         })
@@ -777,6 +796,10 @@ pub(super) struct Chunk {
     /// (volume, lba) per cache block of the chunk; u32::MAX volume = header/pad.
     p2l: Vec<(u32, u64)>,
     valid: u32,
+    /// Data blocks placed in the chunk since it was opened, current or not
+    /// (headers and padding are not); for a chunk a checkpoint saved, its
+    /// current blocks (which of the others held data is not saved).
+    placed: u32,
     /// LSN of the first record written into the chunk since it was opened.
     first_lsn: u64,
     /// With bands: per block, its lifetime class (placement.rs; 0 short).

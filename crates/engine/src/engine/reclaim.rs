@@ -10,10 +10,14 @@
 //! and frees it after the mark that moves the log's head past it.
 //!
 //! Invariants:
-//! - a reclaim keeps at most `RETAIN_SHARE` of its chunk (moved and
-//!   retained together), and only in room the log has to spare, leaving
-//!   room for a writer's record when one waits (`log_has_room_to_keep`):
-//!   every reclaim frees room;
+//! - a reclaim keeps only in room the log has to spare, leaving room for a
+//!   writer's record when one waits (`log_has_room_to_keep`); while dirty
+//!   blocks are more than `MOVE_DIRTY_SHARE` of the log's data blocks it
+//!   keeps at most `RETAIN_SHARE` of its chunk (moved and retained
+//!   together), so every reclaim frees room; below that share it may move
+//!   a whole chunk's pinned dirty blocks forward (`Inner::move_budget`),
+//!   and the clean and dead blocks of the chunks behind it free what the
+//!   move took;
 //! - moved copies are durable (cache flush) before anything frees the chunk
 //!   whose copies they supersede; retained copies are logged only after
 //!   the chunk is freed, their homes durable first;
@@ -36,6 +40,37 @@ impl Inner {
     pub(super) fn log_has_room_to_keep(&self, blocks: u64, used: u64) -> bool {
         self.log_has_room(blocks)
             && (self.writer_waits == 0 || used + 1 + blocks + self.writer_waits <= self.blocks_per_chunk())
+    }
+}
+
+impl Inner {
+    /// The pinned dirty blocks one reclaim may move forward: a whole chunk
+    /// while dirty blocks are at most `MOVE_DIRTY_SHARE` of the data blocks
+    /// the log holds (`Log::data_blocks`) — the rest are clean or dead, so
+    /// the chunks behind this one free what the move takes (a FIFO with
+    /// reinsertion: the log's head passes the kept data instead of waiting
+    /// on it) — else `RETAIN_SHARE` of one, so that a log full of dirty
+    /// data still frees room at each reclaim. Headers and padding do not
+    /// count as room: the moves write them again.
+    fn move_budget(&self) -> usize {
+        let bpc = self.blocks_per_chunk();
+        match self.residency.dirty_total() as f64 <= MOVE_DIRTY_SHARE * self.log.data_blocks() as f64 {
+            true => bpc as usize,
+            false => relog_budget(bpc),
+        }
+    }
+
+    /// Data blocks a reclaim could log now without reclaiming another chunk
+    /// (`log_has_room`): what the open chunk has left and the free chunks
+    /// above the reserve, less a header per record (records do not span
+    /// chunks, so one more per chunk).
+    fn room_to_keep(&self) -> u64 {
+        let bpc = self.blocks_per_chunk();
+        let spare = self.log.free_len().saturating_sub(self.cfg.log_free_chunks_min) as u64;
+        let open = self.log.open().map_or(0, |(_, off)| bpc - off);
+        let per_record = self.record_blocks_max() as u64 + 1;
+        let room = |blocks: u64| blocks.saturating_sub(blocks.div_ceil(per_record) + 1);
+        room(open) + spare * room(bpc)
     }
 }
 
@@ -116,20 +151,19 @@ impl Engine {
     /// At the start of chunk `c`'s reclaim: move its dirty blocks of pinned
     /// classes forward in the log, still dirty, rather than write them home
     /// (temporary data the class keeps is usually deleted before it would
-    /// ever need its home). Highest priority first, at most `RETAIN_SHARE`
-    /// of a chunk — the same budget the reclaim's retention shares
-    /// (`to_retain`), so each reclaim frees at least half a chunk — and
-    /// only in room the log has to spare (a move never reclaims another
-    /// chunk; what does not fit is cleaned home as before). Each copy is
+    /// ever need its home). Highest priority first, at most
+    /// `Inner::move_budget` — what is moved counts against the reclaim's
+    /// retention (`to_retain`) — and only in room the log has to spare (a
+    /// move never reclaims another chunk; what does not fit is cleaned home
+    /// as before). Each copy is
     /// read and checked against its CRC (one failing it stays, and its
     /// cleaning reports it); the moved copies are made durable (cache
     /// flush) before anything frees `c`, whose copies they supersede.
     /// Returns how many blocks moved.
     fn relog_pinned(&self, inner: &mut Inner, c: ChunkId) -> Result<u32, VolumeError> {
-        let bpc = inner.blocks_per_chunk();
         let mut cand: Vec<(u8, usize)> = pinned_dirty(inner, c).map(|(prio, i, _)| (prio, i)).collect();
         cand.sort_by_key(|&(prio, i)| (std::cmp::Reverse(prio), i));
-        cand.truncate(relog_budget(bpc));
+        cand.truncate(inner.move_budget());
         if cand.is_empty() || !inner.log_has_room_to_keep(cand.len().min(inner.record_blocks_max()) as u64, 0) {
             return Ok(0);
         }
@@ -149,7 +183,8 @@ impl Engine {
     /// may move forward (`reclaim_step`).
     fn full_of_pinned(&self, inner: &Inner, c: ChunkId) -> bool {
         let spills = |v: u32| inner.vols[v as usize].cache.policy().spill;
-        pinned_dirty(inner, c).filter(|&(_, _, v)| spills(v)).count() > relog_budget(inner.blocks_per_chunk())
+        let movable = inner.move_budget().min(inner.room_to_keep() as usize);
+        pinned_dirty(inner, c).filter(|&(_, _, v)| spills(v)).count() > movable
     }
 
     /// The blocks of chunk `c` (about to be freed, every block clean) that
@@ -254,8 +289,17 @@ struct Retained {
     block: Vec<u8>,
 }
 
-/// Most of a reclaimed chunk's blocks its reclaim keeps.
+/// Most of a reclaimed chunk's blocks its reclaim keeps, when the log is
+/// mostly dirty (`Inner::move_budget`).
 const RETAIN_SHARE: f64 = 0.5;
+
+/// Dirty share of the log's data blocks up to which a reclaim may move a
+/// whole chunk's pinned dirty blocks forward (`Inner::move_budget`): each
+/// block moved is paid for by the clean or dead blocks of the chunks
+/// behind it, so at this share the log writes at most 1 / (1 - 0.75) = 4
+/// blocks for each it frees in the worst case, and far fewer when the
+/// kept data dies before the head comes round again (temporary files).
+const MOVE_DIRTY_SHARE: f64 = 0.75;
 
 /// The blocks one reclaim of a chunk of `bpc` blocks may keep in the log,
 /// moved dirty and retained clean together (`RETAIN_SHARE` of it).
