@@ -284,6 +284,12 @@ impl Classes {
         }
     }
 
+    /// The volume's blocks in the log whose class is pinned: what reclaims
+    /// keep at every pass of the log's head (`Inner::move_budget`).
+    pub(super) fn pinned_blocks(&self) -> u64 {
+        self.blocks.iter().enumerate().filter(|&(id, _)| self.rank(id as u8).0).map(|(_, &n)| n).sum()
+    }
+
     /// The retention rank of a block of class `id`: (pinned, priority).
     pub(super) fn rank(&self, id: u8) -> (bool, u8) {
         match (id as usize).checked_sub(1).and_then(|i| self.list.get(i)) {

@@ -1311,8 +1311,8 @@ fn a_failed_flush_in_a_reclaim_that_moves_pinned_blocks_loses_nothing() {
     }
 }
 
-/// A log whose dirty blocks of a pinned class fill more than
-/// `MOVE_DIRTY_SHARE` of it: the head's reclaim moves at most half a chunk
+/// A log whose data blocks are more than `PINNED_SHARE_MAX` a pinned
+/// class's, dirty: the head's reclaim moves at most half a chunk
 /// forward (`Inner::move_budget`) and cleans the rest home, so it frees
 /// room; then random overwrites that wrap the log many times, with
 /// reclaims forced after every third write, go on and lose nothing.
@@ -1341,8 +1341,9 @@ fn moving_pinned_blocks_forward_is_bounded_so_reclaims_free_room() {
     }
     {
         let inner = w.engine.lock();
-        let share = inner.residency.dirty_total() as f64 / inner.log.data_blocks() as f64;
-        assert!(share > 0.9, "dirty share {share}");
+        let pinned = inner.vols[0].cache.classes().pinned_blocks();
+        let share = pinned as f64 / inner.log.data_blocks() as f64;
+        assert!(share > 0.9 && inner.residency.dirty_total() == pinned, "pinned share {share}");
     }
     let free_before = w.engine.lock().log.free_len();
     w.engine.compact_some(1).unwrap();

@@ -11,13 +11,13 @@
 //!
 //! Invariants:
 //! - a reclaim keeps only in room the log has to spare, leaving room for a
-//!   writer's record when one waits (`log_has_room_to_keep`); while dirty
-//!   blocks are more than `MOVE_DIRTY_SHARE` of the log's data blocks it
-//!   keeps at most `RETAIN_SHARE` of its chunk (moved and retained
-//!   together), so every reclaim frees room; below that share it may move
-//!   a whole chunk's pinned dirty blocks forward (`Inner::move_budget`),
-//!   and the clean and dead blocks of the chunks behind it free what the
-//!   move took;
+//!   writer's record when one waits (`log_has_room_to_keep`); while
+//!   pinned classes' blocks are more than `PINNED_SHARE_MAX` of the log's
+//!   data blocks it keeps at most `RETAIN_SHARE` of its chunk (moved and
+//!   retained together), so every reclaim frees room; below that share it
+//!   may move a whole chunk's pinned dirty blocks forward
+//!   (`Inner::move_budget`), and the others' and dead blocks of the chunks
+//!   behind it free what the move took;
 //! - moved copies are durable (cache flush) before anything frees the chunk
 //!   whose copies they supersede; retained copies are logged only after
 //!   the chunk is freed, their homes durable first;
@@ -45,16 +45,19 @@ impl Inner {
 
 impl Inner {
     /// The pinned dirty blocks one reclaim may move forward: a whole chunk
-    /// while dirty blocks are at most `MOVE_DIRTY_SHARE` of the data blocks
-    /// the log holds (`Log::data_blocks`) — the rest are clean or dead, so
-    /// the chunks behind this one free what the move takes (a FIFO with
-    /// reinsertion: the log's head passes the kept data instead of waiting
-    /// on it) — else `RETAIN_SHARE` of one, so that a log full of dirty
-    /// data still frees room at each reclaim. Headers and padding do not
-    /// count as room: the moves write them again.
+    /// while blocks of pinned classes, which reclaims keep at every pass
+    /// (moved dirty or retained clean), are at most `PINNED_SHARE_MAX` of
+    /// the data blocks the log holds (`Log::data_blocks`) — the rest are
+    /// others' (cleaned home if dirty, then dropped) or dead, so the chunks
+    /// behind this one free what the move takes (a FIFO with reinsertion:
+    /// the log's head passes the kept data instead of waiting on it) —
+    /// else `RETAIN_SHARE` of one, so that a log full of pinned data still
+    /// frees room at each reclaim. Headers and padding do not count as
+    /// room: the moves write them again.
     fn move_budget(&self) -> usize {
         let bpc = self.blocks_per_chunk();
-        match self.residency.dirty_total() as f64 <= MOVE_DIRTY_SHARE * self.log.data_blocks() as f64 {
+        let pinned: u64 = self.vols.iter().map(|v| v.cache.classes().pinned_blocks()).sum();
+        match pinned as f64 <= PINNED_SHARE_MAX * self.log.data_blocks() as f64 {
             true => bpc as usize,
             false => relog_budget(bpc),
         }
@@ -293,13 +296,14 @@ struct Retained {
 /// mostly dirty (`Inner::move_budget`).
 const RETAIN_SHARE: f64 = 0.5;
 
-/// Dirty share of the log's data blocks up to which a reclaim may move a
-/// whole chunk's pinned dirty blocks forward (`Inner::move_budget`): each
-/// block moved is paid for by the clean or dead blocks of the chunks
-/// behind it, so at this share the log writes at most 1 / (1 - 0.75) = 4
-/// blocks for each it frees in the worst case, and far fewer when the
-/// kept data dies before the head comes round again (temporary files).
-const MOVE_DIRTY_SHARE: f64 = 0.75;
+/// Share of the log's data blocks held by pinned classes up to which a
+/// reclaim may move a whole chunk's pinned dirty blocks forward
+/// (`Inner::move_budget`): each block kept is paid for by the others' and
+/// dead blocks of the chunks behind it, so at this share the log writes at
+/// most 1 / (1 - 0.75) = 4 blocks for each it frees in the worst case, and
+/// far fewer when the kept data dies before the head comes round again
+/// (temporary files).
+const PINNED_SHARE_MAX: f64 = 0.75;
 
 /// The blocks one reclaim of a chunk of `bpc` blocks may keep in the log,
 /// moved dirty and retained clean together (`RETAIN_SHARE` of it).
