@@ -259,6 +259,11 @@ pub struct VolumeConfig {
     /// oldest-first).
     #[serde(default)]
     pub retain_hot: Option<bool>,
+    /// In-place engines, write-back: when the log is full of dirty data,
+    /// send new writes home past it (default true) rather than wait for
+    /// its oldest chunk to be cleaned.
+    #[serde(default)]
+    pub spill: Option<bool>,
     /// In-place engines: I/O classes, first match wins (`[[volume.class]]`).
     #[serde(default)]
     pub class: Vec<ClassConfig>,
@@ -404,6 +409,9 @@ impl VolumeConfig {
         }
         if let Some(r) = self.retain_hot {
             p.retain_hot = r;
+        }
+        if let Some(s) = self.spill {
+            p.spill = s;
         }
         Ok(p)
     }

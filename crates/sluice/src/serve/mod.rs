@@ -712,13 +712,14 @@ mod tests {
     /// from the engine's is reported before anything is opened.
     #[test]
     fn an_in_place_layout_and_cache_settings_are_configured() {
-        let text = "[engine]\nlayout = \"in-place\"\nchunk_size = \"1m\"\n\n[[volume]]\nname = \"v\"\nsize = \"64m\"\nmode = \"wt\"\nseq_cutoff_size = \"256k\"\npromote_after = 2\nretain_hot = false\n";
+        let text = "[engine]\nlayout = \"in-place\"\nchunk_size = \"1m\"\n\n[[volume]]\nname = \"v\"\nsize = \"64m\"\nmode = \"wt\"\nseq_cutoff_size = \"256k\"\npromote_after = 2\nretain_hot = false\nspill = false\n";
         let cfg: Config = toml::from_str(text).unwrap();
         let p = cfg.volumes[0].cache_policy().unwrap();
         assert_eq!(
-            (p.mode, p.seq_cutoff_bytes, p.promote_after_misses, p.retain_hot),
-            (sluice_engine::CacheMode::WriteThrough, 256 << 10, 2, false)
+            (p.mode, p.seq_cutoff_bytes, p.promote_after_misses, p.retain_hot, p.spill),
+            (sluice_engine::CacheMode::WriteThrough, 256 << 10, 2, false, false)
         );
+        assert!(sluice_engine::CachePolicy::default().spill, "spill is on unless the volume says");
         let cache: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(16 << 20, 4096));
         let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(80 << 20, 4096));
         let engine = cfg.create_engine(cache.clone(), capacity.clone()).unwrap();
