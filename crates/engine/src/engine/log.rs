@@ -551,8 +551,8 @@ impl Log {
         let c = self.free.pop_front().expect("compaction keeps free chunks");
         let ch = &mut self.chunks[c];
         assert!(ch.valid == 0, "chunk {c} is free but holds current blocks");
-        ch.to(ChunkState::Free, ChunkState::Open);
         assert_eq!(ch.placed, 0, "chunk {c} is free but counts data blocks");
+        ch.to(ChunkState::Free, ChunkState::Open);
         ch.epoch = epoch;
         ch.first_lsn = first_lsn;
         ch.p2l.iter_mut().for_each(|e| *e = (u32::MAX, 0));

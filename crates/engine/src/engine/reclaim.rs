@@ -158,11 +158,10 @@ impl Engine {
     /// `Inner::move_budget` — what is moved counts against the reclaim's
     /// retention (`to_retain`) — and only in room the log has to spare (a
     /// move never reclaims another chunk; what does not fit is cleaned home
-    /// as before). Each copy is
-    /// read and checked against its CRC (one failing it stays, and its
-    /// cleaning reports it); the moved copies are made durable (cache
-    /// flush) before anything frees `c`, whose copies they supersede.
-    /// Returns how many blocks moved.
+    /// as before). Each copy is read and checked against its CRC (one
+    /// failing it stays, and its cleaning reports it); the moved copies are
+    /// made durable (cache flush) before anything frees `c`, whose copies
+    /// they supersede. Returns how many blocks moved.
     fn relog_pinned(&self, inner: &mut Inner, c: ChunkId) -> Result<u32, VolumeError> {
         let mut cand: Vec<(u8, usize)> = pinned_dirty(inner, c).map(|(prio, i, _)| (prio, i)).collect();
         cand.sort_by_key(|&(prio, i)| (std::cmp::Reverse(prio), i));
