@@ -176,7 +176,13 @@ impl Engine {
                 // end — unless blocks of it are still current past this
                 // point (a recovery kept records past a torn or damaged
                 // one): then the next block is looked at.
-                let h = record_at(block, pos + at, bpc, inner.tag).filter(|h| h.epoch == epoch);
+                // Read with headers only, the window holds whatever its
+                // buffer last held between them (`read_runs`): only a known
+                // header's place is looked at.
+                let header_here = !headers_only
+                    || (inner.log.chunk(c).headers()).is_some_and(|hs| hs.binary_search(&((pos + at) as u32)).is_ok());
+                let h = header_here.then(|| record_at(block, pos + at, bpc, inner.tag)).flatten();
+                let h = h.filter(|h| h.epoch == epoch);
                 let Some(h) = h.filter(|h| (h.volume as usize) < inner.vols.len()) else {
                     let collected: usize = blocks.iter().flatten().map(|b| b.len()).sum();
                     if inner.log.chunk(c).valid() as usize <= collected {

@@ -14,8 +14,8 @@
 
 use super::step_io::read_pieces;
 use super::{
-    Arc, BlockDevice, DeviceError, Engine, Inner, IoBuf, IoRequest, Loc, Mutex, VolumeError, BLOCK_BYTES, BS,
-    CAP_QUEUE_DEPTH,
+    sync_io, Arc, BlockDevice, DeviceError, Engine, Inner, IoBuf, IoOp, IoRequest, Loc, Mutex, VolumeError,
+    BLOCK_BYTES, BS, CAP_QUEUE_DEPTH,
 };
 
 /// Most steps left pending at once (`Inner::pending`): a deferred step
@@ -87,11 +87,40 @@ fn filled(queued: Vec<QueuedWrite>, sources: &[IoBuf], cache: &dyn BlockDevice) 
                     req.buf[(i + 1) * BLOCK_BYTES..(i + 2) * BLOCK_BYTES].copy_from_slice(block(at));
                 }
             }
-            Some(Fill::Cache(blocks)) => read_blocks_into(cache, &blocks, &mut req.buf[BLOCK_BYTES..])?,
+            Some(Fill::Cache(blocks)) => {
+                let buf = std::mem::replace(&mut req.buf, IoBuf::empty());
+                req.buf = read_after_header(cache, &blocks, buf)?;
+            }
         }
         out.push(req);
     }
     Ok(out)
+}
+
+/// Read cache `blocks` into `buf` after its first block (a segment's
+/// header, kept). Consecutive blocks — a sequential stream's — come in one
+/// read straight into `buf`, with the cache block before them standing in
+/// for the header until it is put back: no copy, where reading into pieces
+/// and copying cost 3 % of the server's CPU on 128 KiB sequential writes.
+fn read_after_header(cache: &dyn BlockDevice, blocks: &[u64], mut buf: IoBuf) -> Result<IoBuf, DeviceError> {
+    let n = blocks.len();
+    let consecutive = blocks.windows(2).all(|w| w[1] == w[0] + 1);
+    if !consecutive || blocks.first().is_none_or(|&b| b == 0) || buf.len() < (n + 1) * BLOCK_BYTES {
+        read_blocks_into(cache, blocks, &mut buf[BLOCK_BYTES..])?;
+        return Ok(buf);
+    }
+    let header: Vec<u8> = buf[..BLOCK_BYTES].to_vec();
+    let full = buf.len();
+    let len = (n + 1) * BLOCK_BYTES;
+    buf.set_len(len);
+    let req =
+        IoRequest { op: IoOp::Read, offset: (blocks[0] - 1) * BS, len: len as u64, buf, fua: false, user_data: 0 };
+    let c = sync_io(cache, req);
+    c.result?;
+    let mut buf = c.buf;
+    buf.set_len(full);
+    buf[..BLOCK_BYTES].copy_from_slice(&header);
+    Ok(buf)
 }
 
 /// Read cache `blocks` into `out`, one after the other: each run of
