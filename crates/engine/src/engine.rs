@@ -65,6 +65,7 @@ mod classes;
 mod cleaning;
 mod compaction;
 mod config;
+mod direct;
 mod disk_identity;
 mod flushes;
 mod gc;
@@ -114,6 +115,7 @@ pub use check::CheckReport;
 pub use classes::{check_io_classes, ClassDirection, ClassStats, IoClass, CLASSES_MAX};
 pub use cleaning::{Cleaning, CleaningMode};
 use compaction::CompactCursor;
+pub use direct::DIRECT_WRITE_BYTES_DEFAULT;
 pub use disk_identity::ChangedBlock;
 use gc::GcCursor;
 pub use handle::{EngineSnapshot, EngineVolume, VolumeSnapshot};
@@ -283,6 +285,8 @@ pub struct Engine {
     clock: sluice_media::ClockRef,
     /// FLUSH requests grouped into rounds (`flushes.rs`).
     flushes: flushes::FlushGroup,
+    /// From what size writes go to the capacity device directly (direct.rs).
+    direct_min: direct::DirectMin,
     /// The flushed watermark's claims on the cache device (watermark.rs).
     claims: watermark::Claims,
     /// Each volume's map when reads may use it without the lock (held
@@ -344,6 +348,7 @@ impl Engine {
             bg: worker::Background::new(),
             clock,
             flushes: Default::default(),
+            direct_min: Default::default(),
             claims: watermark::Claims::after(claimed_from),
             lockless_maps,
             reuses,

@@ -18,6 +18,6 @@ pub use engine::{
     Allocation, BandPlacement, CacheMode, CachePolicy, CacheReport, CacheStats, CheckReport, ClassDirection,
     ClassStats, Cleaning, CleaningMode, Compactor, CompactorConfig, CompactorSnapshot, Damage, Engine, EngineConfig,
     EngineError, EngineSnapshot, EngineStats, EngineVolume, IoClass, L2pStats, Layout, OpenOptions, Outcome, Runtime,
-    Schedule, SeqCutoff, StagedWrite, Stepped, VolumeSnapshot, VolumeSpec, WriteStep,
+    Schedule, SeqCutoff, StagedWrite, Stepped, VolumeSnapshot, VolumeSpec, WriteStep, DIRECT_WRITE_BYTES_DEFAULT,
 };
 pub use volume::{Extent, Volume, VolumeError, WriteBuf};

@@ -168,6 +168,9 @@ pub struct CrashReport {
     /// In place: bytes of pinned dirty blocks reclaims moved forward in
     /// the log (counted up to each crash).
     pub relogged_bytes: u64,
+    /// With bands: bytes written to the capacity device directly, as
+    /// segments of their own (counted up to each crash).
+    pub direct_bytes: u64,
 }
 
 impl CrashReport {
@@ -192,6 +195,7 @@ impl CrashReport {
         self.clean_after_reopen += r.clean_after_reopen;
         self.clean_after_crash += r.clean_after_crash;
         self.relogged_bytes += r.relogged_bytes;
+        self.direct_bytes += r.direct_bytes;
     }
 }
 
@@ -391,6 +395,11 @@ impl Sim {
     /// volume's first half, whose dirty blocks reclaims move forward in
     /// the log instead of cleaning them home.
     fn set_policies(&self, op: usize) -> Result<(), String> {
+        // Direct writes (writes of several write units go to the capacity
+        // device as segments of their own): off for a third of the seeds,
+        // from 16 or from 32 blocks for the others (writes are 1-40 blocks).
+        let direct = [0, 16, 32][(self.seed % 3) as usize] * BS as u64;
+        self.world.engine.set_direct_write_bytes(direct);
         if self.opts.in_place {
             if self.seed.is_multiple_of(2) {
                 return Ok(());
@@ -617,6 +626,7 @@ impl Sim {
         let shutdown = self.end_tasks(op, shutdown)?;
         self.report.relogged_bytes +=
             self.world.engine.cache_report().iter().map(|c| c.stats.relogged_bytes).sum::<u64>();
+        self.report.direct_bytes += self.world.engine.snapshot().volumes.iter().map(|v| v.direct_bytes).sum::<u64>();
         // Whatever the drive rejected since the last check is caught before
         // the drive is replaced.
         self.check_zones(op)?;
@@ -964,6 +974,9 @@ mod tests {
         assert!(total.crashes > 1000, "{total:?}");
         assert!(total.crashes_inside_ops > 300, "{total:?}");
         assert!(total.crashes_in_recovery > 100, "{total:?}");
+        // Two seeds in three send writes of 16 or 32 blocks and more
+        // direct (direct.rs), crashes among them.
+        assert!(total.direct_bytes > 0, "{total:?}");
     }
 
     /// The same campaign on an in-place engine (caching over a plain disk):

@@ -101,6 +101,9 @@ fn sim(
             r.relogged_bytes / 1024
         );
     }
+    if !opts.in_place {
+        println!("direct writes: {} KiB went to the capacity device as segments of their own", r.direct_bytes / 1024);
+    }
     if opts.concurrent {
         println!(
             "scheduler: {} writes and {} trims staged, {} steps ({} found no room while records were in flight, or \

@@ -118,7 +118,9 @@ impl Engine {
                 self.flush_capacity(&mut inner)?;
                 self.log_claims(&mut inner)?;
             }
-            Ok(())
+            // With bands, direct writes hold data nothing else does: the
+            // capacity device flushed and a mark of it (direct.rs).
+            self.mark_direct_writes(&mut inner)
         });
         let r = inner.stop_on_device_error(r);
         self.after_change(&inner);

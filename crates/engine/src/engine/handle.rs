@@ -49,6 +49,7 @@ impl Engine {
                 ops: m.snapshot(),
                 compaction_bytes: v.moved.get().0,
                 gc_bytes: v.moved.get().1,
+                direct_bytes: v.moved.get().2,
                 checksum_errors: m.checksum_errors(),
             })
             .collect();
@@ -179,6 +180,9 @@ pub struct VolumeSnapshot {
     /// volumes, but every relocated block is counted to its own volume).
     pub compaction_bytes: u64,
     pub gc_bytes: u64,
+    /// Bytes of the volume's writes that went to the capacity device
+    /// directly, as segments of their own (direct.rs).
+    pub direct_bytes: u64,
     /// Reads that found a block not matching its CRC (each failed with EIO).
     pub checksum_errors: u64,
 }
@@ -244,7 +248,48 @@ impl EngineVolume {
         Ok((blocks, crcs))
     }
 
+    /// The direct part of a write of `crcs.len()` blocks from `lba0`
+    /// whose data follows a header block's room in `buf` (direct.rs): how
+    /// many leading blocks went direct (0: none), and `buf` back.
+    fn write_direct_part(&self, lba0: u64, buf: IoBuf, crcs: &[u32], fua: bool) -> Result<(usize, IoBuf), VolumeError> {
+        let mut buf = Some(buf);
+        let n = self.engine.change_under(self.engine.live_raw()?, |e, inner| {
+            let n = e.direct_blocks(inner, e.direct_write_bytes(), self.id, lba0, crcs.len() as u64)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            let (r, b) = e.write_direct(inner, self.id, lba0, n, buf.take().expect("the buffer"), crcs);
+            buf = Some(b);
+            r?;
+            if fua {
+                e.mark_direct_writes(inner)?;
+            }
+            Ok(n as usize)
+        });
+        n.map(|n| (n, buf.expect("the buffer, given back")))
+    }
+
     fn write_batch_inner(&self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), VolumeError> {
+        // One write large enough: its leading whole units as a segment of
+        // their own, copied into a buffer with room for the header (a batch
+        // of several keeps its order through the log).
+        if let [(offset, data)] = writes {
+            if !self.in_place && (1..=data.len() as u64).contains(&self.engine.direct_write_bytes()) {
+                check(self, *offset, data.len() as u64)?;
+                let crcs: Vec<u32> = data.chunks(BLOCK_BYTES).map(crc32c).collect();
+                let mut buf =
+                    self.engine.write_bufs.lock().unwrap_or_else(|p| p.into_inner()).take(BLOCK_BYTES + data.len());
+                buf[BLOCK_BYTES..].copy_from_slice(data);
+                let (n, buf) = self.write_direct_part(offset / BS, buf, &crcs, fua)?;
+                self.engine.give_write_buf(buf);
+                if n > 0 {
+                    if n == crcs.len() {
+                        return Ok(());
+                    }
+                    return self.write_batch_inner(&[(offset + n as u64 * BS, &data[n * BLOCK_BYTES..])], fua);
+                }
+            }
+        }
         let (blocks, crcs) = self.blocks_of(writes)?;
         let bytes: u64 = writes.iter().map(|w| w.1.len() as u64).sum();
         self.engine.pace_write(bytes);
@@ -433,6 +478,20 @@ impl Volume for EngineVolume {
         self.timed(Op::Write, len, || {
             check(self, offset, len)?;
             let crcs: Vec<u32> = data.data().chunks(BLOCK_BYTES).map(crc32c).collect();
+            // The leading whole units as a segment of their own (direct.rs),
+            // the rest through the log.
+            let (n, buf) = self.write_direct_part(offset / BS, data.into_inner(), &crcs, fua)?;
+            if n == crcs.len() {
+                self.engine.give_write_buf(buf);
+                return Ok(());
+            }
+            if n > 0 {
+                let rest = (offset + n as u64 * BS, &buf[BLOCK_BYTES * (1 + n)..BLOCK_BYTES * (1 + crcs.len())]);
+                let r = self.write_batch_inner(&[rest], fua);
+                self.engine.give_write_buf(buf);
+                return r;
+            }
+            let data = WriteBuf::with_head(buf, BLOCK_BYTES, len as usize);
             self.engine.pace_write(len);
             let lba0 = offset / BS;
             let entries = (crcs.iter().enumerate())

@@ -212,7 +212,9 @@ impl Engine {
     ) -> Result<(), VolumeError> {
         debug_assert!(!inner.cap.is_dirty(), "a mark describes flushed capacity state");
         let m = inner.next_mark(freeing, reclaiming);
-        Ok(put_mark(&*self.cache, &m, inner.tag)?)
+        put_mark(&*self.cache, &m, inner.tag)?;
+        inner.cap.marked();
+        Ok(())
     }
 }
 

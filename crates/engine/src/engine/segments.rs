@@ -33,7 +33,7 @@
 use super::bands::{band_has_room, Stream};
 use super::pending::{Deferred, Fill, QueuedWrite};
 use super::{
-    encode_header, flush, Engine, Inner, IoBuf, IoRequest, Loc, VolumeError, BLOCK_BYTES, BS, RECORD_BLOCKS_MAX,
+    encode_header, flush, BandId, Engine, Inner, IoBuf, IoRequest, Loc, VolumeError, BLOCK_BYTES, BS, RECORD_BLOCKS_MAX,
 };
 use crate::layout::{Entry, Header, RecordKind};
 
@@ -55,6 +55,9 @@ pub(super) struct CapWrites {
     dirty: bool,
     /// Highest sequence made durable on the capacity device by a completed flush.
     flushed_seq: u64,
+    /// Direct writes (direct.rs) went to the capacity device since the last
+    /// mark: a FLUSH or FUA writes one before it is answered.
+    unmarked: bool,
     /// After a recovery that found torn segments: segment headers claim no
     /// watermark at or above the first of them until `relog` has written
     /// their blocks again, or a later recovery would trust what is torn.
@@ -93,6 +96,25 @@ impl CapWrites {
 
     pub(super) fn is_dirty(&self) -> bool {
         self.dirty
+    }
+
+    /// A direct write (direct.rs) was written: like `wrote`, and a mark
+    /// must follow before a FLUSH or FUA is answered.
+    pub(super) fn wrote_direct(&mut self) {
+        (self.dirty, self.unmarked) = (true, true);
+    }
+
+    /// Whether direct writes went out since the last mark.
+    pub(super) fn unmarked(&self) -> bool {
+        self.unmarked
+    }
+
+    /// A mark was written: after a flush (nothing written since), it
+    /// covers every direct write.
+    pub(super) fn marked(&mut self) {
+        if !self.dirty {
+            self.unmarked = false;
+        }
     }
 
     /// Segment writes submitted under the lock and not yet reaped.
@@ -142,6 +164,26 @@ pub(super) fn segment_blocks(data_blocks: u64, unit_blocks: u64) -> u64 {
 }
 
 impl Inner {
+    /// The header of a segment of `vol` numbered `seq`, listing `entries`,
+    /// at the write pointer of stream `s`'s open band `band`.
+    pub(super) fn segment_header(&self, band: BandId, s: Stream, vol: u32, seq: u64, entries: Vec<Entry>) -> Header {
+        Header {
+            kind: RecordKind::Segment,
+            seq,
+            volume: vol,
+            epoch: self.bands[band].epoch(),
+            flushed_seq: self.cap.flushed_seq(),
+            engine: self.tag,
+            stream: s.on_media(),
+            lsn: 0,
+            head_lsn: 0,
+            flushed_lsn: 0,
+            prev_epoch: self.bands[band].prev().0,
+            prev_end: self.bands[band].prev().1,
+            entries,
+        }
+    }
+
     /// Blocks of the largest capacity segment (header + data, padded).
     pub(super) fn segment_blocks_max(&self) -> u64 {
         segment_blocks(RECORD_BLOCKS_MAX as u64, self.cfg.write_unit_bytes / BS)
@@ -194,21 +236,7 @@ impl Engine {
                 inner.vols[vol as usize].l2p.retag(lba, seq)?;
             }
             let mut buf = inner.take_buf((padded * BS) as usize);
-            let h = Header {
-                kind: RecordKind::Segment,
-                seq,
-                volume: vol,
-                epoch: inner.bands[band].epoch(),
-                flushed_seq: inner.cap.flushed_seq(),
-                engine: inner.tag,
-                stream: s.on_media(),
-                lsn: 0,
-                head_lsn: 0,
-                flushed_lsn: 0,
-                prev_epoch: inner.bands[band].prev().0,
-                prev_end: inner.bands[band].prev().1,
-                entries,
-            };
+            let h = inner.segment_header(band, s, vol, seq, entries);
             encode_header(&mut buf[..BLOCK_BYTES], &h);
             buf[(n + 1) * BLOCK_BYTES..].fill(0);
             let fill = match data {

@@ -20,6 +20,7 @@ pub struct L2pStats {
 pub(super) struct Moves {
     compaction_bytes: u64,
     gc_bytes: u64,
+    direct_bytes: u64,
 }
 
 impl Moves {
@@ -30,9 +31,15 @@ impl Moves {
         *c = c.checked_add(bytes).expect("moved bytes overflow");
     }
 
-    /// (compaction bytes, GC bytes).
-    pub(super) fn get(&self) -> (u64, u64) {
-        (self.compaction_bytes, self.gc_bytes)
+    /// `bytes` of the volume's writes that went to the capacity device
+    /// directly (direct.rs).
+    pub(super) fn direct(&mut self, bytes: u64) {
+        self.direct_bytes = self.direct_bytes.checked_add(bytes).expect("direct bytes overflow");
+    }
+
+    /// (compaction bytes, GC bytes, direct bytes).
+    pub(super) fn get(&self) -> (u64, u64, u64) {
+        (self.compaction_bytes, self.gc_bytes, self.direct_bytes)
     }
 }
 

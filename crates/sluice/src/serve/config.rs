@@ -192,6 +192,11 @@ pub struct EngineSection {
     /// cache device and check it on every read from home (default true;
     /// docs/caching.md, "Home checksums"). Set when the engine is created.
     pub home_sums: bool,
+    /// With bands: a write of at least this many bytes goes to the capacity
+    /// device directly, as a segment of its own, instead of through the log
+    /// (fio size syntax; "0" never; default "128k"; docs/engine.md, "Direct
+    /// writes").
+    pub direct_write: String,
 }
 
 /// `[server]`: bounds of the NBD server (per listener).
@@ -435,6 +440,7 @@ impl Default for EngineSection {
             cleaning_response: "10s".into(),
             attach: false,
             home_sums: true,
+            direct_write: "128k".into(),
         }
     }
 }

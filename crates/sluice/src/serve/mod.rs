@@ -106,6 +106,8 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 /// and checked against the config's layout (nothing opened).
 struct Policies {
     in_place: bool,
+    /// `[engine] direct_write`, in bytes (0: never).
+    direct_write: u64,
     cleaning: sluice_engine::Cleaning,
     volumes: Vec<(String, sluice_engine::CachePolicy, Vec<sluice_engine::IoClass>)>,
 }
@@ -113,6 +115,10 @@ struct Policies {
 fn policies(cfg: &Config) -> Result<Policies, ServeError> {
     let in_place = cfg.layout()? == sluice_engine::Layout::InPlace;
     let cleaning = cfg.cleaning()?;
+    let direct_write = match cfg.engine.direct_write.as_str() {
+        "" | "0" => 0,
+        s => devices::size_of("engine.direct_write", s)?,
+    };
     if !in_place && cleaning.mode != sluice_engine::CleaningMode::None {
         return Err(ServeError::Config {
             path: "engine.cleaning".into(),
@@ -134,7 +140,7 @@ fn policies(cfg: &Config) -> Result<Policies, ServeError> {
             .map_err(|e| ServeError::Config { path: format!("volume {}", v.name), msg: e.to_string() })?;
         volumes.push((v.name.clone(), policy, classes));
     }
-    Ok(Policies { in_place, cleaning, volumes })
+    Ok(Policies { in_place, direct_write, cleaning, volumes })
 }
 
 /// Set the engine's cleaning and every volume's cache policy and I/O
@@ -144,6 +150,7 @@ fn apply_parsed(p: &Policies, engine: &Arc<Engine>) -> Result<(), ServeError> {
     for (name, _, _) in &p.volumes {
         engine.volume(name)?;
     }
+    engine.set_direct_write_bytes(p.direct_write);
     if !p.in_place {
         return Ok(());
     }
@@ -156,7 +163,7 @@ fn apply_parsed(p: &Policies, engine: &Arc<Engine>) -> Result<(), ServeError> {
 }
 
 /// What a reload cannot change, by section, as text to compare: everything
-/// but `[engine] cleaning*` and the volumes' policies and classes.
+/// but `[engine] cleaning*`, `direct_write` and the volumes' policies and classes.
 fn fixed_settings(c: &Config) -> Vec<(&'static str, String)> {
     let e = &c.engine;
     let engine = format!(
@@ -259,14 +266,14 @@ fn notify_systemd(state: &str) {
 /// it does not parse, change nothing and say why. If every volume of an
 /// in-place engine is pass-through afterwards, clean every dirty block
 /// home: a live detach (the disk alone then holds every volume).
-/// What a reload may change, as text per setting: `[engine] cleaning*`
-/// and every volume's other keys (mode, cutoff, promotion, retention,
+/// What a reload may change, as text per setting: `[engine] cleaning*`,
+/// `direct_write` and every volume's other keys (mode, cutoff, promotion, retention,
 /// classes, trace), so a reload says what it changed.
 fn policy_view(cfg: &Config) -> std::collections::BTreeMap<String, String> {
     let mut out = std::collections::BTreeMap::new();
     let text = |v: &serde_json::Value| v.to_string();
     if let Ok(serde_json::Value::Object(e)) = serde_json::to_value(&cfg.engine) {
-        for (k, v) in e.iter().filter(|(k, _)| k.starts_with("cleaning")) {
+        for (k, v) in e.iter().filter(|(k, _)| k.starts_with("cleaning") || *k == "direct_write") {
             out.insert(format!("engine.{k}"), text(v));
         }
     }
@@ -795,6 +802,26 @@ mod tests {
         let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(2 << 30, 4096));
         assert!(bad.create_engine(cache.clone(), capacity).is_err());
         assert!(sluice_engine::engine::superblock_present(&*cache).unwrap().is_none(), "nothing written");
+    }
+
+    /// `[engine] direct_write` sets the size from which writes go to the
+    /// capacity device directly ("0" never; 128 KiB by default), applied
+    /// with the other policies; a size that does not parse is refused.
+    #[test]
+    fn direct_writes_are_configured_and_a_bad_size_is_refused() {
+        let text = "[engine]\nchunk_size = \"1m\"\nband_size = \"4m\"\ndirect_write = \"64k\"\n\n[[volume]]\nname = \"v\"\nsize = \"64m\"\n";
+        for (value, bytes) in [("64k", 64 << 10), ("0", 0), ("1m", 1 << 20)] {
+            let cfg: Config = toml::from_str(&text.replace("64k", value)).unwrap();
+            let cache: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(16 << 20, 4096));
+            let capacity: Arc<dyn BlockDevice> = Arc::new(sluice_media::MemoryDevice::new(128 << 20, 4096));
+            let engine = cfg.create_engine(cache, capacity).unwrap();
+            assert_eq!(engine.direct_write_bytes(), sluice_engine::DIRECT_WRITE_BYTES_DEFAULT, "before the policies");
+            apply_parsed(&policies(&cfg).unwrap(), &engine).unwrap();
+            assert_eq!(engine.direct_write_bytes(), bytes, "{value}");
+        }
+        let bad: Config = toml::from_str(&text.replace("64k", "lots")).unwrap();
+        let e = policies(&bad).err().expect("refused");
+        assert!(e.to_string().contains("engine.direct_write"), "{e}");
     }
 
     #[test]
