@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{device_config, need, qemu_io, small_config, start, stop};
+use common::{device_config, need, qemu_io, small_config, small_config_logged, start, stop};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -212,7 +212,7 @@ fn format_refuses_existing_engines_and_data_unless_forced() {
 #[test]
 fn a_panic_ends_the_server_at_once() {
     need("qemu-io");
-    let (dir, config) = small_config("faults-panic");
+    let (dir, config) = small_config_logged("faults-panic");
     let mut child = common::serve_command(&config).env("SLUICE_FAULTS", "compactor-panic").spawn().unwrap();
     let port = {
         use std::io::BufRead;
@@ -266,7 +266,7 @@ fn check(config: &Path, args: &[&str]) -> Output {
 #[test]
 fn a_damaged_durable_log_record_is_refused_reported_and_salvaged() {
     need("qemu-io");
-    let (dir, config) = small_config("faults-logdamage");
+    let (dir, config) = small_config_logged("faults-logdamage");
     let (mut server, port) = start(&config);
     // Three 4 MiB chunks of log, flushed, then one more write (whose header
     // carries the watermark); then kill -9: recovery reads the log.
@@ -324,6 +324,39 @@ fn the_newest_flushed_record_damaged_is_refused_not_rolled_back() {
     std::fs::write(&cache, &img).unwrap();
     let err = stderr(&refused_start(&config));
     assert!(err.contains("recovery found damage") && err.contains("headers are damaged"), "{err}");
+    let out = check(&config, &[]);
+    assert_eq!(out.status.code(), Some(1), "sluice check found nothing: {}", String::from_utf8_lossy(&out.stdout));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same for a direct write (docs/engine.md, "Direct writes"): 256 KiB
+/// writes go to the capacity device as segments of their own, and the
+/// newest, which a FLUSH covered, damaged at rest, then kill -9. Nothing
+/// else holds its data and no later segment names it: the mark the FLUSH
+/// wrote makes it damage, refused, not a torn tail whose blocks quietly
+/// read back their previous version.
+#[test]
+fn the_newest_flushed_direct_segment_damaged_is_refused_not_rolled_back() {
+    need("qemu-io");
+    let (dir, config) = small_config("faults-direct");
+    let (mut server, port) = start(&config);
+    qemu_io(port, &["write -P 0x41 0 256k", "flush", "write -P 0x42 0 256k", "flush"]);
+    server.kill().unwrap();
+    let _ = server.into_child().wait();
+    let capacity = data_file(&dir, "capacity.img");
+    let mut img = std::fs::read(&capacity).unwrap();
+    let seq = |o: usize| u64::from_le_bytes(img[o + 8..o + 16].try_into().unwrap());
+    let segments: Vec<usize> = (0..img.len() / 4096)
+        .map(|b| b * 4096)
+        .filter(|&o| img[o..o + 4] == 0x534c_5243u32.to_le_bytes() && img[o + 6] == 3)
+        .collect();
+    assert_eq!(segments.len(), 2, "each write a direct segment");
+    let newest = segments.into_iter().max_by_key(|&o| seq(o)).unwrap();
+    assert!(img[newest + 4096..newest + 8192].iter().all(|&b| b == 0x42), "the newest holds the second write");
+    img[newest + 100] ^= 0x01;
+    std::fs::write(&capacity, &img).unwrap();
+    let err = stderr(&refused_start(&config));
+    assert!(err.contains("recovery found damage"), "{err}");
     let out = check(&config, &[]);
     assert_eq!(out.status.code(), Some(1), "sluice check found nothing: {}", String::from_utf8_lossy(&out.stdout));
     let _ = std::fs::remove_dir_all(&dir);

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{
-    device_config, libnbd_byte_granular, need, qemu_io, serve_command, small_config, start, start_command,
-    start_with_metrics, stop,
+    device_config, libnbd_byte_granular, need, qemu_io, serve_command, small_config, small_config_logged, start,
+    start_command, start_with_metrics, stop,
 };
 use std::path::Path;
 use std::process::Command;
@@ -94,7 +94,7 @@ fn http_get(addr: &str, path: &str) -> (String, String) {
 #[test]
 fn metrics_endpoint_and_sluice_stats_report_the_traffic() {
     need("qemu-io");
-    let (dir, config) = small_config("metrics");
+    let (dir, config) = small_config_logged("metrics");
     let (server, port, metrics) = start_with_metrics(&config);
     qemu_io(port, &["write -P 0x11 0 8M", "read -P 0x11 0 4M", "discard 4M 1M", "flush"]);
     let (status, body) = http_get(&metrics, "/metrics");

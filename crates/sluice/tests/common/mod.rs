@@ -152,6 +152,17 @@ pub fn small_config(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     device_config(name, "size = \"64m\"", "size = \"1g\"")
 }
 
+/// `small_config` with every write through the log (`[engine]
+/// direct_write = "0"`): for tests of the log itself, whose large writes
+/// would otherwise go to the capacity device directly.
+#[allow(dead_code)]
+pub fn small_config_logged(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (dir, config) = small_config(name);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("[engine]\n", "[engine]\ndirect_write = \"0\"\n")).unwrap();
+    (dir, config)
+}
+
 /// A small config whose `[cache]` and `[capacity]` tables have these bodies.
 pub fn device_config(name: &str, cache: &str, capacity: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     config_of(
