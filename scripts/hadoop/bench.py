@@ -139,6 +139,11 @@ class Server:
         self.log.close()
 
 
+# `--ext4-commit`: the file systems' journal commit interval in seconds
+# (mount -o commit=N; 0: ext4's default, 5 s).
+EXT4_COMMIT = 0
+
+
 class Mount:
     """An export as ext4 (mounted with discard): nbdfuse, a loop device with
     4 KiB sectors, mkfs.ext4, mount. `close` undoes it in order."""
@@ -167,7 +172,8 @@ class Mount:
         # loop device's backing file would cache the same data again).
         self.loop = sh("losetup", "-f", "--show", "--direct-io=on", "--sector-size", "4096", node)
         sh("mkfs.ext4", "-q", "-F", "-E", "nodiscard", self.loop)
-        sh("mount", "-o", "discard", self.loop, self.mnt)
+        opts = "discard" + (f",commit={EXT4_COMMIT}" if EXT4_COMMIT else "")
+        sh("mount", "-o", opts, self.loop, self.mnt)
         self.mounted = True
 
     def close(self):
@@ -582,10 +588,14 @@ def main():
     p.add_argument("--predict", action="store_true", help="b-class: predict the temp class at write time (docs/caching.md)")
     p.add_argument("--cpus-jobs", default="1", help="CPU set of the jobs (cpuset.cpus syntax; 'all': no CPU sets)")
     p.add_argument("--cpus-storage", default="0", help="CPU set of the storage path: sluice serve and nbdfuse")
+    p.add_argument("--ext4-commit", type=int, default=0, help="mount the file systems with commit=N seconds (0: ext4's default 5 s; docs/hadoop.md)")
     p.add_argument("--hdd-rate", default="25m", help="the emulated HDD's media rate ('' the 7200 rpm profile's 200m; docs/hadoop.md)")
     o = p.parse_args()
-    global STORAGE, HDD_RATE
+    global STORAGE, HDD_RATE, EXT4_COMMIT
     HDD_RATE = o.hdd_rate
+    if o.ext4_commit < 0:
+        p.error("--ext4-commit is a number of seconds, 0 for ext4's default")
+    EXT4_COMMIT = o.ext4_commit
     if o.cpus_jobs == "all":
         o.cpus_jobs = o.cpus_storage = None
     STORAGE = Side("sluice-hadoop-storage", o.cpus_storage)
