@@ -339,6 +339,8 @@ fn the_newest_flushed_record_damaged_is_refused_not_rolled_back() {
 fn the_newest_flushed_direct_segment_damaged_is_refused_not_rolled_back() {
     need("qemu-io");
     let (dir, config) = small_config("faults-direct");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("[engine]\n", "[engine]\ndirect_write = \"128k\"\n")).unwrap();
     let (mut server, port) = start(&config);
     qemu_io(port, &["write -P 0x41 0 256k", "flush", "write -P 0x42 0 256k", "flush"]);
     server.kill().unwrap();

@@ -37,8 +37,15 @@ use super::{encode_header, sync_io, Engine, Inner, IoBuf, IoRequest, Loc, Volume
 use crate::layout::{Entry, RECORD_BLOCKS_MAX};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Writes of at least this many bytes go direct by default (0: never).
-pub const DIRECT_WRITE_BYTES_DEFAULT: u64 = 128 << 10;
+/// Writes of at least this many bytes go direct by default: none (0). The
+/// direct write holds the engine lock across its device write, so on a
+/// slow capacity device it serializes large writes at the device's
+/// latency: on emulated SCM + QLC in real time a 128 KiB stream beside
+/// 4 KiB random writes ran 276 MiB/s with direct writes against 319
+/// without, and the small writes' p99 doubled (12.4 ms against 6.1;
+/// docs/results/2026-12-04-direct-writes.md). On memory or fast devices
+/// it pays (`examples/memory.toml` turns it on).
+pub const DIRECT_WRITE_BYTES_DEFAULT: u64 = 0;
 
 /// When writes go direct: from this many bytes (0: never), read without
 /// the lock by every write (`Engine::direct_min`).

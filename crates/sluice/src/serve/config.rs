@@ -194,7 +194,7 @@ pub struct EngineSection {
     pub home_sums: bool,
     /// With bands: a write of at least this many bytes goes to the capacity
     /// device directly, as a segment of its own, instead of through the log
-    /// (fio size syntax; "0" never; default "128k"; docs/engine.md, "Direct
+    /// (fio size syntax; "0", the default, never; docs/engine.md, "Direct
     /// writes").
     pub direct_write: String,
 }
@@ -440,7 +440,7 @@ impl Default for EngineSection {
             cleaning_response: "10s".into(),
             attach: false,
             home_sums: true,
-            direct_write: "128k".into(),
+            direct_write: "0".into(),
         }
     }
 }

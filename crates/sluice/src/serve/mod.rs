@@ -805,7 +805,7 @@ mod tests {
     }
 
     /// `[engine] direct_write` sets the size from which writes go to the
-    /// capacity device directly ("0" never; 128 KiB by default), applied
+    /// capacity device directly ("0", the default, never), applied
     /// with the other policies; a size that does not parse is refused.
     #[test]
     fn direct_writes_are_configured_and_a_bad_size_is_refused() {
